@@ -1,0 +1,3 @@
+from localinfer.cli.app import main
+
+main()

@@ -1,0 +1,140 @@
+"""The backend interface: the only things the runtime asks of an inference engine.
+
+A backend loads weights, tokenizes, runs a batched forward pass and manages its KV
+cache per sequence. Everything else (sampling, stops, chat templates, speculative
+decoding, scheduling, timings) lives above it in `localinfer.engine`, written once.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import ClassVar
+
+import numpy as np
+
+
+@dataclass
+class LoadParams:
+    """How to load a model; a backend ignores what it cannot use."""
+
+    n_ctx: int = 4096
+    n_threads: int | None = None  # None: the backend's default (physical cores)
+    n_gpu_layers: int = 0
+    n_seq_max: int = 1  # how many sequences may share the KV cache at once
+    n_batch: int = 512  # most tokens one forward() call may carry
+    verbose: bool = False
+
+
+@dataclass
+class Batch:
+    """Tokens for one forward pass, across one or more sequences.
+
+    Row i is token `tokens[i]` at position `positions[i]` of sequence `seq_ids[i]`;
+    logits come back for the rows where `want_logits[i]` is true, in row order.
+    """
+
+    tokens: np.ndarray  # [n] int32
+    positions: np.ndarray  # [n] int32
+    seq_ids: np.ndarray  # [n] int32
+    want_logits: np.ndarray  # [n] bool
+
+    @classmethod
+    def for_sequence(cls, tokens: list[int], start_pos: int, seq_id: int = 0, all_logits: bool = False) -> Batch:
+        """One sequence's tokens from `start_pos`, with logits for the last (or every) token."""
+        n = len(tokens)
+        want = np.ones(n, dtype=bool) if all_logits else np.arange(n) == n - 1
+        return cls(
+            tokens=np.asarray(tokens, dtype=np.int32),
+            positions=np.arange(start_pos, start_pos + n, dtype=np.int32),
+            seq_ids=np.full(n, seq_id, dtype=np.int32),
+            want_logits=want,
+        )
+
+    def __len__(self) -> int:
+        return len(self.tokens)
+
+
+@dataclass
+class VocabInfo:
+    """Facts about the tokenizer the runtime needs for chat and stopping."""
+
+    n_vocab: int
+    bos_id: int | None
+    eos_id: int | None
+    eog_ids: frozenset[int]  # end-of-generation tokens: eos, eot, <|im_end|>, ...
+    add_bos: bool
+    bos_text: str = ""
+    eos_text: str = ""
+
+
+@dataclass
+class ModelFacts:
+    """What the loaded model is, for timings, memory checks and `show`."""
+
+    path: Path
+    architecture: str
+    n_params: int
+    n_ctx_train: int
+    n_ctx: int  # the whole KV cache, shared by all sequences
+    n_seq_max: int
+    n_layer: int
+    n_embd: int
+    chat_template: str | None
+    extra: dict[str, str] = field(default_factory=dict)
+
+
+class Backend(ABC):
+    """An inference engine behind localinfer's runtime."""
+
+    name: ClassVar[str]
+
+    @classmethod
+    @abstractmethod
+    def load(cls, path: Path, params: LoadParams) -> Backend:
+        """Load weights and allocate a KV cache for `params.n_seq_max` sequences."""
+
+    # --- tokenizer -------------------------------------------------------------
+    @property
+    @abstractmethod
+    def vocab(self) -> VocabInfo: ...
+
+    @property
+    @abstractmethod
+    def facts(self) -> ModelFacts: ...
+
+    @abstractmethod
+    def tokenize(self, text: str, add_special: bool = True, parse_special: bool = True) -> list[int]:
+        """Text to token ids; `add_special` adds BOS where the model wants one."""
+
+    @abstractmethod
+    def token_bytes(self, token: int) -> bytes:
+        """The raw bytes of one token. Bytes, not str: a token can end mid-character."""
+
+    # --- compute ---------------------------------------------------------------
+    @abstractmethod
+    def forward(self, batch: Batch) -> np.ndarray:
+        """Run the batch through the model; returns [n_wanted, n_vocab] float32 logits."""
+
+    # --- KV cache, per sequence -------------------------------------------------
+    @abstractmethod
+    def kv_clear(self, seq_id: int) -> None:
+        """Forget everything cached for a sequence."""
+
+    @abstractmethod
+    def kv_truncate(self, seq_id: int, n_keep: int) -> None:
+        """Keep positions [0, n_keep) of a sequence and drop the rest (speculative rollback)."""
+
+    @abstractmethod
+    def kv_copy(self, src_seq: int, dst_seq: int, n_tokens: int) -> None:
+        """Share positions [0, n_tokens) of `src_seq` with `dst_seq` (prefix reuse)."""
+
+    def close(self) -> None:
+        """Free native memory; safe to call twice."""
+
+    def __enter__(self) -> Backend:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

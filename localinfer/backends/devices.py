@@ -1,0 +1,67 @@
+"""Which compute devices this llama.cpp build can use, with their free memory.
+
+llama-cpp-python does not bind ggml's device registry, so we call it in the shared
+library it already loaded. Used by `doctor` and by `--gpu-layers auto`.
+"""
+
+from __future__ import annotations
+
+import ctypes
+from dataclasses import dataclass
+from pathlib import Path
+
+_TYPES = {0: "CPU", 1: "GPU", 2: "iGPU", 3: "accelerator"}
+
+
+@dataclass
+class Device:
+    name: str
+    description: str
+    kind: str  # CPU, GPU, iGPU, accelerator
+    free_bytes: int
+    total_bytes: int
+
+
+def _ggml() -> ctypes.CDLL | None:
+    import llama_cpp
+
+    libdir = Path(llama_cpp.__file__).parent / "lib"
+    for name in ("libggml.so", "libggml.dylib", "ggml.dll"):
+        if (libdir / name).exists():
+            return ctypes.CDLL(str(libdir / name))
+    return None
+
+
+def list_devices() -> list[Device]:
+    lib = _ggml()
+    if lib is None:
+        return []
+    lib.ggml_backend_dev_count.restype = ctypes.c_size_t
+    lib.ggml_backend_dev_get.restype = ctypes.c_void_p
+    lib.ggml_backend_dev_get.argtypes = [ctypes.c_size_t]
+    for fn in ("ggml_backend_dev_name", "ggml_backend_dev_description"):
+        getattr(lib, fn).restype = ctypes.c_char_p
+        getattr(lib, fn).argtypes = [ctypes.c_void_p]
+    lib.ggml_backend_dev_type.restype = ctypes.c_int
+    lib.ggml_backend_dev_type.argtypes = [ctypes.c_void_p]
+    lib.ggml_backend_dev_memory.argtypes = [ctypes.c_void_p, ctypes.POINTER(ctypes.c_size_t), ctypes.POINTER(ctypes.c_size_t)]
+    devices = []
+    for i in range(lib.ggml_backend_dev_count()):
+        dev = lib.ggml_backend_dev_get(i)
+        free, total = ctypes.c_size_t(0), ctypes.c_size_t(0)
+        lib.ggml_backend_dev_memory(dev, ctypes.byref(free), ctypes.byref(total))
+        devices.append(
+            Device(
+                name=(lib.ggml_backend_dev_name(dev) or b"").decode(),
+                description=(lib.ggml_backend_dev_description(dev) or b"").decode(),
+                kind=_TYPES.get(lib.ggml_backend_dev_type(dev), "unknown"),
+                free_bytes=free.value,
+                total_bytes=total.value,
+            )
+        )
+    return devices
+
+
+def gpu_free_bytes() -> int:
+    """Free memory on the GPUs llama.cpp would offload to; 0 on a CPU-only build."""
+    return sum(d.free_bytes for d in list_devices() if d.kind in ("GPU", "iGPU"))

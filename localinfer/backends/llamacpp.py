@@ -1,0 +1,236 @@
+"""The llama.cpp backend, on llama-cpp-python's low-level C API.
+
+We drive `llama_decode` with our own `llama_batch` so that several sequences can share
+one context (the server batches requests); the high-level `Llama` class is single-sequence
+and samples on its own, which the runtime does above every backend instead.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+from pathlib import Path
+
+import numpy as np
+
+from localinfer.backends.base import Backend, Batch, LoadParams, ModelFacts, VocabInfo
+from localinfer.errors import BackendError, ContextOverflow
+
+import llama_cpp as C  # noqa: E402  (after our imports: its import loads the shared library)
+
+_log_lines: list[str] = []
+_verbose = False
+
+
+@C.llama_log_callback
+def _on_log(level: int, text: bytes, user_data: ctypes.c_void_p) -> None:
+    """Keep llama.cpp quiet unless --verbose, but remember recent lines for error messages."""
+    line = text.decode("utf-8", errors="replace")
+    _log_lines.append(line)
+    del _log_lines[:-50]
+    if _verbose:
+        os.write(2, text)
+
+
+_initialised = False
+
+
+def _init_once(verbose: bool) -> None:
+    global _initialised, _verbose
+    _verbose = verbose
+    if not _initialised:
+        C.llama_log_set(_on_log, ctypes.c_void_p(0))
+        C.llama_backend_init()
+        _initialised = True
+
+
+def system_info() -> str:
+    """llama.cpp's build and CPU feature line, e.g. 'CPU : SSE3 = 1 | AVX2 = 1 | ...'."""
+    return C.llama_print_system_info().decode("utf-8", errors="replace")
+
+
+def supports_gpu_offload() -> bool:
+    return bool(C.llama_supports_gpu_offload())
+
+
+def _last_error() -> str:
+    errors = [line.strip() for line in _log_lines if "error" in line.lower() or "failed" in line.lower()]
+    return errors[-1] if errors else ""
+
+
+class LlamaCppBackend(Backend):
+    name = "llama.cpp"
+
+    def __init__(self, path: Path, params: LoadParams) -> None:
+        _init_once(params.verbose)
+        self._model = None
+        self._ctx = None
+        self._batch = None
+        self._path = path
+        self._params = params
+
+        mparams = C.llama_model_default_params()
+        mparams.n_gpu_layers = params.n_gpu_layers
+        # A build made with GGML_NATIVE on an AMX Xeon segfaults in the AMX matmul on the
+        # first decode; the AMX kernels live in an "extra buffer type", so skip those.
+        if "AMX_INT8 = 1" in system_info():
+            mparams.use_extra_bufts = False
+        _log_lines.clear()
+        self._model = C.llama_model_load_from_file(str(path).encode(), mparams)
+        if not self._model:
+            raise BackendError(f"llama.cpp could not load {path}: {_last_error() or 'unknown error'}")
+
+        cparams = C.llama_context_default_params()
+        cparams.n_ctx = params.n_ctx
+        cparams.n_batch = params.n_batch
+        cparams.n_ubatch = min(params.n_batch, 512)
+        cparams.n_seq_max = params.n_seq_max
+        cparams.kv_unified = True  # sequences share one cache, so kv_copy shares cells instead of copying
+        cparams.no_perf = True
+        threads = params.n_threads or default_threads()
+        cparams.n_threads = threads
+        cparams.n_threads_batch = threads
+        self._ctx = C.llama_init_from_model(self._model, cparams)
+        if not self._ctx:
+            raise BackendError(f"llama.cpp could not create a context of {params.n_ctx} tokens: {_last_error()}")
+        self._mem = C.llama_get_memory(self._ctx)
+        self._n_batch = params.n_batch
+        self._batch = C.llama_batch_init(self._n_batch, 0, 1)
+        self._view_token = np.ctypeslib.as_array(self._batch.token, shape=(self._n_batch,))
+        self._view_pos = np.ctypeslib.as_array(self._batch.pos, shape=(self._n_batch,))
+        self._view_nseq = np.ctypeslib.as_array(self._batch.n_seq_id, shape=(self._n_batch,))
+        self._view_logits = np.ctypeslib.as_array(self._batch.logits, shape=(self._n_batch,))
+        self._seq_slots = [self._batch.seq_id[i] for i in range(self._n_batch)]
+        self._view_nseq[:] = 1
+
+        vocab = C.llama_model_get_vocab(self._model)
+        self._vocab_p = vocab
+        n_vocab = C.llama_vocab_n_tokens(vocab)
+        self._n_vocab = n_vocab
+        self._piece_cache: dict[int, bytes] = {}
+
+        def special_id(tok: int) -> int | None:
+            return tok if tok >= 0 else None
+
+        bos, eos = special_id(C.llama_vocab_bos(vocab)), special_id(C.llama_vocab_eos(vocab))
+        self._vocab = VocabInfo(
+            n_vocab=n_vocab,
+            bos_id=bos,
+            eos_id=eos,
+            eog_ids=frozenset(t for t in range(n_vocab) if C.llama_vocab_is_eog(vocab, t)),
+            add_bos=bool(C.llama_vocab_get_add_bos(vocab)),
+            bos_text=self._piece(bos, special=True).decode("utf-8", "replace") if bos is not None else "",
+            eos_text=self._piece(eos, special=True).decode("utf-8", "replace") if eos is not None else "",
+        )
+        template = C.llama_model_chat_template(self._model, None)
+        self._facts = ModelFacts(
+            path=path,
+            architecture=self._meta("general.architecture") or "unknown",
+            n_params=C.llama_model_n_params(self._model),
+            n_ctx_train=C.llama_model_n_ctx_train(self._model),
+            n_ctx=C.llama_n_ctx(self._ctx),
+            n_seq_max=params.n_seq_max,
+            n_layer=C.llama_model_n_layer(self._model),
+            n_embd=C.llama_model_n_embd(self._model),
+            chat_template=template.decode("utf-8") if template else None,
+            extra={"threads": str(threads), "gpu_layers": str(params.n_gpu_layers)},
+        )
+
+    @classmethod
+    def load(cls, path: Path, params: LoadParams) -> LlamaCppBackend:
+        return cls(path, params)
+
+    # --- tokenizer -------------------------------------------------------------
+    @property
+    def vocab(self) -> VocabInfo:
+        return self._vocab
+
+    @property
+    def facts(self) -> ModelFacts:
+        return self._facts
+
+    def _meta(self, key: str) -> str | None:
+        buf = ctypes.create_string_buffer(256)
+        n = C.llama_model_meta_val_str(self._model, key.encode(), buf, len(buf))
+        return buf.value.decode("utf-8", "replace") if n >= 0 else None
+
+    def tokenize(self, text: str, add_special: bool = True, parse_special: bool = True) -> list[int]:
+        data = text.encode("utf-8")
+        cap = len(data) + 8
+        out = (C.llama_token * cap)()
+        n = C.llama_tokenize(self._vocab_p, data, len(data), out, cap, add_special, parse_special)
+        if n < 0:  # buffer too small: -n is the size needed
+            cap = -n
+            out = (C.llama_token * cap)()
+            n = C.llama_tokenize(self._vocab_p, data, len(data), out, cap, add_special, parse_special)
+        return list(out[:n])
+
+    def _piece(self, token: int, special: bool) -> bytes:
+        buf = ctypes.create_string_buffer(64)
+        n = C.llama_token_to_piece(self._vocab_p, token, buf, len(buf), 0, special)
+        if n < 0:
+            buf = ctypes.create_string_buffer(-n)
+            n = C.llama_token_to_piece(self._vocab_p, token, buf, len(buf), 0, special)
+        return buf.raw[:n]
+
+    def token_bytes(self, token: int) -> bytes:
+        piece = self._piece_cache.get(token)
+        if piece is None:
+            piece = self._piece_cache[token] = self._piece(token, special=False)
+        return piece
+
+    # --- compute ---------------------------------------------------------------
+    def forward(self, batch: Batch) -> np.ndarray:
+        n_out = int(np.count_nonzero(batch.want_logits))
+        logits = np.empty((n_out, self._n_vocab), dtype=np.float32)
+        row = 0
+        for start in range(0, len(batch), self._n_batch):
+            end = min(start + self._n_batch, len(batch))
+            n = end - start
+            self._view_token[:n] = batch.tokens[start:end]
+            self._view_pos[:n] = batch.positions[start:end]
+            self._view_logits[:n] = batch.want_logits[start:end]
+            for i, seq in enumerate(batch.seq_ids[start:end].tolist()):
+                self._seq_slots[i][0] = seq
+            self._batch.n_tokens = n
+            rc = C.llama_decode(self._ctx, self._batch)
+            if rc == 1:
+                raise ContextOverflow(f"the KV cache is full (context {self._facts.n_ctx} tokens); raise --ctx")
+            if rc != 0:
+                raise BackendError(f"llama_decode failed with code {rc}: {_last_error()}")
+            for i in np.flatnonzero(batch.want_logits[start:end]).tolist():
+                ptr = C.llama_get_logits_ith(self._ctx, i)
+                logits[row] = np.ctypeslib.as_array(ptr, shape=(self._n_vocab,))
+                row += 1
+        return logits
+
+    # --- KV cache ----------------------------------------------------------------
+    def kv_clear(self, seq_id: int) -> None:
+        C.llama_memory_seq_rm(self._mem, seq_id, -1, -1)
+
+    def kv_truncate(self, seq_id: int, n_keep: int) -> None:
+        C.llama_memory_seq_rm(self._mem, seq_id, n_keep, -1)
+
+    def kv_copy(self, src_seq: int, dst_seq: int, n_tokens: int) -> None:
+        C.llama_memory_seq_cp(self._mem, src_seq, dst_seq, 0, n_tokens)
+
+    def close(self) -> None:
+        if self._batch is not None:
+            C.llama_batch_free(self._batch)
+            self._batch = None
+        if self._ctx:
+            C.llama_free(self._ctx)
+            self._ctx = None
+        if self._model:
+            C.llama_model_free(self._model)
+            self._model = None
+
+    def __del__(self) -> None:
+        self.close()
+
+
+def default_threads() -> int:
+    """Physical cores, as llama.cpp's own tools default to; decode is bandwidth-bound."""
+    import psutil
+
+    return max(1, psutil.cpu_count(logical=False) or os.cpu_count() or 1)

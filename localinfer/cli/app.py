@@ -1,0 +1,58 @@
+"""The `localinfer` command: a Typer root, one module per verb, and the one place
+where errors become a single line on stderr."""
+
+from __future__ import annotations
+
+import os
+import sys
+
+import click
+import typer
+
+from localinfer.errors import UserError
+
+app = typer.Typer(
+    name="localinfer",
+    help="Run GGUF language models on your own machine.",
+    add_completion=False,
+    no_args_is_help=True,
+    pretty_exceptions_enable=False,
+    context_settings={"help_option_names": ["-h", "--help"]},
+)
+
+
+def _register() -> None:
+    from localinfer.cli import doctor, list, pull, rm, run, show
+
+    for module in (run, pull, list, show, rm, doctor):
+        module.register(app)
+
+
+def main(argv: list[str] | None = None) -> None:
+    """Entry point. Library code raises; here a UserError becomes `error: ...` and exit 1,
+    a usage error exit 2, Ctrl-C exit 130. LOCALINFER_DEBUG=1 keeps tracebacks."""
+    _register()
+    command = typer.main.get_command(app)
+    debug = os.environ.get("LOCALINFER_DEBUG") == "1"
+    try:
+        result = command.main(args=argv, prog_name="localinfer", standalone_mode=False)
+    except click.UsageError as e:
+        hint = f" (see '{e.ctx.command_path} --help')" if e.ctx else ""
+        print(f"error: {e.format_message()}{hint}", file=sys.stderr)
+        sys.exit(2)
+    except (KeyboardInterrupt, click.Abort):
+        print(file=sys.stderr)
+        sys.exit(130)
+    except UserError as e:
+        if debug:
+            raise
+        print(f"error: {e}", file=sys.stderr)
+        sys.exit(e.exit_code)
+    except BrokenPipeError:  # `localinfer run ... | head`
+        sys.stderr.close()
+        sys.exit(0)
+    sys.exit(result if isinstance(result, int) else 0)
+
+
+if __name__ == "__main__":
+    main()

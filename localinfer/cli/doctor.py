@@ -1,0 +1,93 @@
+"""`localinfer doctor`: what this machine and this build can do."""
+
+from __future__ import annotations
+
+import json
+import platform
+import shutil
+import subprocess
+from typing import Annotated
+
+import psutil
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from localinfer.paths import data_dir, models_dir
+
+
+def _cpu_name() -> str:
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def _system_gpus() -> list[str]:
+    """GPUs the OS can see, whether or not this llama.cpp build can use them."""
+    if shutil.which("nvidia-smi"):
+        try:
+            out = subprocess.run(["nvidia-smi", "-L"], capture_output=True, text=True, timeout=10)
+            return [line.strip() for line in out.stdout.splitlines() if line.strip()]
+        except (OSError, subprocess.SubprocessError):
+            return []
+    if platform.system() == "Darwin":
+        return ["Apple GPU (Metal)"]
+    return []
+
+
+def collect() -> dict[str, object]:
+    from localinfer.backends.devices import list_devices
+    from localinfer.backends.llamacpp import supports_gpu_offload, system_info
+
+    import llama_cpp
+
+    vm = psutil.virtual_memory()
+    features = [part.strip() for part in system_info().split("|") if "= 1" in part]
+    devices = list_devices()
+    disk = shutil.disk_usage(models_dir())
+    return {
+        "cpu": {"name": _cpu_name(), "cores": psutil.cpu_count(logical=False), "threads": psutil.cpu_count(), "features": [f.split("=")[0].strip().split(":")[-1].strip() for f in features]},
+        "ram": {"total_bytes": vm.total, "available_bytes": vm.available},
+        "llama_cpp": {
+            "llama_cpp_python": llama_cpp.__version__,
+            "gpu_offload": supports_gpu_offload(),
+            "devices": [{"name": d.name, "description": d.description, "type": d.kind, "free_bytes": d.free_bytes, "total_bytes": d.total_bytes} for d in devices],
+            "system_info": system_info().strip(),
+        },
+        "gpus_seen_by_os": _system_gpus(),
+        "storage": {"data_dir": str(data_dir()), "models_dir": str(models_dir()), "disk_free_bytes": disk.free},
+    }
+
+
+def doctor(json_out: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False) -> None:
+    """Report CPU features, memory, llama.cpp backends and GPUs, and where models are stored."""
+    report = collect()
+    if json_out:
+        print(json.dumps(report, indent=2))
+        return
+    cpu, ram, lc, st = report["cpu"], report["ram"], report["llama_cpp"], report["storage"]  # type: ignore[misc]
+    t = Table.grid(padding=(0, 2))
+    t.add_column(style="bold")
+    t.add_column()
+    t.add_row("CPU", f"{cpu['name']} ({cpu['cores']} cores, {cpu['threads']} threads)")
+    t.add_row("CPU features", " ".join(cpu["features"]) or "-")
+    t.add_row("RAM", f"{ram['available_bytes'] / 2**30:.1f} GiB free of {ram['total_bytes'] / 2**30:.1f} GiB")
+    t.add_row("llama.cpp", f"llama-cpp-python {lc['llama_cpp_python']}, GPU offload: {'yes' if lc['gpu_offload'] else 'no'}")
+    for d in lc["devices"]:
+        mem = f", {d['free_bytes'] / 2**30:.1f} GiB free" if d["type"] != "CPU" and d["total_bytes"] else ""
+        t.add_row("  device", f"{d['name']} ({d['type']}: {d['description']}{mem})")
+    gpus = report["gpus_seen_by_os"]
+    t.add_row("GPUs", ", ".join(gpus) if gpus else "none found")  # type: ignore[arg-type]
+    if gpus and not lc["gpu_offload"]:
+        t.add_row("", "[yellow]this llama.cpp build cannot use them; reinstall with LOCALINFER_BACKEND=cuda ./install.sh (or metal, vulkan)[/yellow]")
+    t.add_row("models", f"{st['models_dir']} ({st['disk_free_bytes'] / 2**30:.0f} GiB free)")
+    Console().print(t)
+
+
+def register(app: typer.Typer) -> None:
+    app.command()(doctor)

@@ -1,0 +1,68 @@
+"""`localinfer pull MODEL`: download a model (resumable, verified) with a progress bar."""
+
+from __future__ import annotations
+
+import json
+from contextlib import contextmanager
+from typing import Annotated, Iterator
+
+import typer
+from rich.console import Console
+from rich.progress import BarColumn, DownloadColumn, Progress, TimeRemainingColumn, TransferSpeedColumn
+
+from localinfer.store import manifests
+from localinfer.store.pull import Progress as ProgressFn
+from localinfer.store.pull import pull as pull_model
+from localinfer.store.pull import sha256_of
+from localinfer.store.refs import resolve
+
+err = Console(stderr=True)
+
+
+@contextmanager
+def progress_bar(enabled: bool = True) -> Iterator[ProgressFn | None]:
+    """A download bar on stderr, drawn only once bytes start to move."""
+    if not enabled:
+        yield None
+        return
+    bar = Progress(
+        "[progress.description]{task.description}", BarColumn(), DownloadColumn(),
+        TransferSpeedColumn(), TimeRemainingColumn(), console=err, transient=True,
+    )
+    task: list[int] = []
+
+    def update(done: int, total: int) -> None:
+        if not task:
+            bar.start()
+            task.append(bar.add_task("pulling", total=total or None))
+        bar.update(task[0], completed=done, total=total or None)
+
+    try:
+        yield update
+    finally:
+        bar.stop()
+
+
+def pull(
+    model: Annotated[str, typer.Argument(help="Catalog alias or Hugging Face owner/repo[:QUANT].", show_default=False)],
+    json_out: Annotated[bool, typer.Option("--json", help="Print the pulled model as JSON.")] = False,
+) -> None:
+    """Download a model from the Hugging Face hub. An interrupted pull resumes where it stopped."""
+    src = resolve(model)
+    with progress_bar(enabled=not json_out) as progress:
+        path = pull_model(src, progress)
+    local = manifests.find(src.name)
+    info = {
+        "name": src.name,
+        "path": str(path),
+        "size": path.stat().st_size,
+        "sha256": local.sha256 if local else sha256_of(path),
+    }
+    if json_out:
+        print(json.dumps(info))
+    else:
+        err.print(f"pulled [bold]{src.name}[/bold] ({info['size'] / 1e6:.1f} MB, sha256 {info['sha256'][:12]}…) → {path}")
+
+
+def register(app: typer.Typer) -> None:
+    app.command()(pull)

@@ -1,0 +1,218 @@
+"""`localinfer run [MODEL] [PROMPT]`: a one-shot streamed answer, or an interactive chat."""
+
+from __future__ import annotations
+
+import json
+import shlex
+import sys
+from dataclasses import fields
+from typing import Annotated, Optional
+
+import typer
+from rich.console import Console
+
+from localinfer.cli import options as opt
+from localinfer.engine.engine import Engine
+from localinfer.engine.loader import LoadOptions, open_engine
+from localinfer.engine.types import CompletionOutput, SamplingParams
+from localinfer.errors import ModelNotFound
+from localinfer.store.refs import resolve
+
+err = Console(stderr=True, highlight=False)
+
+HELP_INTERACTIVE = """Commands:
+  /set system TEXT        set the system prompt
+  /set NAME VALUE         set a sampling option (temperature, top_k, top_p, min_p,
+                          repeat_penalty, seed, max_tokens); '/set parameter NAME VALUE' works too
+  /clear                  forget the conversation
+  /bye                    leave (or Ctrl-D)
+Ctrl-C stops an answer."""
+
+
+def split_model_and_prompt(model: str | None, prompt: str | None) -> tuple[str | None, str | None]:
+    """`run "Why is the sky blue?"` means the default model: one argument is a model only if it names one."""
+    if model is None or prompt is not None:
+        return model, prompt
+    if any(c.isspace() for c in model):
+        return None, model
+    try:
+        resolve(model)
+        return model, None
+    except ModelNotFound as e:
+        if ":" in model or "did you mean" in str(e):
+            raise  # looks like a mistyped model name: say so rather than answer it as a prompt
+        return None, model
+
+
+def stream_answer(engine: Engine, messages: list[dict[str, str]] | None, prompt: str, params: SamplingParams, raw: bool) -> CompletionOutput | None:
+    """Print an answer as it is generated; returns None if Ctrl-C stopped it."""
+    tokens = engine.tokenize_prompt(prompt if raw else engine.render_chat(messages or []))
+    events = engine.generate(tokens, params)
+    try:
+        for event in events:
+            if isinstance(event, CompletionOutput):
+                sys.stdout.write("\n")
+                sys.stdout.flush()
+                return event
+            if event.text:
+                sys.stdout.write(event.text)
+                sys.stdout.flush()
+    except KeyboardInterrupt:
+        events.close()  # aborts the request and frees its KV cache
+        sys.stdout.write("\n")
+        sys.stdout.flush()
+        return None
+    return None
+
+
+def print_timings(result: CompletionOutput) -> None:
+    t = result.timings
+    err.print(
+        f"[dim]load {t.load_ms:.0f} ms | prompt {result.prompt_tokens} tokens, {t.prompt_ms:.0f} ms "
+        f"({t.prompt_tokens_per_s:.1f} tok/s) | TTFT {t.ttft_ms:.0f} ms | "
+        f"{result.completion_tokens} tokens, TPOT {t.tpot_ms:.2f} ms ({t.tokens_per_s:.1f} tok/s) | "
+        f"finish: {result.finish_reason}[/dim]"
+    )
+
+
+def as_json(engine: Engine, result: CompletionOutput) -> str:
+    return json.dumps(
+        {
+            "model": engine.name,
+            "text": result.text,
+            "finish_reason": result.finish_reason,
+            "usage": result.usage(),
+            "timings": {k: round(v, 3) for k, v in result.timings.as_dict().items() if k in ("load_ms", "ttft_ms", "tpot_ms", "tokens_per_s", "prompt_ms", "prompt_tokens_per_s")},
+        },
+        ensure_ascii=False,
+    )
+
+
+def interactive(engine: Engine, system: str | None, params: SamplingParams, verbose: bool) -> None:
+    import readline
+
+    from localinfer.paths import history_file
+
+    try:
+        readline.read_history_file(history_file())
+    except OSError:
+        pass
+    history: list[dict[str, str]] = []
+    err.print(f"[dim]{engine.name} — /? for help, /bye to leave[/dim]")
+    while True:
+        try:
+            line = input(">>> ")
+        except EOFError:
+            print()
+            break
+        except KeyboardInterrupt:
+            print("\nUse Ctrl-D or /bye to exit.")
+            continue
+        if not line.strip():
+            continue
+        readline.write_history_file(history_file())
+        if line.startswith("/"):
+            words = shlex.split(line) if line.count('"') % 2 == 0 else line.split()
+            cmd = words[0]
+            if cmd in ("/bye", "/exit", "/quit"):
+                break
+            if cmd == "/clear":
+                history.clear()
+                err.print("[dim]Cleared the conversation.[/dim]")
+            elif cmd in ("/?", "/help"):
+                print(HELP_INTERACTIVE)
+            elif cmd == "/set":
+                system, params = _set(words[1:], system, params)
+            else:
+                err.print(f"Unknown command '{cmd}'. Type /? for help.")
+            continue
+        history.append({"role": "user", "content": line})
+        messages = ([{"role": "system", "content": system}] if system else []) + history
+        result = stream_answer(engine, messages, line, params, raw=False)
+        if result is None:
+            history.pop()  # an interrupted answer is not part of the conversation
+            continue
+        history.append({"role": "assistant", "content": result.text})
+        if verbose:
+            print_timings(result)
+
+
+def _set(words: list[str], system: str | None, params: SamplingParams) -> tuple[str | None, SamplingParams]:
+    if words and words[0] == "parameter":
+        words = words[1:]
+    if len(words) < 2:
+        err.print("Usage: /set system TEXT | /set NAME VALUE")
+        return system, params
+    name, value = words[0], " ".join(words[1:])
+    if name == "system":
+        err.print("[dim]Set the system prompt.[/dim]")
+        return value, params
+    kinds = {f.name: f.type for f in fields(SamplingParams)}
+    if name not in kinds or name == "stop":
+        err.print(f"Unknown option '{name}'. Options: {', '.join(k for k in kinds if k != 'stop')}")
+        return system, params
+    try:
+        parsed: object = float(value) if "float" in str(kinds[name]) else int(value)
+    except ValueError:
+        err.print(f"'{value}' is not a valid value for {name}")
+        return system, params
+    err.print(f"[dim]Set {name} to {parsed}.[/dim]")
+    return system, params.with_overrides(**{name: parsed})
+
+
+def run(
+    model: Annotated[Optional[str], typer.Argument(help="Catalog alias, path to a .gguf, or Hugging Face owner/repo[:QUANT]. Default: the embedded SmolLM2-135M.", show_default=False)] = None,
+    prompt: Annotated[Optional[str], typer.Argument(help="The prompt. Without one (and nothing on stdin), starts an interactive chat.", show_default=False)] = None,
+    system: Annotated[Optional[str], typer.Option(help="System prompt.")] = None,
+    temperature: Annotated[Optional[float], typer.Option(help="Sampling temperature; 0 is greedy. [default: the model's, else 0.8]", callback=opt.at_least(0))] = None,
+    top_k: Annotated[Optional[int], typer.Option(help="Keep the K most likely tokens; 0 disables.", callback=opt.at_least(0))] = None,
+    top_p: Annotated[Optional[float], typer.Option(help="Nucleus sampling mass; 1 disables.", callback=opt.between(0, 1))] = None,
+    min_p: Annotated[Optional[float], typer.Option(help="Drop tokens below this fraction of the top probability.", callback=opt.between(0, 1))] = None,
+    repeat_penalty: Annotated[Optional[float], typer.Option(help="Penalty for recently seen tokens; 1 disables.", callback=opt.at_least(0.01))] = None,
+    seed: Annotated[Optional[int], typer.Option(help="Random seed, for reproducible sampling.")] = None,
+    max_tokens: Annotated[Optional[int], typer.Option(help="Stop after this many tokens. [default: until the model stops or the context is full]", callback=opt.at_least(1))] = None,
+    ctx: Annotated[Optional[int], typer.Option(help="Context window in tokens. [default: the model's, at most 4096]", callback=opt.at_least(16))] = None,
+    threads: Annotated[Optional[int], typer.Option(help="CPU threads. [default: physical cores]", callback=opt.at_least(1))] = None,
+    gpu_layers: Annotated[str, typer.Option(help="Layers to offload to the GPU, or 'auto' to fit free VRAM.", callback=opt.gpu_layers)] = "auto",
+    engine_name: Annotated[str, typer.Option("--engine", help="Inference engine.", callback=opt.engine_name)] = "llama.cpp",
+    raw: Annotated[bool, typer.Option("--raw", help="Send the prompt as is, without the chat template.")] = False,
+    verbose: Annotated[bool, typer.Option("--verbose", "-v", help="Print timings (and llama.cpp's log).")] = False,
+    json_out: Annotated[bool, typer.Option("--json", help="Print one JSON object: text, finish_reason, usage, timings.")] = False,
+) -> None:
+    """Answer a prompt with a model, streaming the text as it is generated."""
+    model, prompt = split_model_and_prompt(model, prompt)
+    if not sys.stdin.isatty():
+        piped = sys.stdin.read()
+        if piped.strip():
+            prompt = f"{prompt}\n\n{piped}" if prompt else piped
+    if prompt is None and (json_out or not sys.stdin.isatty()):
+        raise typer.BadParameter("no prompt given (pass one as an argument or on stdin)", param_hint="PROMPT")
+
+    from localinfer.cli.pull import progress_bar
+
+    with progress_bar(enabled=not json_out) as progress:
+        engine = open_engine(model, LoadOptions(engine=engine_name, ctx=ctx, threads=threads, gpu_layers=gpu_layers, verbose=verbose), progress)
+    params = engine.defaults.with_overrides(
+        temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p,
+        repeat_penalty=repeat_penalty, seed=seed, max_tokens=max_tokens,
+    )
+    try:
+        if prompt is None:
+            interactive(engine, system, params, verbose)
+            return
+        messages = ([{"role": "system", "content": system}] if system else []) + [{"role": "user", "content": prompt}]
+        if json_out:
+            tokens = engine.tokenize_prompt(prompt if raw else engine.render_chat(messages))
+            print(as_json(engine, engine.complete(tokens, params)))
+            return
+        result = stream_answer(engine, messages, prompt, params, raw)
+        if result is None:
+            raise typer.Exit(130)
+        if verbose:
+            print_timings(result)
+    finally:
+        engine.close()
+
+
+def register(app: typer.Typer) -> None:
+    app.command(no_args_is_help=False)(run)

@@ -1,0 +1,68 @@
+"""From a MODEL reference to a ready Engine: resolve, pull if needed, check, load.
+
+The CLI, the TUI and the server all open models through here, so they agree on
+defaults, memory checks and errors.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+from localinfer import memory
+from localinfer.backends import get_backend
+from localinfer.backends.base import LoadParams
+from localinfer.engine.engine import Engine
+from localinfer.engine.types import SamplingParams
+from localinfer.modelfile import inspect
+from localinfer.store.pull import Progress, ensure_local
+from localinfer.store.refs import resolve
+
+DEFAULT_CTX = 4096
+SAMPLING_KEYS = {"temperature", "top_k", "top_p", "min_p", "repeat_penalty", "repeat_last_n"}
+
+
+@dataclass
+class LoadOptions:
+    engine: str = "llama.cpp"
+    ctx: int | None = None  # None: the catalog's value, else min(4096, trained context)
+    threads: int | None = None
+    gpu_layers: int | str = "auto"
+    n_seq_max: int = 1
+    verbose: bool = False
+
+
+def open_engine(ref: str | None, options: LoadOptions | None = None, progress: Progress | None = None) -> Engine:
+    options = options or LoadOptions()
+    src = resolve(ref)
+    path = ensure_local(src, progress)
+    backend_cls = get_backend(options.engine)
+
+    t0 = time.perf_counter()
+    info = inspect(path)
+    n_ctx = options.ctx or int(src.defaults.get("ctx", 0)) or min(DEFAULT_CTX, info.context_length or DEFAULT_CTX)
+    vram = 0
+    if options.gpu_layers == "auto" and options.engine == "llama.cpp":
+        from localinfer.backends.devices import gpu_free_bytes
+        from localinfer.backends.llamacpp import supports_gpu_offload
+
+        vram = gpu_free_bytes() if supports_gpu_offload() else 0
+    plan = memory.plan(info, n_ctx, options.gpu_layers, vram)
+    backend = backend_cls.load(
+        path,
+        LoadParams(
+            n_ctx=n_ctx,
+            n_threads=options.threads,
+            n_gpu_layers=plan.n_gpu_layers,
+            n_seq_max=options.n_seq_max,
+            verbose=options.verbose,
+        ),
+    )
+    load_ms = (time.perf_counter() - t0) * 1e3
+
+    defaults = SamplingParams().with_overrides(**{k: v for k, v in src.defaults.items() if k in SAMPLING_KEYS})
+    engine = Engine(backend, defaults, load_ms)
+    engine.name = src.name
+    engine.info = info
+    engine.memory = plan
+    return engine

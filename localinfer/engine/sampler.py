@@ -1,0 +1,65 @@
+"""Token sampling on one row of logits, in llama.cpp's order:
+repetition penalty -> top-k -> top-p -> min-p -> temperature -> draw.
+
+Kept in numpy above the backends, so every backend samples the same way.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from localinfer.engine.types import SamplingParams
+
+
+class Sampler:
+    """Samples for one request; owns the request's seeded RNG, so a seed reproduces a run."""
+
+    def __init__(self, params: SamplingParams) -> None:
+        self.params = params
+        self.rng = np.random.default_rng(params.seed)
+
+    def sample(self, logits: np.ndarray, history: list[int]) -> int:
+        """Pick the next token. `logits` is [n_vocab] float32 and may be modified in place."""
+        p = self.params
+        if p.repeat_penalty != 1.0 and p.repeat_last_n != 0 and history:
+            apply_repeat_penalty(logits, history[-p.repeat_last_n :] if p.repeat_last_n > 0 else history, p.repeat_penalty)
+        if p.temperature <= 0:
+            return int(np.argmax(logits))
+
+        ids, vals = top_k(logits, p.top_k)  # sorted by logit, descending
+        probs = softmax(vals)
+        keep = len(probs)
+        if p.top_p < 1.0:
+            # smallest prefix whose mass reaches top_p, at least one token
+            keep = min(keep, int(np.searchsorted(np.cumsum(probs), p.top_p)) + 1)
+        if p.min_p > 0.0:
+            keep = min(keep, max(1, int(np.count_nonzero(probs[:keep] >= p.min_p * probs[0]))))
+        ids, vals = ids[:keep], vals[:keep]
+
+        probs = softmax(vals / p.temperature)
+        draw = self.rng.random() * probs.sum()
+        choice = min(int(np.searchsorted(np.cumsum(probs), draw, side="right")), keep - 1)
+        return int(ids[choice])
+
+
+def apply_repeat_penalty(logits: np.ndarray, recent: list[int], penalty: float) -> None:
+    """CTRL-style penalty as llama.cpp applies it: divide positive logits, multiply negative ones."""
+    ids = np.unique(np.asarray(recent, dtype=np.int64))
+    vals = logits[ids]
+    logits[ids] = np.where(vals > 0, vals / penalty, vals * penalty)
+
+
+def top_k(logits: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
+    """The k largest logits and their ids, sorted descending; k <= 0 keeps all."""
+    if 0 < k < len(logits):
+        ids = np.argpartition(logits, -k)[-k:]
+    else:
+        ids = np.arange(len(logits))
+    order = np.argsort(-logits[ids], kind="stable")
+    ids = ids[order]
+    return ids, logits[ids]
+
+
+def softmax(x: np.ndarray) -> np.ndarray:
+    e = np.exp(x - x.max())
+    return e / e.sum()

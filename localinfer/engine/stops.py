@@ -1,0 +1,38 @@
+"""Stop strings across token boundaries.
+
+Text that could still turn into a stop string is held back, so a stop is never
+half-printed before we notice it.
+"""
+
+from __future__ import annotations
+
+
+class StopMatcher:
+    def __init__(self, stops: tuple[str, ...] | list[str]) -> None:
+        self.stops = [s for s in stops if s]
+        self._held = ""
+
+    def push(self, text: str) -> tuple[str, bool]:
+        """Feed new text; returns (text safe to emit, whether a stop string was hit)."""
+        if not self.stops:
+            return text, False
+        buf = self._held + text
+        hits = [i for i in (buf.find(s) for s in self.stops) if i >= 0]
+        if hits:
+            self._held = ""
+            return buf[: min(hits)], True
+        hold = max((self._partial_suffix(buf, s) for s in self.stops), default=0)
+        self._held = buf[len(buf) - hold :] if hold else ""
+        return buf[: len(buf) - hold], False
+
+    def flush(self) -> str:
+        held, self._held = self._held, ""
+        return held
+
+    @staticmethod
+    def _partial_suffix(buf: str, stop: str) -> int:
+        """Length of the longest suffix of buf that is a proper prefix of stop."""
+        for n in range(min(len(stop) - 1, len(buf)), 0, -1):
+            if buf.endswith(stop[:n]):
+                return n
+        return 0

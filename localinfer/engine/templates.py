@@ -1,0 +1,66 @@
+"""Chat templates: the model's own Jinja template from GGUF metadata, rendered in a sandbox.
+
+The template is code shipped inside a downloaded file, so it runs in jinja2's
+ImmutableSandboxedEnvironment, with the few helpers Hugging Face templates expect.
+"""
+
+from __future__ import annotations
+
+import json
+from datetime import datetime
+from functools import lru_cache
+
+import jinja2
+from jinja2.sandbox import ImmutableSandboxedEnvironment
+
+from localinfer.errors import TemplateError
+
+# Used only when a model ships no template at all; ChatML is what most instruct models use.
+CHATML = (
+    "{% for message in messages %}<|im_start|>{{ message['role'] }}\n{{ message['content'] }}<|im_end|>\n"
+    "{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+)
+
+Message = dict[str, str]
+
+
+def _raise(message: str) -> None:
+    raise jinja2.TemplateError(message)
+
+
+def _tojson(value: object, indent: int | None = None, **_: object) -> str:
+    # Hugging Face renders tojson without ASCII escaping; match it so non-English text survives.
+    return json.dumps(value, ensure_ascii=False, indent=indent)
+
+
+@lru_cache(maxsize=8)
+def _compile(source: str) -> jinja2.Template:
+    env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
+    env.globals["raise_exception"] = _raise
+    env.globals["strftime_now"] = lambda fmt: datetime.now().strftime(fmt)
+    env.filters["tojson"] = _tojson
+    try:
+        return env.from_string(source)
+    except jinja2.TemplateSyntaxError as e:
+        raise TemplateError(f"the model's chat template is invalid (line {e.lineno}: {e.message})") from e
+
+
+def render_chat(
+    template: str | None,
+    messages: list[Message],
+    *,
+    add_generation_prompt: bool = True,
+    bos_token: str = "",
+    eos_token: str = "",
+) -> str:
+    """The prompt text for a conversation, exactly as the model was trained to see it."""
+    compiled = _compile(template or CHATML)
+    try:
+        return compiled.render(
+            messages=messages,
+            add_generation_prompt=add_generation_prompt,
+            bos_token=bos_token,
+            eos_token=eos_token,
+        )
+    except jinja2.TemplateError as e:
+        raise TemplateError(f"the model's chat template failed to render: {e}") from e

@@ -1,0 +1,69 @@
+"""Plain dataclasses the engine exchanges with its clients (CLI, TUI, server)."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field, replace
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    """How to pick each next token. Defaults are llama.cpp's; a catalog entry may override them."""
+
+    temperature: float = 0.8  # 0 means greedy
+    top_k: int = 40  # 0 disables
+    top_p: float = 0.95  # 1 disables
+    min_p: float = 0.05  # 0 disables
+    repeat_penalty: float = 1.0  # 1 disables
+    repeat_last_n: int = 64
+    seed: int | None = None  # None: a fresh random seed per request
+    max_tokens: int | None = None  # None: until end of generation or a full context
+    stop: tuple[str, ...] = ()
+
+    def with_overrides(self, **changes: object) -> SamplingParams:
+        """A copy with the given fields replaced; None values mean "keep"."""
+        return replace(self, **{k: v for k, v in changes.items() if v is not None})
+
+
+@dataclass
+class Timings:
+    """Per-request latency, in the seeds' vocabulary: TTFT = queue + prefill + first sample,
+    TPOT = mean time per output token after the first."""
+
+    load_ms: float = 0.0
+    prompt_ms: float = 0.0  # prefill alone
+    ttft_ms: float = 0.0
+    tpot_ms: float = 0.0
+    tokens_per_s: float = 0.0  # decode rate, 1000 / TPOT
+    prompt_tokens_per_s: float = 0.0
+
+    def as_dict(self) -> dict[str, float]:
+        return {k: round(v, 3) for k, v in asdict(self).items()}
+
+
+@dataclass
+class TokenEvent:
+    """One step of a stream: new text (possibly empty while a character or a stop is pending)."""
+
+    request_id: int
+    token: int
+    text: str
+
+
+@dataclass
+class CompletionOutput:
+    """What a finished request produced."""
+
+    request_id: int
+    text: str
+    finish_reason: str  # "stop" (end of generation or stop string), "length", or "abort"
+    prompt_tokens: int
+    completion_tokens: int
+    timings: Timings = field(default_factory=Timings)
+    tokens: list[int] = field(default_factory=list)
+
+    def usage(self) -> dict[str, int]:
+        return {
+            "prompt_tokens": self.prompt_tokens,
+            "completion_tokens": self.completion_tokens,
+            "total_tokens": self.prompt_tokens + self.completion_tokens,
+        }

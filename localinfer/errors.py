@@ -1,0 +1,39 @@
+"""User-facing errors.
+
+Library code raises these; only the CLI edge turns them into one line on stderr.
+Anything that is not a UserError is a bug and keeps its traceback.
+"""
+
+
+class UserError(Exception):
+    """Something the user can fix; the message says what to do next."""
+
+    exit_code = 1
+
+
+class ModelNotFound(UserError):
+    """A model reference matched nothing local, in the catalog, or on the hub."""
+
+
+class InvalidModelFile(UserError):
+    """A file that is not a GGUF, or a GGUF that is truncated or corrupt."""
+
+
+class ContextOverflow(UserError):
+    """The prompt does not fit in the context window."""
+
+
+class OutOfMemory(UserError):
+    """The model and its KV cache would not fit in free memory."""
+
+
+class DownloadError(UserError):
+    """A pull failed: no network, a missing file, or a checksum mismatch."""
+
+
+class TemplateError(UserError):
+    """The model's chat template failed to render."""
+
+
+class BackendError(UserError):
+    """The inference backend refused to load or run the model."""

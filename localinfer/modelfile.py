@@ -1,0 +1,209 @@
+"""Reading a GGUF file's header, with the `gguf` package's format tables: validation and the facts `show` prints.
+
+We check a file before llama.cpp sees it, so that a wrong or truncated file gets a
+precise one-line error instead of a C++ log dump.
+"""
+
+from __future__ import annotations
+
+import math
+import mmap
+import struct
+from collections import Counter
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from localinfer.errors import InvalidModelFile, ModelNotFound
+
+GGUF_MAGIC = b"GGUF"
+
+
+@dataclass
+class GGUFInfo:
+    path: Path
+    file_size: int
+    architecture: str
+    name: str | None
+    n_params: int
+    context_length: int | None
+    n_layer: int
+    n_embd: int
+    n_head: int
+    n_head_kv: int
+    head_dim: int
+    n_vocab: int
+    tensor_types: dict[str, int]  # type name -> tensor count
+    tensor_bytes: int
+    chat_template: str | None
+    license: str | None
+    metadata: dict[str, object] = field(default_factory=dict)  # scalar keys, for --json
+
+    def as_dict(self) -> dict[str, object]:
+        return {
+            "path": str(self.path),
+            "file_size": self.file_size,
+            "architecture": self.architecture,
+            "name": self.name,
+            "parameters": self.n_params,
+            "context_length": self.context_length,
+            "layers": self.n_layer,
+            "embedding_length": self.n_embd,
+            "vocab_size": self.n_vocab,
+            "tensor_types": self.tensor_types,
+            "chat_template": self.chat_template,
+            "license": self.license,
+        }
+
+
+class _Truncated(Exception):
+    pass
+
+
+class _HeaderScanner:
+    """A one-pass reader of the GGUF header (key/values and tensor infos).
+
+    gguf's GGUFReader builds a numpy view for every element of every array, which takes
+    seconds for a 50k-token vocabulary; `run` must start faster than that. This scanner
+    uses gguf's own format tables and skips big arrays, keeping only their length.
+    Tests check it against GGUFReader.
+    """
+
+    SCALARS = {0: "<B", 1: "<b", 2: "<H", 3: "<h", 4: "<I", 5: "<i", 6: "<f", 7: "<?", 10: "<Q", 11: "<q", 12: "<d"}
+    STRING, ARRAY = 8, 9
+    KEEP_ARRAY = 64  # arrays up to this length keep their values (per-layer head counts...)
+
+    def __init__(self, buf: mmap.mmap) -> None:
+        self.buf, self.pos = buf, 0
+
+    def take(self, fmt: str) -> Any:
+        size = struct.calcsize(fmt)
+        if self.pos + size > len(self.buf):
+            raise _Truncated
+        (value,) = struct.unpack_from(fmt, self.buf, self.pos)
+        self.pos += size
+        return value
+
+    def string(self) -> str:
+        n = self.take("<Q")
+        if self.pos + n > len(self.buf):
+            raise _Truncated
+        raw = self.buf[self.pos : self.pos + n]
+        self.pos += n
+        return raw.decode("utf-8", errors="replace")
+
+    def value(self, vtype: int) -> Any:
+        if vtype in self.SCALARS:
+            return self.take(self.SCALARS[vtype])
+        if vtype == self.STRING:
+            return self.string()
+        if vtype == self.ARRAY:
+            etype, count = self.take("<I"), self.take("<Q")
+            if count <= self.KEEP_ARRAY:
+                return [self.value(etype) for _ in range(count)]
+            if etype in self.SCALARS:
+                self.pos += count * struct.calcsize(self.SCALARS[etype])
+            else:
+                for _ in range(count):
+                    self.value(etype)
+            if self.pos > len(self.buf):
+                raise _Truncated
+            return _LongArray(count)
+        raise ValueError(f"unknown metadata value type {vtype}")
+
+
+@dataclass(frozen=True)
+class _LongArray:
+    """Stands for an array we skipped over; only its length is kept."""
+
+    length: int
+
+
+def inspect(path: Path) -> GGUFInfo:
+    """Parse and sanity-check a GGUF; raises InvalidModelFile with what is wrong."""
+    from gguf import GGML_QUANT_SIZES, GGUF_DEFAULT_ALIGNMENT, GGMLQuantizationType
+
+    path = Path(path)
+    if not path.exists():
+        raise ModelNotFound(f"no such file: {path}")
+    if not path.is_file():
+        raise InvalidModelFile(f"{path} is not a file")
+    size = path.stat().st_size
+    with open(path, "rb") as f:
+        if f.read(4) != GGUF_MAGIC:
+            raise InvalidModelFile(f"{path} is not a GGUF model file (it does not start with 'GGUF')")
+        buf = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
+    try:
+        scan = _HeaderScanner(buf)
+        scan.pos = 4
+        version = scan.take("<I")
+        if version not in (2, 3):
+            raise InvalidModelFile(f"{path} is GGUF version {version}; only versions 2 and 3 are supported")
+        n_tensors, n_kv = scan.take("<Q"), scan.take("<Q")
+        if n_tensors > 1_000_000 or n_kv > 1_000_000:
+            raise InvalidModelFile(f"{path} is corrupt (it claims {n_tensors} tensors and {n_kv} metadata keys)")
+        fields: dict[str, Any] = {}
+        for _ in range(n_kv):
+            key = scan.string()
+            fields[key] = scan.value(scan.take("<I"))
+        tensors = []  # (type, n_elements, offset)
+        for _ in range(n_tensors):
+            scan.string()
+            dims = [scan.take("<Q") for _ in range(scan.take("<I"))]
+            ttype, offset = scan.take("<I"), scan.take("<Q")
+            tensors.append((ttype, math.prod(dims), offset))
+        alignment = int(fields.get("general.alignment", GGUF_DEFAULT_ALIGNMENT))
+        data_start = -(-scan.pos // alignment) * alignment
+    except _Truncated:
+        raise InvalidModelFile(f"{path} is truncated (its header ends early)") from None
+    except (ValueError, UnicodeError, struct.error, OverflowError) as e:
+        raise InvalidModelFile(f"{path} is corrupt ({e})") from None
+    finally:
+        buf.close()
+
+    type_counts: Counter[str] = Counter()
+    tensor_bytes, end = 0, 0
+    for ttype, n_elements, offset in tensors:
+        try:
+            qtype = GGMLQuantizationType(ttype)
+            block, block_bytes = GGML_QUANT_SIZES[qtype]
+        except (ValueError, KeyError):
+            raise InvalidModelFile(f"{path} has a tensor of unknown type {ttype}; is it corrupt?") from None
+        nbytes = n_elements // block * block_bytes
+        type_counts[qtype.name] += 1
+        tensor_bytes += nbytes
+        end = max(end, data_start + offset + nbytes)
+    if end > size:
+        raise InvalidModelFile(f"{path} is truncated: its tensors need {end:,} bytes but the file has {size:,}")
+
+    arch = str(fields.get("general.architecture", "unknown"))
+
+    def arch_int(key: str, default: int = 0) -> int:
+        value = fields.get(f"{arch}.{key}")
+        if isinstance(value, list):  # per-layer values in some models: take the first
+            value = value[0] if value else default
+        return int(value) if isinstance(value, (int, float)) else default
+
+    n_embd = arch_int("embedding_length")
+    n_head = arch_int("attention.head_count", 1) or 1
+    tokens = fields.get("tokenizer.ggml.tokens")
+    text = lambda key: fields[key] if isinstance(fields.get(key), str) else None  # noqa: E731
+    return GGUFInfo(
+        path=path,
+        file_size=size,
+        architecture=arch,
+        name=text("general.name"),
+        n_params=sum(n for _, n, _ in tensors),
+        context_length=arch_int("context_length") or None,
+        n_layer=arch_int("block_count"),
+        n_embd=n_embd,
+        n_head=n_head,
+        n_head_kv=arch_int("attention.head_count_kv", n_head) or n_head,
+        head_dim=arch_int("attention.key_length", n_embd // n_head) or n_embd // n_head,
+        n_vocab=tokens.length if isinstance(tokens, _LongArray) else len(tokens or []),
+        tensor_types=dict(type_counts.most_common()),
+        tensor_bytes=tensor_bytes,
+        chat_template=text("tokenizer.chat_template"),
+        license=text("general.license"),
+        metadata={k: v for k, v in fields.items() if isinstance(v, (str, int, float, bool))},
+    )

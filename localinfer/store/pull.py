@@ -1,0 +1,186 @@
+"""Getting a model onto disk: locate a packaged file, or download from the Hugging Face hub.
+
+Downloads go through huggingface-hub into `<data>/models/<owner>/<repo>/`. The hub
+client writes to an `.incomplete` file and renames it when done, and resumes it on the
+next try; we verify the sha256 and only then write the manifest that makes the model
+visible to `list` and `run`.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+import threading
+from datetime import datetime, timezone
+from importlib import resources
+from pathlib import Path
+from typing import Callable
+
+from localinfer.errors import DownloadError, ModelNotFound
+from localinfer.paths import models_dir
+from localinfer.store import manifests
+from localinfer.store.refs import ModelSource
+
+Progress = Callable[[int, int], None]  # (bytes done, bytes total)
+DEFAULT_QUANT = "Q4_K_M"
+SPLIT = re.compile(r"-(\d{5})-of-(\d{5})\.gguf$")
+
+
+def local_path(src: ModelSource) -> Path | None:
+    """The model's file if it is already on this machine, else None."""
+    if src.kind == "path":
+        return src.path
+    if src.kind == "package":
+        return _package_file(src)
+    pulled = manifests.find(src.name)
+    return Path(pulled.path) if pulled and pulled.exists else None
+
+
+def ensure_local(src: ModelSource, progress: Progress | None = None) -> Path:
+    """The model's file, pulling it first if needed (as `ollama run` does)."""
+    return local_path(src) or pull(src, progress)
+
+
+def pull(src: ModelSource, progress: Progress | None = None) -> Path:
+    if src.kind == "path":
+        return src.path  # type: ignore[return-value]
+    if src.kind == "package":
+        path = _package_file(src)
+        _verify(path, src.sha256)
+        return path
+    return _pull_hub(src, progress)
+
+
+def _package_file(src: ModelSource) -> Path:
+    try:
+        path = Path(str(resources.files(src.package) / src.file))  # type: ignore[arg-type, operator]
+    except ModuleNotFoundError:
+        raise ModelNotFound(f"{src.name} ships in the Python package '{src.package}'; install it with pip") from None
+    if not path.is_file():
+        raise ModelNotFound(f"{src.name}: {src.file} is missing from the package '{src.package}'; reinstall it")
+    return path
+
+
+def sha256_of(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        while chunk := f.read(1 << 22):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def _verify(path: Path, expected: str | None) -> str:
+    actual = sha256_of(path)
+    if expected and actual != expected.lower():
+        raise DownloadError(f"{path.name} failed its sha256 check (expected {expected[:12]}…, got {actual[:12]}…)")
+    return actual
+
+
+# --- the hub -----------------------------------------------------------------------------
+def _hub_errors(repo: str) -> Callable[[Exception], DownloadError]:
+    def translate(e: Exception) -> DownloadError:
+        kind = type(e).__name__
+        if kind in ("RepositoryNotFoundError", "GatedRepoError"):
+            return DownloadError(f"no such model on the Hugging Face hub: {repo} (or it needs a login)")
+        if kind in ("EntryNotFoundError", "RemoteEntryNotFoundError", "RevisionNotFoundError"):
+            return DownloadError(f"{repo}: {e}".splitlines()[0])
+        if kind in ("LocalEntryNotFoundError", "OfflineModeIsEnabled") or "connect" in kind.lower() or "timeout" in kind.lower():
+            return DownloadError(
+                f"cannot reach the Hugging Face hub to pull {repo} (no network, or HF_HUB_OFFLINE is set)"
+            )
+        return DownloadError(f"pulling {repo} failed: {str(e).splitlines()[0] if str(e) else kind}")
+
+    return translate
+
+
+def choose_files(files: list[str], quant: str | None, repo: str) -> list[str]:
+    """The GGUF file(s) for a quantization: one file, or every part of a split model."""
+    ggufs = [f for f in files if f.lower().endswith(".gguf") and "mmproj" not in f.lower()]
+    if not ggufs:
+        raise DownloadError(f"{repo} has no GGUF files")
+    wanted = (quant or DEFAULT_QUANT).upper()
+    pattern = re.compile(rf"(^|[-_./]){re.escape(wanted)}([-_.]|$)", re.IGNORECASE)
+    matches = sorted(f for f in ggufs if pattern.search(f))
+    if not matches and quant is None and len(ggufs) == 1:
+        matches = ggufs
+    if not matches:
+        quants = sorted({m.group(1).upper() for f in ggufs if (m := re.search(r"((?:I?Q\d\w*)|F16|BF16|F32)", f, re.I))})
+        raise DownloadError(f"{repo} has no {wanted} file; it has: {', '.join(quants) or ', '.join(ggufs)}")
+    first = matches[0]
+    split = SPLIT.search(first)
+    if split:
+        stem = first[: split.start()]
+        return sorted(f for f in matches if f.startswith(stem) and SPLIT.search(f))
+    return [first]
+
+
+def _pull_hub(src: ModelSource, progress: Progress | None) -> Path:
+    import huggingface_hub as hf
+
+    translate = _hub_errors(src.repo or "")
+    try:
+        files = [src.file] if src.file else choose_files(hf.list_repo_files(src.repo, revision=src.revision), src.quant, src.repo or "")
+        target = models_dir() / (src.repo or "")
+        sizes = [hf.get_hf_file_metadata(hf.hf_hub_url(src.repo, f, revision=src.revision)).size or 0 for f in files]
+        with _watch(target, sum(sizes), progress):
+            paths = [Path(hf.hf_hub_download(src.repo, f, revision=src.revision, local_dir=target)) for f in files]
+    except DownloadError:
+        raise
+    except Exception as e:  # the hub client raises many kinds; each becomes one line
+        if type(e).__module__.startswith(("huggingface_hub", "requests", "httpx", "urllib3")) or isinstance(e, OSError):
+            raise translate(e) from None
+        raise
+    digest = ""
+    for path in paths:
+        try:
+            digest = _verify(path, src.sha256 if len(paths) == 1 else None)
+        except DownloadError:
+            path.unlink(missing_ok=True)
+            raise
+    manifests.save(
+        manifests.LocalModel(
+            name=src.name,
+            path=str(paths[0]),
+            size=sum(p.stat().st_size for p in paths),
+            sha256=digest,
+            source=f"hf://{src.repo}/{paths[0].name}@{src.revision}",
+            pulled_at=datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        )
+    )
+    return paths[0]
+
+
+class _watch:
+    """Report download progress by watching the hub client's files grow.
+
+    Polling the files works with every huggingface-hub version and needs no hook
+    into its own (tqdm) progress bars, which we turn off.
+    """
+
+    def __init__(self, folder: Path, total: int, progress: Progress | None) -> None:
+        self.folder, self.total, self.progress = folder, total, progress
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def _done(self) -> int:
+        if not self.folder.exists():
+            return 0
+        partial = sum(p.stat().st_size for p in self.folder.rglob("*.incomplete") if p.is_file())
+        complete = sum(p.stat().st_size for p in self.folder.glob("*.gguf") if p.is_file())
+        return min(self.total, partial + complete)
+
+    def _run(self) -> None:
+        while not self._stop.wait(0.2):
+            self.progress(self._done(), self.total)  # type: ignore[misc]
+
+    def __enter__(self) -> _watch:
+        if self.progress:
+            self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        if self.progress:
+            self._thread.join()
+            if exc[0] is None:
+                self.progress(self.total, self.total)
