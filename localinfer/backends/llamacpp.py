@@ -94,7 +94,7 @@ class LlamaCppBackend(Backend):
         if not self._ctx:
             raise BackendError(f"llama.cpp could not create a context of {params.n_ctx} tokens: {_last_error()}")
         self._mem = C.llama_get_memory(self._ctx)
-        self._n_batch = params.n_batch
+        self._n_batch = C.llama_n_batch(self._ctx)  # llama.cpp clamps it to n_ctx
         self._batch = C.llama_batch_init(self._n_batch, 0, 1)
         self._view_token = np.ctypeslib.as_array(self._batch.token, shape=(self._n_batch,))
         self._view_pos = np.ctypeslib.as_array(self._batch.pos, shape=(self._n_batch,))

@@ -6,8 +6,12 @@ from __future__ import annotations
 import os
 import sys
 
-import click
 import typer
+
+try:  # typer >= 0.20 carries its own copy of click
+    from typer._click.exceptions import ClickException, UsageError
+except ImportError:  # older typer uses click itself
+    from click.exceptions import ClickException, UsageError  # type: ignore[assignment]
 
 from localinfer.errors import UserError
 
@@ -36,11 +40,16 @@ def main(argv: list[str] | None = None) -> None:
     debug = os.environ.get("LOCALINFER_DEBUG") == "1"
     try:
         result = command.main(args=argv, prog_name="localinfer", standalone_mode=False)
-    except click.UsageError as e:
+    except UsageError as e:
         hint = f" (see '{e.ctx.command_path} --help')" if e.ctx else ""
         print(f"error: {e.format_message()}{hint}", file=sys.stderr)
         sys.exit(2)
-    except (KeyboardInterrupt, click.Abort):
+    except ClickException as e:
+        print(f"error: {e.format_message()}", file=sys.stderr)
+        sys.exit(e.exit_code)
+    except typer.Exit as e:
+        sys.exit(e.exit_code)
+    except (KeyboardInterrupt, typer.Abort):
         print(file=sys.stderr)
         sys.exit(130)
     except UserError as e:

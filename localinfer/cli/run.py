@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import shlex
 import sys
 from dataclasses import fields
@@ -19,6 +20,7 @@ from localinfer.errors import ModelNotFound
 from localinfer.store.refs import resolve
 
 err = Console(stderr=True, highlight=False)
+DEBUG = os.environ.get("LOCALINFER_DEBUG") == "1"  # also shows the backend's own log
 
 HELP_INTERACTIVE = """Commands:
   /set system TEXT        set the system prompt
@@ -71,7 +73,8 @@ def print_timings(result: CompletionOutput) -> None:
         f"[dim]load {t.load_ms:.0f} ms | prompt {result.prompt_tokens} tokens, {t.prompt_ms:.0f} ms "
         f"({t.prompt_tokens_per_s:.1f} tok/s) | TTFT {t.ttft_ms:.0f} ms | "
         f"{result.completion_tokens} tokens, TPOT {t.tpot_ms:.2f} ms ({t.tokens_per_s:.1f} tok/s) | "
-        f"finish: {result.finish_reason}[/dim]"
+        f"finish: {result.finish_reason}[/dim]",
+        soft_wrap=True,
     )
 
 
@@ -176,7 +179,7 @@ def run(
     gpu_layers: Annotated[str, typer.Option(help="Layers to offload to the GPU, or 'auto' to fit free VRAM.", callback=opt.gpu_layers)] = "auto",
     engine_name: Annotated[str, typer.Option("--engine", help="Inference engine.", callback=opt.engine_name)] = "llama.cpp",
     raw: Annotated[bool, typer.Option("--raw", help="Send the prompt as is, without the chat template.")] = False,
-    verbose: Annotated[bool, typer.Option("--verbose", "-v", help="Print timings (and llama.cpp's log).")] = False,
+    verbose: Annotated[bool, typer.Option("--verbose", "-v", help="Print timings: load, prefill, TTFT, TPOT, tokens/s.")] = False,
     json_out: Annotated[bool, typer.Option("--json", help="Print one JSON object: text, finish_reason, usage, timings.")] = False,
 ) -> None:
     """Answer a prompt with a model, streaming the text as it is generated."""
@@ -191,7 +194,7 @@ def run(
     from localinfer.cli.pull import progress_bar
 
     with progress_bar(enabled=not json_out) as progress:
-        engine = open_engine(model, LoadOptions(engine=engine_name, ctx=ctx, threads=threads, gpu_layers=gpu_layers, verbose=verbose), progress)
+        engine = open_engine(model, LoadOptions(engine=engine_name, ctx=ctx, threads=threads, gpu_layers=gpu_layers, verbose=DEBUG), progress)
     params = engine.defaults.with_overrides(
         temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p,
         repeat_penalty=repeat_penalty, seed=seed, max_tokens=max_tokens,

@@ -117,6 +117,7 @@ def choose_files(files: list[str], quant: str | None, repo: str) -> list[str]:
 def _pull_hub(src: ModelSource, progress: Progress | None) -> Path:
     import huggingface_hub as hf
 
+    hf.utils.disable_progress_bars()  # we draw our own, from _watch
     translate = _hub_errors(src.repo or "")
     try:
         files = [src.file] if src.file else choose_files(hf.list_repo_files(src.repo, revision=src.revision), src.quant, src.repo or "")
