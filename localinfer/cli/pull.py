@@ -40,7 +40,8 @@ def progress_bar(enabled: bool = True) -> Iterator[ProgressFn | None]:
     try:
         yield update
     finally:
-        bar.stop()
+        if task:
+            bar.stop()
 
 
 def pull(

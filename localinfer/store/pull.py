@@ -1,14 +1,15 @@
 """Getting a model onto disk: locate a packaged file, or download from the Hugging Face hub.
 
-Downloads go through huggingface-hub into `<data>/models/<owner>/<repo>/`. The hub
-client writes to an `.incomplete` file and renames it when done, and resumes it on the
-next try; we verify the sha256 and only then write the manifest that makes the model
-visible to `list` and `run`.
+Downloads go through huggingface-hub (repo listing, metadata, HTTP) into
+`<data>/models/<owner>/<repo>/`: bytes land in a `.partial` file that a later pull
+resumes, which is renamed only after its sha256 checks out; then the manifest that makes
+the model visible to `list` and `run` is written.
 """
 
 from __future__ import annotations
 
 import hashlib
+import os
 import re
 import threading
 from datetime import datetime, timezone
@@ -116,39 +117,73 @@ def choose_files(files: list[str], quant: str | None, repo: str) -> list[str]:
 
 def _pull_hub(src: ModelSource, progress: Progress | None) -> Path:
     import huggingface_hub as hf
+    from huggingface_hub.file_download import http_get
+    from huggingface_hub.utils import build_hf_headers, disable_progress_bars
 
-    hf.utils.disable_progress_bars()  # we draw our own, from _watch
-    translate = _hub_errors(src.repo or "")
+    disable_progress_bars()  # we draw our own, from _watch
+    repo = src.repo or ""
+    target = models_dir() / repo
     try:
-        files = [src.file] if src.file else choose_files(hf.list_repo_files(src.repo, revision=src.revision), src.quant, src.repo or "")
-        target = models_dir() / (src.repo or "")
-        sizes = [hf.get_hf_file_metadata(hf.hf_hub_url(src.repo, f, revision=src.revision)).size or 0 for f in files]
-        with _watch(target, sum(sizes), progress):
-            paths = [Path(hf.hf_hub_download(src.repo, f, revision=src.revision, local_dir=target)) for f in files]
+        files = [src.file] if src.file else choose_files(hf.list_repo_files(repo, revision=src.revision), src.quant, repo)
+        urls = [hf.hf_hub_url(repo, f, revision=src.revision) for f in files]
+        metas = [hf.get_hf_file_metadata(url) for url in urls]
+        paths = []
+        with _watch(target, sum(m.size or 0 for m in metas), progress):
+            for name, url, meta in zip(files, urls, metas):
+                paths.append(_download(url, target / name, meta.size, _expected_sha(src, meta.etag, len(files)), http_get, build_hf_headers()))
     except DownloadError:
         raise
     except Exception as e:  # the hub client raises many kinds; each becomes one line
-        if type(e).__module__.startswith(("huggingface_hub", "requests", "httpx", "urllib3")) or isinstance(e, OSError):
-            raise translate(e) from None
+        if type(e).__module__.split(".")[0] in ("huggingface_hub", "httpx", "httpx2", "requests", "urllib3") or isinstance(e, OSError):
+            raise _hub_errors(repo)(e) from None
         raise
-    digest = ""
-    for path in paths:
-        try:
-            digest = _verify(path, src.sha256 if len(paths) == 1 else None)
-        except DownloadError:
-            path.unlink(missing_ok=True)
-            raise
     manifests.save(
         manifests.LocalModel(
             name=src.name,
             path=str(paths[0]),
             size=sum(p.stat().st_size for p in paths),
-            sha256=digest,
-            source=f"hf://{src.repo}/{paths[0].name}@{src.revision}",
+            sha256=sha256_of(paths[0]),
+            source=f"hf://{repo}/{paths[0].name}@{src.revision}",
             pulled_at=datetime.now(timezone.utc).isoformat(timespec="seconds"),
         )
     )
     return paths[0]
+
+
+def _expected_sha(src: ModelSource, etag: str | None, n_files: int) -> str | None:
+    """The catalog's sha256, else the hub's: for LFS files the ETag is the file's sha256."""
+    if src.sha256 and n_files == 1:
+        return src.sha256
+    tag = (etag or "").strip('"').removeprefix("W/").strip('"')
+    return tag if re.fullmatch(r"[0-9a-f]{64}", tag) else None
+
+
+def _download(url: str, dest: Path, size: int | None, sha256: str | None, http_get: Callable, headers: dict) -> Path:
+    """Resumable and atomic: bytes go to `<name>.partial`, which becomes `<name>` only once
+    it is complete and its checksum holds. An interrupted pull continues from the partial file.
+
+    huggingface-hub 1.x and later delete their partial downloads on failure, so the
+    transfer (its `http_get`, with a Range request) is driven from here.
+    """
+    if dest.is_file() and (size is None or dest.stat().st_size == size):
+        return dest
+    partial = dest.with_name(dest.name + ".partial")
+    partial.parent.mkdir(parents=True, exist_ok=True)
+    with open(partial, "ab") as fh:
+        have = fh.tell()
+        if size is not None and have > size:  # the file changed upstream: start over
+            fh.truncate(0)
+            have = 0
+        http_get(url, fh, resume_size=have, headers=headers, expected_size=size, displayed_filename=dest.name)
+        fh.flush()
+        os.fsync(fh.fileno())
+    try:
+        _verify(partial, sha256)
+    except DownloadError:
+        partial.unlink(missing_ok=True)
+        raise
+    os.replace(partial, dest)
+    return dest
 
 
 class _watch:
@@ -166,7 +201,7 @@ class _watch:
     def _done(self) -> int:
         if not self.folder.exists():
             return 0
-        partial = sum(p.stat().st_size for p in self.folder.rglob("*.incomplete") if p.is_file())
+        partial = sum(p.stat().st_size for p in self.folder.glob("*.partial") if p.is_file())
         complete = sum(p.stat().st_size for p in self.folder.glob("*.gguf") if p.is_file())
         return min(self.total, partial + complete)
 

@@ -1,0 +1,72 @@
+"""The llama.cpp backend through our interface, checked against llama.cpp's own high-level API."""
+
+import numpy as np
+import pytest
+from llama_cpp import Llama
+
+from localinfer.backends.base import Batch
+from localinfer.engine.engine import Engine
+from localinfer.engine.types import SamplingParams
+
+from ..conftest import THREADS
+
+PROMPTS = ["The capital of France is", "def fibonacci(n):", "Once upon a time, in a small village,"]
+N_TOKENS = 32
+
+
+@pytest.fixture(scope="module")
+def reference(model_path):
+    """llama.cpp's high-level Llama, with the same context settings as our backend."""
+    llm = Llama(str(model_path), n_ctx=2048, n_threads=THREADS, flash_attn=True, verbose=False)
+    yield llm
+    llm.close()
+
+
+@pytest.mark.parametrize("prompt", PROMPTS)
+def test_greedy_matches_llama_cpp(engine: Engine, reference: Llama, prompt: str) -> None:
+    tokens = engine.tokenize_prompt(prompt)
+    assert tokens == reference.tokenize(prompt.encode(), add_bos=engine.backend.vocab.add_bos, special=True)
+    expected = []
+    for tok in reference.generate(tokens, temp=0, top_k=1, reset=True):
+        if reference.token_eos() == tok or len(expected) == N_TOKENS:
+            break
+        expected.append(tok)
+    ours = engine.complete(tokens, SamplingParams(temperature=0, max_tokens=len(expected)))
+    assert ours.tokens == expected
+    assert ours.text == reference.detokenize(expected).decode("utf-8", errors="replace")
+
+
+def test_batched_sequences_match_single_runs(backend) -> None:
+    """Two sequences in one forward give the logits each gives alone: the server's batching relies on it."""
+    a = backend.tokenize("The sky is", add_special=False)
+    b = backend.tokenize("Water boils at", add_special=False)
+    singles = []
+    for seq, toks in ((1, a), (2, b)):
+        singles.append(backend.forward(Batch.for_sequence(toks, 0, seq))[0])
+        backend.kv_clear(seq)
+    both = Batch(
+        tokens=np.array(a + b, dtype=np.int32),
+        positions=np.array(list(range(len(a))) + list(range(len(b))), dtype=np.int32),
+        seq_ids=np.array([1] * len(a) + [2] * len(b), dtype=np.int32),
+        want_logits=np.array([i == len(a) - 1 for i in range(len(a))] + [i == len(b) - 1 for i in range(len(b))]),
+    )
+    logits = backend.forward(both)
+    backend.kv_clear(1)
+    backend.kv_clear(2)
+    assert logits.shape == (2, backend.vocab.n_vocab)
+    for got, want in zip(logits, singles):
+        assert int(np.argmax(got)) == int(np.argmax(want))
+        assert np.abs(got - want).max() < 1e-2
+
+
+def test_kv_truncate_rolls_back_and_kv_copy_shares_a_prefix(backend) -> None:
+    toks = backend.tokenize("One two three four five", add_special=False)
+    full = backend.forward(Batch.for_sequence(toks, 0, 1))[0]
+    backend.kv_truncate(1, len(toks) - 2)  # drop the last two tokens...
+    again = backend.forward(Batch.for_sequence(toks[-2:], len(toks) - 2, 1))[0]  # ...and redo them
+    backend.kv_copy(1, 2, len(toks) - 1)  # seq 2 shares all but the last token
+    shared = backend.forward(Batch.for_sequence(toks[-1:], len(toks) - 1, 2))[0]
+    for seq in (1, 2):
+        backend.kv_clear(seq)
+    assert np.abs(again - full).max() < 1e-3
+    assert np.abs(shared - full).max() < 1e-3

