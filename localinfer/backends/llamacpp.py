@@ -108,6 +108,7 @@ class LlamaCppBackend(Backend):
         n_vocab = C.llama_vocab_n_tokens(vocab)
         self._n_vocab = n_vocab
         self._piece_cache: dict[int, bytes] = {}
+        self._views: dict[int | None, np.ndarray] = {}
 
         def special_id(tok: int) -> int | None:
             return tok if tok >= 0 else None
@@ -187,9 +188,10 @@ class LlamaCppBackend(Backend):
         for start in range(0, len(batch), self._n_batch):
             end = min(start + self._n_batch, len(batch))
             n = end - start
+            want = batch.want_logits[start:end]
             self._view_token[:n] = batch.tokens[start:end]
             self._view_pos[:n] = batch.positions[start:end]
-            self._view_logits[:n] = batch.want_logits[start:end]
+            self._view_logits[:n] = want
             for i, seq in enumerate(batch.seq_ids[start:end].tolist()):
                 self._seq_slots[i][0] = seq
             self._batch.n_tokens = n
@@ -198,11 +200,20 @@ class LlamaCppBackend(Backend):
                 raise ContextOverflow(f"the KV cache is full (context {self._facts.n_ctx} tokens); raise --ctx")
             if rc != 0:
                 raise BackendError(f"llama_decode failed with code {rc}: {_last_error()}")
-            for i in np.flatnonzero(batch.want_logits[start:end]).tolist():
-                ptr = C.llama_get_logits_ith(self._ctx, i)
-                logits[row] = np.ctypeslib.as_array(ptr, shape=(self._n_vocab,))
+            for i in np.flatnonzero(want).tolist():
+                logits[row] = self._logits_view(C.llama_get_logits_ith(self._ctx, i))
                 row += 1
         return logits
+
+    def _logits_view(self, ptr: ctypes._Pointer) -> np.ndarray:
+        """A numpy view of one row of llama.cpp's logits, cached per address (decode hot path)."""
+        addr = ctypes.cast(ptr, ctypes.c_void_p).value
+        view = self._views.get(addr)
+        if view is None:
+            if len(self._views) > 4096:
+                self._views.clear()
+            view = self._views[addr] = np.ctypeslib.as_array(ptr, shape=(self._n_vocab,))
+        return view
 
     # --- KV cache ----------------------------------------------------------------
     def kv_clear(self, seq_id: int) -> None:

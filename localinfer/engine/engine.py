@@ -45,6 +45,7 @@ class _Sequence:
     t_prefill: float = 0.0  # prefill start
     t_first: float = 0.0
     t_last: float = 0.0
+    n_sampled: int = 0  # samples drawn, the end-of-generation one included
     prompt_ms: float = 0.0
 
 
@@ -153,6 +154,7 @@ class Engine:
         """Sample the next token of a sequence and decide whether it is finished."""
         token = seq.sampler.sample(logits, seq.history)
         seq.t_last = time.perf_counter()
+        seq.n_sampled += 1
         if not seq.t_first:
             seq.t_first = seq.t_last
         seq.pending = None
@@ -202,8 +204,8 @@ class Engine:
             seq.seq_id = -1
 
     def _timings(self, seq: _Sequence) -> Timings:
-        n_decode = len(seq.generated) - 1 + (1 if seq.t_last > seq.t_first else 0)
-        tpot = (seq.t_last - seq.t_first) * 1e3 / max(1, n_decode) if n_decode > 0 else 0.0
+        n_decode = seq.n_sampled - 1  # decode steps after the first token
+        tpot = (seq.t_last - seq.t_first) * 1e3 / n_decode if n_decode > 0 else 0.0
         return Timings(
             load_ms=self.load_ms,
             prompt_ms=seq.prompt_ms,
