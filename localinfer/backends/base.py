@@ -24,7 +24,7 @@ class LoadParams:
     n_gpu_layers: int = 0
     n_seq_max: int = 1  # how many sequences may share the KV cache at once
     n_batch: int = 512  # most tokens one forward() call may carry
-    verbose: bool = False
+    verbose: bool = False  # let the engine print its own log
 
 
 @dataclass

@@ -195,6 +195,8 @@ def run(
 
     with progress_bar(enabled=not json_out) as progress:
         engine = open_engine(model, LoadOptions(engine=engine_name, ctx=ctx, threads=threads, gpu_layers=gpu_layers, verbose=DEBUG), progress)
+    if verbose and engine.memory is not None:
+        err.print(f"[dim]{engine.name}: {engine.memory.describe()}, {engine.memory.n_gpu_layers} layers on GPU[/dim]", soft_wrap=True)
     params = engine.defaults.with_overrides(
         temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p,
         repeat_penalty=repeat_penalty, seed=seed, max_tokens=max_tokens,

@@ -29,7 +29,7 @@ class LoadOptions:
     threads: int | None = None
     gpu_layers: int | str = "auto"
     n_seq_max: int = 1
-    verbose: bool = False
+    verbose: bool = False  # let the backend print its own log (LOCALINFER_DEBUG=1)
 
 
 def open_engine(ref: str | None, options: LoadOptions | None = None, progress: Progress | None = None) -> Engine:

@@ -69,3 +69,8 @@ def test_no_traceback_even_for_a_directory(tmp_path) -> None:
     folder = tmp_path / "dir.gguf"
     folder.mkdir()
     assert_one_line_error(run_cli("run", str(folder), "hi"), "not a file")
+
+
+def test_model_that_cannot_fit_is_refused_with_the_numbers() -> None:
+    # A 50M-token context needs a KV cache of ~1 TiB: refused before llama.cpp allocates anything.
+    assert_one_line_error(run_cli("run", "--ctx", "50000000", "hi"), "GiB of RAM", "KV cache", "free")
