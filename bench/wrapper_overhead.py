@@ -8,7 +8,7 @@ round by round so that machine noise hits them alike:
   llama.cpp    llama-cpp-python's low-level API with llama.cpp's own greedy sampler in C:
                the least Python a caller can have per token
   Llama        llama-cpp-python's high-level Llama.create_completion(stream=True)
-  CLI          `localinfer run --verbose --raw` in a subprocess, streaming to a pipe;
+  CLI          `localinfer run --verbose --raw --repeat-penalty 1` in a subprocess, streaming to a pipe;
                its own TPOT line is parsed (it includes model load in another process)
 
 Decode rate = (tokens - 1) / (time of last token - time of first token): prefill excluded.
@@ -94,7 +94,7 @@ def run_high_level(llm: Llama, prompt: str, n: int) -> tuple[list[int], float]:
 
 def run_cli(prompt: str, n: int, threads: int) -> tuple[list[int], float]:
     out = subprocess.run(
-        [sys.executable, "-m", "localinfer", "run", "--verbose", "--raw", "--temperature", "0",
+        [sys.executable, "-m", "localinfer", "run", "--verbose", "--raw", "--temperature", "0", "--repeat-penalty", "1",
          "--max-tokens", str(n), "--threads", str(threads), "--ctx", str(N_CTX), prompt],
         capture_output=True, text=True, check=True,
     )
