@@ -70,3 +70,23 @@ def test_doctor_reports_the_machine() -> None:
     assert report["ram"]["total_bytes"] > 0
     assert any(d["type"] == "CPU" for d in report["llama_cpp"]["devices"])
     assert report["storage"]["models_dir"]
+
+
+def test_ctrl_c_stops_generation_cleanly(isolated_home) -> None:
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    env = {**os.environ, "LOCALINFER_HOME": str(isolated_home), "HF_HUB_OFFLINE": "1"}
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "localinfer", "run", "--temperature", "0", "--repeat-penalty", "1", "--max-tokens", "100000", "--ctx", "8192", "Write a very long story."],
+        stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env,
+    )
+    first = proc.stdout.read(20)  # generation has started
+    time.sleep(0.5)
+    proc.send_signal(signal.SIGINT)
+    out, err = proc.communicate(timeout=60)
+    assert first and proc.returncode == 130
+    assert b"Traceback" not in err
