@@ -10,6 +10,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
+from localinfer.errors import ModelNotFound
 from localinfer.store import manifests
 from localinfer.store.catalog import load_catalog
 from localinfer.store.pull import local_path
@@ -20,10 +21,10 @@ def _rows(show_all: bool) -> list[dict[str, object]]:
     rows: list[dict[str, object]] = []
     catalog = load_catalog()
     for entry in catalog.entries.values():
-        path = local_path(resolve(entry.alias)) if entry.package else None
-        pulled = manifests.find(entry.alias)
-        if pulled and pulled.exists:
-            path = pulled.path
+        try:
+            path = local_path(resolve(entry.alias))  # a package file, or a pulled manifest
+        except ModelNotFound:  # its package is not installed
+            path = None
         if path is None and not show_all:
             continue
         rows.append(
