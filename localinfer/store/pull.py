@@ -117,8 +117,7 @@ def choose_files(files: list[str], quant: str | None, repo: str) -> list[str]:
 
 def _pull_hub(src: ModelSource, progress: Progress | None) -> Path:
     import huggingface_hub as hf
-    from huggingface_hub.file_download import http_get
-    from huggingface_hub.utils import build_hf_headers, disable_progress_bars
+    from huggingface_hub.utils import disable_progress_bars
 
     disable_progress_bars()  # we draw our own, from _watch
     repo = src.repo or ""
@@ -127,10 +126,12 @@ def _pull_hub(src: ModelSource, progress: Progress | None) -> Path:
         files = [src.file] if src.file else choose_files(hf.list_repo_files(repo, revision=src.revision), src.quant, repo)
         urls = [hf.hf_hub_url(repo, f, revision=src.revision) for f in files]
         metas = [hf.get_hf_file_metadata(url) for url in urls]
-        paths = []
+        paths, digests = [], []
         with _watch(target, sum(m.size or 0 for m in metas), progress):
             for name, url, meta in zip(files, urls, metas):
-                paths.append(_download(url, target / name, meta.size, _expected_sha(src, meta.etag, len(files)), http_get, build_hf_headers()))
+                path, digest = _download(url, target / name, meta.size, _expected_sha(src, meta.etag, len(files)))
+                paths.append(path)
+                digests.append(digest)
     except DownloadError:
         raise
     except Exception as e:  # the hub client raises many kinds; each becomes one line
@@ -142,7 +143,7 @@ def _pull_hub(src: ModelSource, progress: Progress | None) -> Path:
             name=src.name,
             path=str(paths[0]),
             size=sum(p.stat().st_size for p in paths),
-            sha256=sha256_of(paths[0]),
+            sha256=digests[0] or sha256_of(paths[0]),
             source=f"hf://{repo}/{paths[0].name}@{src.revision}",
             pulled_at=datetime.now(timezone.utc).isoformat(timespec="seconds"),
         )
@@ -158,15 +159,19 @@ def _expected_sha(src: ModelSource, etag: str | None, n_files: int) -> str | Non
     return tag if re.fullmatch(r"[0-9a-f]{64}", tag) else None
 
 
-def _download(url: str, dest: Path, size: int | None, sha256: str | None, http_get: Callable, headers: dict) -> Path:
+def _download(url: str, dest: Path, size: int | None, sha256: str | None) -> tuple[Path, str | None]:
     """Resumable and atomic: bytes go to `<name>.partial`, which becomes `<name>` only once
     it is complete and its checksum holds. An interrupted pull continues from the partial file.
+    Returns the path and the sha256 it computed (None when an earlier pull already finished it).
 
     huggingface-hub 1.x and later delete their partial downloads on failure, so the
     transfer (its `http_get`, with a Range request) is driven from here.
     """
+    from huggingface_hub.file_download import http_get
+    from huggingface_hub.utils import build_hf_headers
+
     if dest.is_file() and (size is None or dest.stat().st_size == size):
-        return dest
+        return dest, None
     partial = dest.with_name(dest.name + ".partial")
     partial.parent.mkdir(parents=True, exist_ok=True)
     with open(partial, "ab") as fh:
@@ -174,23 +179,23 @@ def _download(url: str, dest: Path, size: int | None, sha256: str | None, http_g
         if size is not None and have > size:  # the file changed upstream: start over
             fh.truncate(0)
             have = 0
-        http_get(url, fh, resume_size=have, headers=headers, expected_size=size, displayed_filename=dest.name)
+        http_get(url, fh, resume_size=have, headers=build_hf_headers(), expected_size=size, displayed_filename=dest.name)
         fh.flush()
         os.fsync(fh.fileno())
     try:
-        _verify(partial, sha256)
+        digest = _verify(partial, sha256)
     except DownloadError:
         partial.unlink(missing_ok=True)
         raise
     os.replace(partial, dest)
-    return dest
+    return dest, digest
 
 
 class _watch:
-    """Report download progress by watching the hub client's files grow.
+    """Report download progress by watching the `.partial` files grow.
 
-    Polling the files works with every huggingface-hub version and needs no hook
-    into its own (tqdm) progress bars, which we turn off.
+    Polling the files needs no hook into huggingface-hub's own (tqdm) progress bars,
+    which we turn off.
     """
 
     def __init__(self, folder: Path, total: int, progress: Progress | None) -> None:
