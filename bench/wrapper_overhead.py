@@ -20,7 +20,6 @@ We report medians over the rounds and each contender's ratio to llama.cpp's.
 from __future__ import annotations
 
 import argparse
-import ctypes
 import json
 import re
 import statistics
@@ -29,10 +28,9 @@ import sys
 import time
 
 import llama_cpp as C
-import numpy as np
 from llama_cpp import Llama
 
-from localinfer.backends.base import Batch, LoadParams
+from localinfer.backends.base import LoadParams
 from localinfer.backends.llamacpp import LlamaCppBackend
 from localinfer.engine.engine import Engine
 from localinfer.engine.types import CompletionOutput, SamplingParams

@@ -49,15 +49,25 @@ def engine(backend: LlamaCppBackend) -> Engine:
     return Engine(backend)
 
 
-def run_cli(*args: str, input: str | None = None, env: dict[str, str] | None = None, timeout: float = 300) -> subprocess.CompletedProcess[str]:
-    """The real command line, in a fresh process, as a user would run it."""
+def cli_env(env: dict[str, str] | None = None) -> dict[str, str]:
+    """The environment the CLI runs in: this one, offline, without debug output, plus `env`."""
     full_env = {**os.environ, "HF_HUB_OFFLINE": "1", **(env or {})}
     full_env.pop("LOCALINFER_DEBUG", None)
+    return full_env
+
+
+def start_cli(*args: str, env: dict[str, str] | None = None, **popen: object) -> subprocess.Popen:
+    """The real command line, started in the background (for tests that interrupt it)."""
+    return subprocess.Popen([sys.executable, "-m", "localinfer", *args], env=cli_env(env), **popen)
+
+
+def run_cli(*args: str, input: str | None = None, env: dict[str, str] | None = None, timeout: float = 300) -> subprocess.CompletedProcess[str]:
+    """The real command line, in a fresh process, as a user would run it."""
     return subprocess.run(
         [sys.executable, "-m", "localinfer", *args],
         input=input if input is not None else "",
         capture_output=True,
         text=True,
-        env=full_env,
+        env=cli_env(env),
         timeout=timeout,
     )

@@ -2,17 +2,14 @@
 
 import os
 import pty
-import subprocess
-import sys
 import time
 
-from ..conftest import run_cli
+from ..conftest import run_cli, start_cli
 
 
 def test_interactive_set_clear_bye(isolated_home) -> None:
     leader, follower = pty.openpty()
-    env = {**os.environ, "LOCALINFER_HOME": str(isolated_home), "HF_HUB_OFFLINE": "1", "TERM": "dumb"}
-    proc = subprocess.Popen([sys.executable, "-m", "localinfer", "run"], stdin=follower, stdout=follower, stderr=follower, env=env)
+    proc = start_cli("run", env={"TERM": "dumb"}, stdin=follower, stdout=follower, stderr=follower)
     os.close(follower)
     out = b""
 

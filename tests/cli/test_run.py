@@ -1,10 +1,13 @@
 """`localinfer run` and friends as a user runs them: a real process on the real model."""
 
 import json
+import signal
+import subprocess
+import time
 
 from gguf import GGUFReader
 
-from ..conftest import run_cli
+from ..conftest import run_cli, start_cli
 
 
 def test_run_json_has_text_usage_and_timings() -> None:
@@ -72,17 +75,10 @@ def test_doctor_reports_the_machine() -> None:
     assert report["storage"]["models_dir"]
 
 
-def test_ctrl_c_stops_generation_cleanly(isolated_home) -> None:
-    import os
-    import signal
-    import subprocess
-    import sys
-    import time
-
-    env = {**os.environ, "LOCALINFER_HOME": str(isolated_home), "HF_HUB_OFFLINE": "1"}
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "localinfer", "run", "--temperature", "0", "--repeat-penalty", "1", "--max-tokens", "100000", "--ctx", "8192", "Write a very long story."],
-        stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env,
+def test_ctrl_c_stops_generation_cleanly() -> None:
+    proc = start_cli(
+        "run", "--temperature", "0", "--repeat-penalty", "1", "--max-tokens", "100000", "--ctx", "8192", "Write a very long story.",
+        stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
     )
     first = proc.stdout.read(20)  # generation has started
     time.sleep(0.5)

@@ -1,16 +1,14 @@
 """Pulling from a file-based fake hub on loopback, through the real huggingface-hub client."""
 
 import json
-import os
 import signal
 import subprocess
-import sys
 import time
 from pathlib import Path
 
 import pytest
 
-from ..conftest import run_cli
+from ..conftest import run_cli, start_cli
 from ..fakehub import FakeHub
 
 
@@ -65,9 +63,8 @@ def test_missing_repo(hub_root: Path, isolated_home: Path) -> None:
 
 def test_interrupted_pull_leaves_no_model_and_resumes(hub_root: Path, isolated_home: Path, model_path: Path) -> None:
     with FakeHub(hub_root, delay=0.01) as hub:  # ~6 MB/s: the 98 MB file takes ~15 s
-        env = {**os.environ, **hub_env(hub, isolated_home)}
-        proc = subprocess.Popen([sys.executable, "-m", "localinfer", "pull", "acme/tiny-GGUF:Q4_1"], env=env,
-                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        proc = start_cli("pull", "acme/tiny-GGUF:Q4_1", env=hub_env(hub, isolated_home),
+                         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         partial = []
         deadline = time.time() + 60
         while time.time() < deadline and not partial:
