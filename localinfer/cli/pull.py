@@ -57,7 +57,7 @@ def pull(
         "name": src.name,
         "path": str(path),
         "size": path.stat().st_size,
-        "sha256": local.sha256 if local else sha256_of(path),
+        "sha256": local.sha256 if local else (src.sha256 or sha256_of(path)),  # pull() verified src.sha256
     }
     if json_out:
         print(json.dumps(info))
