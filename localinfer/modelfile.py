@@ -19,6 +19,17 @@ from localinfer.errors import InvalidModelFile, ModelNotFound
 GGUF_MAGIC = b"GGUF"
 
 
+@dataclass(frozen=True)
+class TensorInfo:
+    """Where a tensor's bytes lie in the file; `shape` is in GGUF order (row length first)."""
+
+    name: str
+    shape: tuple[int, ...]
+    type: int  # ggml type id
+    offset: int  # absolute byte offset in the file
+    nbytes: int
+
+
 @dataclass
 class GGUFInfo:
     path: Path
@@ -37,7 +48,8 @@ class GGUFInfo:
     tensor_bytes: int
     chat_template: str | None
     license: str | None
-    metadata: dict[str, object] = field(default_factory=dict)  # scalar keys, for --json
+    metadata: dict[str, object] = field(default_factory=dict)  # scalars and short arrays, for --json
+    tensors: list[TensorInfo] = field(default_factory=list)
 
     def as_dict(self) -> dict[str, object]:
         return {
@@ -146,12 +158,12 @@ def inspect(path: Path) -> GGUFInfo:
         for _ in range(n_kv):
             key = scan.string()
             fields[key] = scan.value(scan.take("<I"))
-        tensors = []  # (type, n_elements, offset)
+        tensors = []  # (name, dims, type, offset)
         for _ in range(n_tensors):
-            scan.string()
-            dims = [scan.take("<Q") for _ in range(scan.take("<I"))]
+            name = scan.string()
+            dims = tuple(scan.take("<Q") for _ in range(scan.take("<I")))
             ttype, offset = scan.take("<I"), scan.take("<Q")
-            tensors.append((ttype, math.prod(dims), offset))
+            tensors.append((name, dims, ttype, offset))
         alignment = int(fields.get("general.alignment", GGUF_DEFAULT_ALIGNMENT))
         data_start = -(-scan.pos // alignment) * alignment
     except _Truncated:
@@ -163,16 +175,18 @@ def inspect(path: Path) -> GGUFInfo:
 
     type_counts: Counter[str] = Counter()
     tensor_bytes, end = 0, 0
-    for ttype, n_elements, offset in tensors:
+    infos = []
+    for name, dims, ttype, offset in tensors:
         try:
             qtype = GGMLQuantizationType(ttype)
             block, block_bytes = GGML_QUANT_SIZES[qtype]
         except (ValueError, KeyError):
             raise InvalidModelFile(f"{path} has a tensor of unknown type {ttype}; is it corrupt?") from None
-        nbytes = n_elements // block * block_bytes
+        nbytes = math.prod(dims) // block * block_bytes
         type_counts[qtype.name] += 1
         tensor_bytes += nbytes
         end = max(end, data_start + offset + nbytes)
+        infos.append(TensorInfo(name, dims, ttype, data_start + offset, nbytes))
     if end > size:
         raise InvalidModelFile(f"{path} is truncated: its tensors need {end:,} bytes but the file has {size:,}")
 
@@ -193,7 +207,7 @@ def inspect(path: Path) -> GGUFInfo:
         file_size=size,
         architecture=arch,
         name=text("general.name"),
-        n_params=sum(n for _, n, _ in tensors),
+        n_params=sum(math.prod(dims) for _, dims, _, _ in tensors),
         context_length=arch_int("context_length") or None,
         n_layer=arch_int("block_count"),
         n_embd=n_embd,
@@ -205,5 +219,6 @@ def inspect(path: Path) -> GGUFInfo:
         tensor_bytes=tensor_bytes,
         chat_template=text("tokenizer.chat_template"),
         license=text("general.license"),
-        metadata={k: v for k, v in fields.items() if isinstance(v, (str, int, float, bool))},
+        metadata={k: v for k, v in fields.items() if isinstance(v, (str, int, float, bool, list))},
+        tensors=infos,
     )

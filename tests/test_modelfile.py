@@ -21,6 +21,9 @@ def test_inspect_matches_gguf_reader(model_path) -> None:
     assert info.context_length == ref.fields[f"{info.architecture}.context_length"].contents()
     assert info.n_layer == ref.fields[f"{info.architecture}.block_count"].contents()
     assert info.license == ref.fields["general.license"].contents()
+    assert [(t.name, t.shape, t.type, t.offset, t.nbytes) for t in info.tensors] == [
+        (t.name, tuple(int(d) for d in t.shape), int(t.tensor_type), int(t.data_offset), int(t.n_bytes)) for t in ref.tensors
+    ]
 
 
 def test_truncated_file_is_rejected(model_path, tmp_path) -> None:

@@ -10,6 +10,7 @@ from localinfer.errors import UserError
 
 BACKENDS = {
     "llama.cpp": "localinfer.backends.llamacpp:LlamaCppBackend",
+    "native": "localinfer.backends.native:NativeBackend",
 }
 
 

@@ -25,6 +25,7 @@ class LoadParams:
     n_seq_max: int = 1  # how many sequences may share the KV cache at once
     n_batch: int = 512  # most tokens one forward() call may carry
     verbose: bool = False  # let the engine print its own log
+    kernels: str | None = None  # native engine: auto | c | numba (None: $LOCALINFER_KERNELS, else auto)
 
 
 @dataclass
@@ -129,6 +130,10 @@ class Backend(ABC):
     @abstractmethod
     def kv_copy(self, src_seq: int, dst_seq: int, n_tokens: int) -> None:
         """Share positions [0, n_tokens) of `src_seq` with `dst_seq` (prefix reuse)."""
+
+    def runtime_report(self) -> dict[str, object]:
+        """Engine-specific facts for --verbose (kernels, memory); empty when there are none."""
+        return {}
 
     def close(self) -> None:
         """Free native memory; safe to call twice."""

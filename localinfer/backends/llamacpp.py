@@ -103,37 +103,20 @@ class LlamaCppBackend(Backend):
         self._seq_slots = [self._batch.seq_id[i] for i in range(self._n_batch)]
         self._view_nseq[:] = 1
 
-        vocab = C.llama_model_get_vocab(self._model)
-        self._vocab_p = vocab
-        n_vocab = C.llama_vocab_n_tokens(vocab)
-        self._n_vocab = n_vocab
-        self._piece_cache: dict[int, bytes] = {}
+        self._tok = Tokenizer(self._model)
+        self._n_vocab = self._tok.info.n_vocab
         self._views: dict[int | None, np.ndarray] = {}
 
-        def special_id(tok: int) -> int | None:
-            return tok if tok >= 0 else None
-
-        bos, eos = special_id(C.llama_vocab_bos(vocab)), special_id(C.llama_vocab_eos(vocab))
-        self._vocab = VocabInfo(
-            n_vocab=n_vocab,
-            bos_id=bos,
-            eos_id=eos,
-            eog_ids=frozenset(t for t in range(n_vocab) if C.llama_vocab_is_eog(vocab, t)),
-            add_bos=bool(C.llama_vocab_get_add_bos(vocab)),
-            bos_text=self._piece(bos, special=True).decode("utf-8", "replace") if bos is not None else "",
-            eos_text=self._piece(eos, special=True).decode("utf-8", "replace") if eos is not None else "",
-        )
-        template = C.llama_model_chat_template(self._model, None)
         self._facts = ModelFacts(
             path=path,
-            architecture=self._meta("general.architecture") or "unknown",
+            architecture=self._tok.meta("general.architecture") or "unknown",
             n_params=C.llama_model_n_params(self._model),
             n_ctx_train=C.llama_model_n_ctx_train(self._model),
             n_ctx=C.llama_n_ctx(self._ctx),
             n_seq_max=params.n_seq_max,
             n_layer=C.llama_model_n_layer(self._model),
             n_embd=C.llama_model_n_embd(self._model),
-            chat_template=template.decode("utf-8") if template else None,
+            chat_template=self._tok.chat_template,
             extra={"threads": str(threads), "gpu_layers": str(params.n_gpu_layers)},
         )
 
@@ -144,41 +127,17 @@ class LlamaCppBackend(Backend):
     # --- tokenizer -------------------------------------------------------------
     @property
     def vocab(self) -> VocabInfo:
-        return self._vocab
+        return self._tok.info
 
     @property
     def facts(self) -> ModelFacts:
         return self._facts
 
-    def _meta(self, key: str) -> str | None:
-        buf = ctypes.create_string_buffer(256)
-        n = C.llama_model_meta_val_str(self._model, key.encode(), buf, len(buf))
-        return buf.value.decode("utf-8", "replace") if n >= 0 else None
-
     def tokenize(self, text: str, add_special: bool = True, parse_special: bool = True) -> list[int]:
-        data = text.encode("utf-8")
-        cap = len(data) + 8
-        out = (C.llama_token * cap)()
-        n = C.llama_tokenize(self._vocab_p, data, len(data), out, cap, add_special, parse_special)
-        if n < 0:  # buffer too small: -n is the size needed
-            cap = -n
-            out = (C.llama_token * cap)()
-            n = C.llama_tokenize(self._vocab_p, data, len(data), out, cap, add_special, parse_special)
-        return list(out[:n])
-
-    def _piece(self, token: int, special: bool) -> bytes:
-        buf = ctypes.create_string_buffer(64)
-        n = C.llama_token_to_piece(self._vocab_p, token, buf, len(buf), 0, special)
-        if n < 0:
-            buf = ctypes.create_string_buffer(-n)
-            n = C.llama_token_to_piece(self._vocab_p, token, buf, len(buf), 0, special)
-        return buf.raw[:n]
+        return self._tok.tokenize(text, add_special, parse_special)
 
     def token_bytes(self, token: int) -> bytes:
-        piece = self._piece_cache.get(token)
-        if piece is None:
-            piece = self._piece_cache[token] = self._piece(token, special=False)
-        return piece
+        return self._tok.token_bytes(token)
 
     # --- compute ---------------------------------------------------------------
     def forward(self, batch: Batch) -> np.ndarray:
@@ -238,6 +197,79 @@ class LlamaCppBackend(Backend):
 
     def __del__(self) -> None:
         self.close()
+
+
+class Tokenizer:
+    """llama.cpp's tokenizer over a loaded model; the native engine loads only the vocabulary."""
+
+    def __init__(self, model: ctypes.c_void_p, owned: bool = False) -> None:
+        self._model, self._owned = model, owned
+        self._vocab_p = vocab = C.llama_model_get_vocab(model)
+        n_vocab = C.llama_vocab_n_tokens(vocab)
+        self._piece_cache: dict[int, bytes] = {}
+
+        def special_id(tok: int) -> int | None:
+            return tok if tok >= 0 else None
+
+        bos, eos = special_id(C.llama_vocab_bos(vocab)), special_id(C.llama_vocab_eos(vocab))
+        self.info = VocabInfo(
+            n_vocab=n_vocab,
+            bos_id=bos,
+            eos_id=eos,
+            eog_ids=frozenset(t for t in range(n_vocab) if C.llama_vocab_is_eog(vocab, t)),
+            add_bos=bool(C.llama_vocab_get_add_bos(vocab)),
+            bos_text=self._piece(bos, special=True).decode("utf-8", "replace") if bos is not None else "",
+            eos_text=self._piece(eos, special=True).decode("utf-8", "replace") if eos is not None else "",
+        )
+        template = C.llama_model_chat_template(model, None)
+        self.chat_template = template.decode("utf-8") if template else None
+
+    @classmethod
+    def load(cls, path: Path, verbose: bool = False) -> Tokenizer:
+        """The vocabulary of a GGUF file, without its weights (milliseconds, no compute)."""
+        _init_once(verbose)
+        mparams = C.llama_model_default_params()
+        mparams.vocab_only = True
+        _log_lines.clear()
+        model = C.llama_model_load_from_file(str(path).encode(), mparams)
+        if not model:
+            raise BackendError(f"llama.cpp could not read the vocabulary of {path}: {_last_error() or 'unknown error'}")
+        return cls(model, owned=True)
+
+    def meta(self, key: str) -> str | None:
+        buf = ctypes.create_string_buffer(256)
+        n = C.llama_model_meta_val_str(self._model, key.encode(), buf, len(buf))
+        return buf.value.decode("utf-8", "replace") if n >= 0 else None
+
+    def tokenize(self, text: str, add_special: bool = True, parse_special: bool = True) -> list[int]:
+        data = text.encode("utf-8")
+        cap = len(data) + 8
+        out = (C.llama_token * cap)()
+        n = C.llama_tokenize(self._vocab_p, data, len(data), out, cap, add_special, parse_special)
+        if n < 0:  # buffer too small: -n is the size needed
+            cap = -n
+            out = (C.llama_token * cap)()
+            n = C.llama_tokenize(self._vocab_p, data, len(data), out, cap, add_special, parse_special)
+        return list(out[:n])
+
+    def _piece(self, token: int, special: bool) -> bytes:
+        buf = ctypes.create_string_buffer(64)
+        n = C.llama_token_to_piece(self._vocab_p, token, buf, len(buf), 0, special)
+        if n < 0:
+            buf = ctypes.create_string_buffer(-n)
+            n = C.llama_token_to_piece(self._vocab_p, token, buf, len(buf), 0, special)
+        return buf.raw[:n]
+
+    def token_bytes(self, token: int) -> bytes:
+        piece = self._piece_cache.get(token)
+        if piece is None:
+            piece = self._piece_cache[token] = self._piece(token, special=False)
+        return piece
+
+    def close(self) -> None:
+        if self._owned and self._model:
+            C.llama_model_free(self._model)
+        self._model = None
 
 
 def default_threads() -> int:

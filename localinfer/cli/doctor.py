@@ -40,6 +40,19 @@ def _system_gpus() -> list[str]:
     return []
 
 
+def native_kernels() -> dict[str, str]:
+    """Each kernel set of the native engine: what it runs on here, or why it cannot run."""
+    from localinfer_native import KERNEL_SETS, KernelsUnavailable, load_kernels
+
+    sets = {}
+    for name in KERNEL_SETS:
+        try:
+            sets[name] = load_kernels(name).describe()
+        except (KernelsUnavailable, ImportError, OSError) as e:
+            sets[name] = f"unavailable: {e}"
+    return sets
+
+
 def collect() -> dict[str, object]:
     from localinfer.backends.devices import list_devices
     from localinfer.backends.llamacpp import supports_gpu_offload, system_info
@@ -59,13 +72,14 @@ def collect() -> dict[str, object]:
             "devices": [{"name": d.name, "description": d.description, "type": d.kind, "free_bytes": d.free_bytes, "total_bytes": d.total_bytes} for d in devices],
             "system_info": system_info().strip(),
         },
+        "native_kernels": native_kernels(),
         "gpus_seen_by_os": _system_gpus(),
         "storage": {"data_dir": str(data_dir()), "models_dir": str(models_dir()), "disk_free_bytes": disk.free},
     }
 
 
 def doctor(json_out: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False) -> None:
-    """Report CPU features, memory, llama.cpp backends and GPUs, and where models are stored."""
+    """Report CPU features, memory, llama.cpp backends, native kernels, GPUs, and where models are stored."""
     report = collect()
     if json_out:
         print(json.dumps(report, indent=2))
@@ -81,6 +95,10 @@ def doctor(json_out: Annotated[bool, typer.Option("--json", help="Print JSON.")]
     for d in lc["devices"]:
         mem = f", {d['free_bytes'] / 2**30:.1f} GiB free" if d["type"] != "CPU" and d["total_bytes"] else ""
         t.add_row("  device", f"{d['name']} ({d['type']}: {d['description']}{mem})")
+    kernels = report["native_kernels"]
+    t.add_row("native kernels", f"auto → {kernels['auto']}")  # type: ignore[index]
+    for name in ("c", "numba"):
+        t.add_row("", f"{name}: {kernels[name]}")  # type: ignore[index]
     gpus = report["gpus_seen_by_os"]
     t.add_row("GPUs", ", ".join(gpus) if gpus else "none found")  # type: ignore[arg-type]
     if gpus and not lc["gpu_offload"]:

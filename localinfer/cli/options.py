@@ -41,3 +41,11 @@ def engine_name(value: str) -> str:
     if value not in BACKENDS:
         raise typer.BadParameter(f"'{value}' is not one of: {', '.join(BACKENDS)}")
     return value
+
+
+def kernel_set(value: str | None) -> str | None:
+    from localinfer_native import KERNEL_SETS
+
+    if value is not None and value not in KERNEL_SETS:
+        raise typer.BadParameter(f"'{value}' is not one of: {', '.join(KERNEL_SETS)}")
+    return value

@@ -67,7 +67,7 @@ def stream_answer(engine: Engine, messages: list[dict[str, str]] | None, prompt:
     return None
 
 
-def print_timings(result: CompletionOutput) -> None:
+def print_timings(engine: Engine, result: CompletionOutput) -> None:
     t = result.timings
     err.print(
         f"[dim]load {t.load_ms:.0f} ms | prompt {result.prompt_tokens} tokens, {t.prompt_ms:.0f} ms "
@@ -76,6 +76,15 @@ def print_timings(result: CompletionOutput) -> None:
         f"finish: {result.finish_reason}[/dim]",
         soft_wrap=True,
     )
+    report = engine.backend.runtime_report()
+    if "kernels" in report:
+        mb = lambda key: report[key] / 1e6  # noqa: E731
+        err.print(
+            f"[dim]native kernels: {report['kernels']} | weights {mb('weights_mapped'):.1f} MB mapped | "
+            f"resident beyond the mapping {mb('resident_beyond_mmap'):.1f} MB "
+            f"(KV cache {mb('kv_cache_used'):.1f} MB, activations {mb('activations'):.1f} MB)[/dim]",
+            soft_wrap=True,
+        )
 
 
 def as_json(engine: Engine, result: CompletionOutput) -> str:
@@ -137,7 +146,7 @@ def interactive(engine: Engine, system: str | None, params: SamplingParams, verb
             continue
         history.append({"role": "assistant", "content": result.text})
         if verbose:
-            print_timings(result)
+            print_timings(engine, result)
 
 
 def _set(words: list[str], system: str | None, params: SamplingParams) -> tuple[str | None, SamplingParams]:
@@ -177,7 +186,8 @@ def run(
     ctx: Annotated[Optional[int], typer.Option(help="Context window in tokens. [default: the model's, at most 4096]", callback=opt.at_least(16))] = None,
     threads: Annotated[Optional[int], typer.Option(help="CPU threads. [default: physical cores]", callback=opt.at_least(1))] = None,
     gpu_layers: Annotated[str, typer.Option(help="Layers to offload to the GPU, or 'auto' to fit free VRAM.", callback=opt.gpu_layers)] = "auto",
-    engine_name: Annotated[str, typer.Option("--engine", help="Inference engine.", callback=opt.engine_name)] = "llama.cpp",
+    engine_name: Annotated[str, typer.Option("--engine", help="Inference engine: llama.cpp, or native (localinfer's own, CPU).", callback=opt.engine_name)] = "llama.cpp",
+    kernels: Annotated[Optional[str], typer.Option("--kernels", envvar="LOCALINFER_KERNELS", help="Native engine kernels: auto (C where it compiled, else Numba), c, or numba. [default: auto]", callback=opt.kernel_set, show_default=False)] = None,
     raw: Annotated[bool, typer.Option("--raw", help="Send the prompt as is, without the chat template.")] = False,
     verbose: Annotated[bool, typer.Option("--verbose", "-v", help="Print timings: load, prefill, TTFT, TPOT, tokens/s.")] = False,
     json_out: Annotated[bool, typer.Option("--json", help="Print one JSON object: text, finish_reason, usage, timings.")] = False,
@@ -194,7 +204,7 @@ def run(
     from localinfer.cli.pull import progress_bar
 
     with progress_bar(enabled=not json_out) as progress:
-        engine = open_engine(model, LoadOptions(engine=engine_name, ctx=ctx, threads=threads, gpu_layers=gpu_layers, verbose=DEBUG), progress)
+        engine = open_engine(model, LoadOptions(engine=engine_name, ctx=ctx, threads=threads, gpu_layers=gpu_layers, kernels=kernels, verbose=DEBUG), progress)
     if verbose and engine.memory is not None:
         err.print(f"[dim]{engine.name}: {engine.memory.describe()}, {engine.memory.n_gpu_layers} layers on GPU[/dim]", soft_wrap=True)
     params = engine.defaults.with_overrides(
@@ -214,7 +224,7 @@ def run(
         if result is None:
             raise typer.Exit(130)
         if verbose:
-            print_timings(result)
+            print_timings(engine, result)
     finally:
         engine.close()
 

@@ -29,6 +29,7 @@ class LoadOptions:
     threads: int | None = None
     gpu_layers: int | str = "auto"
     n_seq_max: int = 1
+    kernels: str | None = None  # native engine only: auto | c | numba
     verbose: bool = False  # let the backend print its own log (LOCALINFER_DEBUG=1)
 
 
@@ -47,7 +48,7 @@ def open_engine(ref: str | None, options: LoadOptions | None = None, progress: P
         from localinfer.backends.llamacpp import supports_gpu_offload
 
         vram = gpu_free_bytes() if supports_gpu_offload() else 0
-    plan = memory.plan(info, n_ctx, options.gpu_layers, vram)
+    plan = memory.plan(info, n_ctx, options.gpu_layers if options.engine == "llama.cpp" else 0, vram)
     backend = backend_cls.load(
         path,
         LoadParams(
@@ -55,6 +56,7 @@ def open_engine(ref: str | None, options: LoadOptions | None = None, progress: P
             n_threads=options.threads,
             n_gpu_layers=plan.n_gpu_layers,
             n_seq_max=options.n_seq_max,
+            kernels=options.kernels,
             verbose=options.verbose,
         ),
     )

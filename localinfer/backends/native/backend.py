@@ -1,0 +1,111 @@
+"""The native backend: our forward pass and kernels behind the same interface as llama.cpp.
+
+Tokenization is llama.cpp's, from the vocabulary alone (no weights, no compute), so both
+engines see the same token ids and the runtime above cannot tell them apart.
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import numpy as np
+
+from localinfer.backends.base import Backend, Batch, LoadParams, ModelFacts, VocabInfo
+from localinfer.backends.llamacpp import Tokenizer, default_threads
+from localinfer.backends.native.config import ModelConfig
+from localinfer.backends.native.forward import Transformer
+from localinfer.backends.native.kvcache import KVCache
+from localinfer.backends.native.memory import anon_rss_bytes
+from localinfer.backends.native.weights import Weights
+from localinfer.errors import BackendError, UserError
+from localinfer.modelfile import inspect
+from localinfer_native import KernelsUnavailable, load_kernels
+
+
+class NativeBackend(Backend):
+    name = "native"
+
+    def __init__(self, path: Path, params: LoadParams) -> None:
+        t0 = time.perf_counter()
+        self._rss_at_start = anon_rss_bytes()
+        info = inspect(path)
+        self.config = config = ModelConfig.from_gguf(info)
+        self.weights = Weights.open(path, info, config)
+        threads = params.n_threads or default_threads()
+        try:
+            self.kernels = load_kernels(params.kernels, threads)
+        except KernelsUnavailable as e:
+            raise UserError(str(e)) from None
+        self._tok = Tokenizer.load(path, params.verbose)
+        self.cache = KVCache(config, params.n_ctx, params.n_seq_max)
+        self.model = Transformer(config, self.weights, self.kernels, params.n_ctx)
+        self._n_batch = params.n_batch
+        self._facts = ModelFacts(
+            path=path,
+            architecture=config.architecture,
+            n_params=info.n_params,
+            n_ctx_train=config.n_ctx_train,
+            n_ctx=params.n_ctx,
+            n_seq_max=params.n_seq_max,
+            n_layer=config.n_layer,
+            n_embd=config.n_embd,
+            chat_template=self._tok.chat_template,
+            extra={"threads": str(threads), "kernels": self.kernels.describe()},
+        )
+        self.load_ms = (time.perf_counter() - t0) * 1e3
+
+    @classmethod
+    def load(cls, path: Path, params: LoadParams) -> NativeBackend:
+        return cls(path, params)
+
+    @property
+    def vocab(self) -> VocabInfo:
+        return self._tok.info
+
+    @property
+    def facts(self) -> ModelFacts:
+        return self._facts
+
+    def tokenize(self, text: str, add_special: bool = True, parse_special: bool = True) -> list[int]:
+        return self._tok.tokenize(text, add_special, parse_special)
+
+    def token_bytes(self, token: int) -> bytes:
+        return self._tok.token_bytes(token)
+
+    def forward(self, batch: Batch) -> np.ndarray:
+        if len(batch) == 0:
+            return np.empty((0, self.config.n_vocab), np.float32)
+        if batch.tokens.min() < 0 or batch.tokens.max() >= self.weights.token_embd.rows:
+            raise BackendError("token id out of range for this model")
+        out = []
+        for start in range(0, len(batch), self._n_batch):
+            end = start + self._n_batch
+            out.append(
+                self.model.forward(batch.tokens[start:end], batch.positions[start:end], batch.seq_ids[start:end], batch.want_logits[start:end], self.cache)
+            )
+        return out[0] if len(out) == 1 else np.concatenate(out)
+
+    def kv_clear(self, seq_id: int) -> None:
+        self.cache.clear(seq_id)
+
+    def kv_truncate(self, seq_id: int, n_keep: int) -> None:
+        self.cache.truncate(seq_id, n_keep)
+
+    def kv_copy(self, src_seq: int, dst_seq: int, n_tokens: int) -> None:
+        self.cache.copy(src_seq, dst_seq, n_tokens)
+
+    def runtime_report(self) -> dict[str, object]:
+        """Which kernels ran, and the resident memory this engine added beyond the mapped weights."""
+        return {
+            "kernels": self.kernels.describe(),
+            "weights_mapped": self.weights.mapped_bytes,
+            "kv_cache_used": self.cache.used_bytes(),
+            "activations": self.model.activation_bytes(),
+            "resident_beyond_mmap": max(0, anon_rss_bytes() - self._rss_at_start),
+        }
+
+    def close(self) -> None:
+        if getattr(self, "_tok", None) is not None:
+            self._tok.close()
+            self._tok = None

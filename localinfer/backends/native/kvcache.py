@@ -1,0 +1,65 @@
+"""Keys and values per sequence, for every layer, in float32.
+
+Each sequence gets its own [n_layer, n_head_kv, n_ctx, head_dim] arrays. np.zeros maps
+them lazily, so only the positions a sequence has reached take resident memory.
+Values are rounded to float16 on the way in, as llama.cpp's default F16 cache does, so
+both engines attend over the same numbers.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from localinfer.backends.native.config import ModelConfig
+from localinfer.errors import BackendError, ContextOverflow
+
+
+class KVCache:
+    def __init__(self, config: ModelConfig, n_ctx: int, n_seq_max: int) -> None:
+        self.n_ctx, self.n_seq_max = n_ctx, n_seq_max
+        self._shape = (config.n_layer, config.n_head_kv, n_ctx, config.head_dim)
+        self.keys: dict[int, np.ndarray] = {}
+        self.values: dict[int, np.ndarray] = {}
+        self.length: dict[int, int] = {}
+
+    def sequence(self, seq_id: int) -> tuple[np.ndarray, np.ndarray]:
+        if seq_id not in self.keys:
+            if not 0 <= seq_id < self.n_seq_max:
+                raise BackendError(f"sequence id {seq_id} is out of range (n_seq_max {self.n_seq_max})")
+            self.keys[seq_id] = np.zeros(self._shape, dtype=np.float32)
+            self.values[seq_id] = np.zeros(self._shape, dtype=np.float32)
+            self.length[seq_id] = 0
+        return self.keys[seq_id], self.values[seq_id]
+
+    def reserve(self, seq_id: int, positions: np.ndarray) -> None:
+        """Check that a batch's positions fit, and note how far the sequence now reaches."""
+        end = int(positions.max()) + 1
+        if end > self.n_ctx:
+            raise ContextOverflow(f"the KV cache is full (context {self.n_ctx} tokens); raise --ctx")
+        self.sequence(seq_id)
+        self.length[seq_id] = max(self.length[seq_id], end)
+
+    def clear(self, seq_id: int) -> None:
+        self.length[seq_id] = 0
+
+    def truncate(self, seq_id: int, n_keep: int) -> None:
+        if seq_id in self.length:
+            self.length[seq_id] = min(self.length[seq_id], n_keep)
+
+    def copy(self, src: int, dst: int, n_tokens: int) -> None:
+        if src == dst:
+            return
+        n = min(n_tokens, self.length.get(src, 0))
+        sk, sv = self.sequence(src)
+        dk, dv = self.sequence(dst)
+        dk[:, :, :n] = sk[:, :, :n]
+        dv[:, :, :n] = sv[:, :, :n]
+        self.length[dst] = max(self.length[dst], n)
+
+    def used_bytes(self) -> int:
+        per_position = 2 * self._shape[0] * self._shape[1] * self._shape[3] * 4
+        return sum(self.length.values()) * per_position
+
+    def reserved_bytes(self) -> int:
+        """What a full cache of every allocated sequence would take."""
+        return 2 * len(self.keys) * int(np.prod(self._shape)) * 4
