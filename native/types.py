@@ -53,7 +53,9 @@ MatmulOp = Callable[[np.ndarray, Sequence[np.ndarray]], None]
 
 
 class Kernels(Protocol):
-    """A kernel set: `matmul_op` binds matrices once, so the per-token call stays cheap."""
+    """A kernel set: products over quantized weights, and the small per-token operations
+    of a layer. `matmul_op` binds matrices once, so the per-token call stays cheap.
+    All arrays are C-contiguous float32 (positions int32) and owned by the caller."""
 
     name: str  # "c" or "numba"
 
@@ -65,4 +67,27 @@ class Kernels(Protocol):
 
     def describe(self) -> str:
         """One line for --verbose and doctor, e.g. 'c (avx2 fma f16c, openmp, 2 threads)'."""
+        ...
+
+    def rms_norm(self, x: np.ndarray, weight: np.ndarray, eps: float, out: np.ndarray) -> None:
+        """out[i] = x[i] / sqrt(mean(x[i]^2) + eps) * weight, for x [n, d]."""
+        ...
+
+    def rope(self, x: np.ndarray, positions: np.ndarray, cos: np.ndarray, sin: np.ndarray, neox: bool) -> None:
+        """Rotate x [n, heads, head_dim] in place by each row's position; cos/sin are
+        [n_ctx, rope_dims/2] tables. neox pairs dim j with j + rope_dims/2, else 2j with 2j+1."""
+        ...
+
+    def attention(
+        self, q: np.ndarray, k_new: np.ndarray, v_new: np.ndarray, keys: np.ndarray, values: np.ndarray,
+        positions: np.ndarray, out: np.ndarray, scale: float,
+    ) -> None:  # fmt: skip
+        """Store k_new/v_new [m, n_head_kv, hd] at `positions` of one sequence's layer cache
+        keys/values [n_head_kv, n_ctx, hd], rounded to float16 precision as llama.cpp's F16
+        cache does; then causal grouped-query attention of q [m, n_head, hd] over positions
+        [0, pos] into out [m, n_head * hd]. Query head h reads kv head h // (n_head / n_head_kv)."""
+        ...
+
+    def swiglu(self, gate: np.ndarray, up: np.ndarray) -> None:
+        """gate = silu(gate) * up, in place."""
         ...

@@ -28,16 +28,17 @@ class NativeBackend(Backend):
 
     def __init__(self, path: Path, params: LoadParams) -> None:
         t0 = time.perf_counter()
-        self._rss_at_start = anon_rss_bytes()
         info = inspect(path)
         self.config = config = ModelConfig.from_gguf(info)
-        self.weights = Weights.open(path, info, config)
         threads = params.n_threads or default_threads()
         try:
             self.kernels = load_kernels(params.kernels, threads)
         except KernelsUnavailable as e:
             raise UserError(str(e)) from None
         self._tok = Tokenizer.load(path, params.verbose)
+        # Code and vocabulary are fixed costs; from here on, the model's own memory.
+        self._rss_at_start = anon_rss_bytes()
+        self.weights = Weights.open(path, info, config)
         self.cache = KVCache(config, params.n_ctx, params.n_seq_max)
         self.model = Transformer(config, self.weights, self.kernels, params.n_ctx)
         self._n_batch = params.n_batch

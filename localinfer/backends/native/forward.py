@@ -1,9 +1,10 @@
 """The llama-family forward pass, in one file you can read in a sitting (after llama2.c).
 
-Big products go to a kernel set (C or Numba) over the quantized weights; the small
-per-token work (norms, RoPE, attention, SwiGLU) is numpy. A batch may hold tokens of
-several sequences at any positions: products run over all rows at once, attention runs
-per sequence against that sequence's cache.
+Every step is a kernel call (C or Numba, the same protocol): products over the quantized
+weights, and the small per-token operations (RMSNorm, RoPE, attention, SwiGLU), which
+cost more than the products when numpy runs them as a dozen calls each. A batch may hold
+tokens of several sequences at any positions: products run over all rows at once,
+attention runs per sequence against that sequence's cache.
 """
 
 from __future__ import annotations
@@ -17,45 +18,22 @@ from localinfer.backends.native.weights import Weights
 from localinfer_native import Kernels
 
 
-def rms_norm(x: np.ndarray, weight: np.ndarray, eps: float) -> np.ndarray:
-    scale = 1.0 / np.sqrt(np.mean(np.square(x), axis=-1, keepdims=True, dtype=np.float32) + eps)
-    return (x * scale) * weight
-
-
-def swiglu(gate: np.ndarray, up: np.ndarray) -> np.ndarray:
-    """silu(gate) * up, in place in `gate`."""
-    denom = np.exp(np.negative(gate))
-    denom += 1.0
-    np.divide(gate, denom, out=gate)
-    gate *= up
-    return gate
-
-
 class Rope:
-    """Rotary position embedding: a cos/sin table per position, applied in place."""
+    """Rotary position embedding: cos/sin tables per position, applied by the kernels."""
 
     def __init__(self, config: ModelConfig, n_ctx: int, freq_factors: np.ndarray | None) -> None:
-        dims = config.rope_dims
-        inv_freq = config.rope_base ** (-np.arange(0, dims, 2, dtype=np.float64) / dims)
+        # The angles are built as ggml builds them, in float32: theta_i = p * base^(-2i/d),
+        # one multiplication by base^(-2/d) per pair. In float64 they would be a hair more
+        # exact, and a hair away from llama.cpp's.
+        half = config.rope_dims // 2
+        theta_scale = np.float32(config.rope_base) ** np.float32(-2.0 / config.rope_dims)
+        steps = np.full((n_ctx, half), theta_scale, dtype=np.float32)
+        steps[:, 0] = np.arange(n_ctx, dtype=np.float32) / np.float32(config.rope_linear_scale)
+        angles = np.cumprod(steps, axis=1, dtype=np.float32)
         if freq_factors is not None:
-            inv_freq = inv_freq / freq_factors.astype(np.float64)
-        angles = np.outer(np.arange(n_ctx, dtype=np.float64) / config.rope_linear_scale, inv_freq)
-        self.cos, self.sin = np.cos(angles).astype(np.float32), np.sin(angles).astype(np.float32)
-        self.dims, self.neox = dims, config.rope_layout == "neox"
-
-    def apply(self, x: np.ndarray, positions: np.ndarray) -> None:
-        """x: [n, heads, head_dim], rotated in place by each row's position."""
-        cos, sin = self.cos[positions][:, None, :], self.sin[positions][:, None, :]
-        if self.neox:
-            half = self.dims // 2
-            a, b = x[..., :half], x[..., half : self.dims]
-        else:
-            a, b = x[..., 0 : self.dims : 2], x[..., 1 : self.dims : 2]
-        a_cos = a * cos
-        a_sin = a * sin
-        a[...] = a_cos - b * sin
-        b *= cos
-        b += a_sin
+            angles /= freq_factors.astype(np.float32)
+        self.cos, self.sin = np.cos(angles), np.sin(angles)
+        self.neox = config.rope_layout == "neox"
 
 
 class Transformer:
@@ -89,16 +67,19 @@ class Transformer:
         """Run n tokens through every layer; returns logits [n_wanted, n_vocab]."""
         c = self.config
         n = len(tokens)
-        groups = [(int(s), np.flatnonzero(seq_ids == s)) for s in np.unique(seq_ids)]
+        seqs = np.unique(seq_ids)
+        groups = [(int(seqs[0]), None)] if len(seqs) == 1 else [(int(s), np.flatnonzero(seq_ids == s)) for s in seqs]
         for seq, rows in groups:
-            cache.reserve(seq, positions[rows])
+            cache.reserve(seq, positions if rows is None else positions[rows])
         q_dim, kv_dim = c.n_head * c.head_dim, c.n_head_kv * c.head_dim
         self._note_activations(n, int(positions.max()) + 1, int(np.count_nonzero(want)))
 
+        k_ops, rope, eps = self.kernels, self.rope, c.norm_eps
         x = self.embed(tokens)
+        h = np.empty_like(x)
         for layer, lw in enumerate(self.weights.layers):
             # Attention block.
-            h = rms_norm(x, lw.attn_norm, c.norm_eps)
+            k_ops.rms_norm(x, lw.attn_norm, eps, h)
             q = np.empty((n, q_dim), np.float32)
             k = np.empty((n, kv_dim), np.float32)
             v = np.empty((n, kv_dim), np.float32)
@@ -109,53 +90,36 @@ class Transformer:
                 v += lw.v_bias
             q3 = q.reshape(n, c.n_head, c.head_dim)
             k3 = k.reshape(n, c.n_head_kv, c.head_dim)
-            self.rope.apply(q3, positions)
-            self.rope.apply(k3, positions)
+            v3 = v.reshape(n, c.n_head_kv, c.head_dim)
+            k_ops.rope(q3, positions, rope.cos, rope.sin, rope.neox)
+            k_ops.rope(k3, positions, rope.cos, rope.sin, rope.neox)
             attn = np.empty((n, q_dim), np.float32)
             for seq, rows in groups:
                 keys, values = cache.sequence(seq)
-                pos = positions[rows]
-                # Round through float16 as llama.cpp's F16 cache does.
-                keys[layer][:, pos] = k3[rows].astype(np.float16).transpose(1, 0, 2)
-                values[layer][:, pos] = v.reshape(n, c.n_head_kv, c.head_dim)[rows].astype(np.float16).transpose(1, 0, 2)
-                attn[rows] = self.attention(q3[rows], keys[layer], values[layer], pos)
+                if rows is None:  # the whole batch is one sequence
+                    k_ops.attention(q3, k3, v3, keys[layer], values[layer], positions, attn, self.scale)
+                else:
+                    part = np.empty((len(rows), q_dim), np.float32)
+                    k_ops.attention(q3[rows], k3[rows], v3[rows], keys[layer], values[layer], positions[rows], part, self.scale)
+                    attn[rows] = part
             o = np.empty((n, c.n_embd), np.float32)
             self.attn_out[layer](attn, (o,))
             x += o
 
             # Feed-forward block.
-            h = rms_norm(x, lw.ffn_norm, c.norm_eps)
+            k_ops.rms_norm(x, lw.ffn_norm, eps, h)
             gate = np.empty((n, c.n_ff), np.float32)
             up = np.empty((n, c.n_ff), np.float32)
             self.gate_up[layer](h, (gate, up))
+            k_ops.swiglu(gate, up)
             down = np.empty((n, c.n_embd), np.float32)
-            self.down[layer](swiglu(gate, up), (down,))
+            self.down[layer](gate, (down,))
             x += down
 
-        out = rms_norm(x[want], self.weights.output_norm, c.norm_eps)
+        final = x if want.all() else np.ascontiguousarray(x[want])
+        out = np.empty_like(final)
+        k_ops.rms_norm(final, self.weights.output_norm, eps, out)
         logits = np.empty((len(out), self.weights.output.rows), np.float32)
         if len(out):
-            self.lm_head(np.ascontiguousarray(out), (logits,))
+            self.lm_head(out, (logits,))
         return logits
-
-    def attention(self, q: np.ndarray, keys: np.ndarray, values: np.ndarray, pos: np.ndarray) -> np.ndarray:
-        """Causal grouped-query attention of m query rows over one sequence's cache.
-
-        q: [m, n_head, head_dim]; keys/values: [n_head_kv, n_ctx, head_dim]. Query head h
-        reads kv head h // (n_head / n_head_kv), as llama.cpp broadcasts them.
-        """
-        c = self.config
-        m, group = len(q), c.n_head // c.n_head_kv
-        t = int(pos.max()) + 1
-        qg = q.astype(np.float16).astype(np.float32).reshape(m, c.n_head_kv, group, c.head_dim).transpose(1, 0, 2, 3)
-        qg = qg.reshape(c.n_head_kv, m * group, c.head_dim)
-        scores = qg @ keys[:, :t].transpose(0, 2, 1)  # [kv_heads, m*group, t]
-        scores *= self.scale
-        if m > 1 or pos[0] != t - 1:
-            future = np.where(np.arange(t)[None, :] > pos[:, None], -np.inf, 0.0).astype(np.float32)  # [m, t]
-            scores.reshape(c.n_head_kv, m, group, t)[...] += future[None, :, None, :]
-        scores -= scores.max(axis=-1, keepdims=True)
-        np.exp(scores, out=scores)
-        scores /= scores.sum(axis=-1, keepdims=True)
-        out = scores @ values[:, :t]  # [kv_heads, m*group, head_dim]
-        return out.reshape(c.n_head_kv, m, group, c.head_dim).transpose(1, 0, 2, 3).reshape(m, c.n_head * c.head_dim)

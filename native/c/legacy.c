@@ -1,0 +1,585 @@
+/* localinfer native kernels: the "legacy" block types (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0) and
+ * F16/F32 rows, against activations.
+ *
+ * Activations for the legacy types are quantized once per matmul into one internal
+ * format, "q8a", kept as three arrays per row (structure of arrays):
+ *   qs[k]     int8   round(x / d), rounded half away from zero (ggml's roundf)
+ *   d[k/32]   float  amax/127 of each 32-block, rounded to fp16 and widened back
+ *   s[k/32]   float  d * sum(qs) of the block (exact: |sum| <= 4064 fits a float)
+ * The values (d, qs) are exactly those of ggml's block_q8_0 / block_q8_1; the scales
+ * are only kept as float32 so the dots need no conversion, and s is not rounded to
+ * fp16 as ggml's q8_1 does. With s every legacy type is an unsigned-by-signed byte dot
+ * plus a per-block correction:
+ *   Q4_0: d_w*(q-8)   -> d_w*d_a*sum(q*a) - 8*d_w*s      Q4_1: d_w*q+m -> ... + m*s
+ *   Q5_0: d_w*(q-16)  -> d_w*d_a*sum(q*a) - 16*d_w*s     Q5_1: d_w*q+m -> ... + m*s
+ *   Q8_0: signed by signed (sign trick), no correction.
+ * li_quantize_row_q8_0/_q8_1 write ggml's own block layouts, for tests and callers
+ * that want them.
+ *
+ * Each row function computes rows [r0, r1) of one weight matrix against n activation
+ * rows: y[j*ldy + r] = dot(w row r, activation row j). Weight rows are the outer loop
+ * and activation rows are tiled by up to 4, so every weight block is loaded and
+ * unpacked once per tile.
+ */
+#include <math.h>
+#include <stdint.h>
+#include <string.h>
+
+#include "kernels.h"
+
+#if defined(__AVX2__) || defined(__F16C__)
+#include <immintrin.h>
+#endif
+
+#define QK 32
+
+typedef struct {
+    const int8_t *qs; /* [n][k] */
+    const float *d;   /* [n][k/32] */
+    const float *s;   /* [n][k/32] */
+} li_q8a;
+
+/* ---- fp16 <-> fp32 ------------------------------------------------------------- */
+
+static inline float fp16_to_fp32_soft(uint16_t h) {
+    uint32_t sign = (uint32_t)(h & 0x8000) << 16;
+    uint32_t exp = (h >> 10) & 0x1F;
+    uint32_t man = h & 0x3FF;
+    uint32_t bits;
+    if (exp == 0) {
+        if (man == 0) {
+            bits = sign;
+        } else { /* subnormal: normalize */
+            int e = -1;
+            do { man <<= 1; e++; } while (!(man & 0x400));
+            man &= 0x3FF;
+            bits = sign | ((uint32_t)(127 - 15 - e) << 23) | (man << 13);
+        }
+    } else if (exp == 31) {
+        bits = sign | 0x7F800000u | (man << 13);
+    } else {
+        bits = sign | ((exp + 127 - 15) << 23) | (man << 13);
+    }
+    float f;
+    memcpy(&f, &bits, 4);
+    return f;
+}
+
+/* round to nearest even, as numpy's astype(float16) and F16C do */
+static inline uint16_t fp32_to_fp16_soft(float f) {
+    uint32_t x;
+    memcpy(&x, &f, 4);
+    uint32_t sign = (x >> 16) & 0x8000;
+    uint32_t ax = x & 0x7FFFFFFFu;
+    if (ax >= 0x7F800000u) return (uint16_t)(sign | 0x7C00 | (ax > 0x7F800000u ? 0x200 : 0));
+    if (ax >= 0x477FF000u) return (uint16_t)(sign | 0x7C00); /* rounds to >= 65520: inf */
+    if (ax < 0x38800000u) { /* below the smallest normal half: subnormal or zero */
+        if (ax < 0x33000000u) return (uint16_t)sign; /* < 2^-25: rounds to zero */
+        uint32_t e = ax >> 23;
+        uint32_t m = (ax & 0x7FFFFF) | 0x800000;
+        uint32_t shift = 126 - e; /* 14 + (113 - e) */
+        uint32_t half = m >> shift;
+        uint32_t rem = m & ((1u << shift) - 1);
+        uint32_t mid = 1u << (shift - 1);
+        if (rem > mid || (rem == mid && (half & 1))) half++;
+        return (uint16_t)(sign | half);
+    }
+    uint32_t h = ((ax >> 13) - (112u << 10));
+    uint32_t rem = ax & 0x1FFF;
+    if (rem > 0x1000 || (rem == 0x1000 && (h & 1))) h++;
+    return (uint16_t)(sign | h);
+}
+
+static inline float fp16_to_fp32(uint16_t h) {
+#if defined(__F16C__)
+    return _cvtsh_ss(h);
+#else
+    return fp16_to_fp32_soft(h);
+#endif
+}
+
+static inline uint16_t fp32_to_fp16(float f) {
+#if defined(__F16C__)
+    return (uint16_t)_cvtss_sh(f, _MM_FROUND_TO_NEAREST_INT);
+#else
+    return fp32_to_fp16_soft(f);
+#endif
+}
+
+static inline uint16_t load_u16(const uint8_t *p) {
+    uint16_t v;
+    memcpy(&v, p, 2);
+    return v;
+}
+
+static inline uint32_t load_u32(const uint8_t *p) {
+    uint32_t v;
+    memcpy(&v, p, 4);
+    return v;
+}
+
+/* ggml's roundf: half away from zero (|v| <= 128 here) */
+static inline float round_away(float v) {
+    float a = fabsf(v);
+    float t = (float)(int32_t)a;
+    if (a - t >= 0.5f) t += 1.0f;
+    return copysignf(t, v);
+}
+
+/* ---- AVX2 building blocks ---------------------------------------------------------- */
+
+#if defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
+#define LI_SIMD 1
+
+/* 16 bytes of nibbles -> 32 bytes 0..15: low nibbles (elements 0..15), then high (16..31) */
+static inline __m256i unpack_nibbles(const uint8_t *p) {
+    const __m128i t = _mm_loadu_si128((const __m128i *)p);
+    const __m256i v = _mm256_inserti128_si256(_mm256_castsi128_si256(t), _mm_srli_epi16(t, 4), 1);
+    return _mm256_and_si256(v, _mm256_set1_epi8(0x0F));
+}
+
+/* 16 bytes at p in the low lane, 16 bytes at q in the high lane */
+static inline __m256i load2x128(const uint8_t *p, const uint8_t *q) {
+    return _mm256_inserti128_si256(_mm256_castsi128_si256(_mm_loadu_si128((const __m128i *)p)),
+                                   _mm_loadu_si128((const __m128i *)q), 1);
+}
+
+/* bytes of v chosen by spread (per 128-bit lane), then byte i of each 8 keeps bit i: 0x10 where set */
+static inline __m256i bits_to_0x10(__m256i v, __m256i spread) {
+    const __m256i sel = _mm256_set1_epi64x(0x8040201008040201LL);
+    v = _mm256_and_si256(_mm256_shuffle_epi8(v, spread), sel);
+    return _mm256_and_si256(_mm256_cmpeq_epi8(v, sel), _mm256_set1_epi8(0x10));
+}
+
+/* bit j of 32 bits -> byte j = 0x10 where set */
+static inline __m256i high_bits(uint32_t bits) {
+    const __m256i spread = _mm256_setr_epi8(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1,
+                                            2, 2, 2, 2, 2, 2, 2, 2, 3, 3, 3, 3, 3, 3, 3, 3);
+    return bits_to_0x10(_mm256_set1_epi32((int)bits), spread);
+}
+
+static inline __m256i madd1(__m256i v) { return _mm256_madd_epi16(v, _mm256_set1_epi16(1)); }
+
+/* unsigned bytes (<= 31) times signed bytes: 8 int32 partial sums */
+static inline __m256i dot_u8_i8(__m256i u, const int8_t *a) {
+    return madd1(_mm256_maddubs_epi16(u, _mm256_loadu_si256((const __m256i *)a)));
+}
+
+/* signed times signed, by moving w's sign onto a (|w| <= 128 fits maddubs' unsigned side) */
+static inline __m256i dot_i8_i8(__m256i w, const int8_t *a) {
+    const __m256i av = _mm256_loadu_si256((const __m256i *)a);
+    return madd1(_mm256_maddubs_epi16(_mm256_sign_epi8(w, w), _mm256_sign_epi8(av, w)));
+}
+
+static inline float hsum8(__m256 v) {
+    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+    s = _mm_add_ss(s, _mm_movehdup_ps(s));
+    return _mm_cvtss_f32(s);
+}
+#endif
+
+/* ---- activation quantization ------------------------------------------------------- */
+
+/* Layout of one quantized activation row ("q8a"), private to this file.
+ * Portable build: qs in natural order, d[b] and s[b] one float per block.
+ * AVX2 build: blocks go in pairs (2p, 2p+1), so one 256-bit register holds 16 values
+ * of each block of a pair, matching how the weights' nibbles unpack:
+ *   qs of a pair (64 bytes): [b0 0..15 | b1 0..15 | b0 16..31 | b1 16..31]
+ *   d of a pair (8 floats):  [d0 d0 d0 d0 d1 d1 d1 d1]
+ *   s of a pair (8 floats):  [s0 0 0 0 s1 0 0 0]
+ * A last unpaired block keeps natural order, d = [d x8], s = [s 0 x7]. */
+int64_t li_q8a_scale_stride(int64_t k) {
+    const int64_t nb = k / QK;
+#ifdef LI_SIMD
+    return 8 * ((nb + 1) / 2);
+#else
+    return nb;
+#endif
+}
+
+/* One 32-block: writes qs[0..15] to lo and qs[16..31] to hi, d = amax/127 to *dout,
+ * and returns the sum of the qs. */
+static inline int quantize_block(const float *x, int8_t *lo, int8_t *hi, float *dout) {
+#if defined(__AVX2__)
+    const __m256 absmask = _mm256_castsi256_ps(_mm256_set1_epi32(0x7FFFFFFF));
+    __m256 v0 = _mm256_loadu_ps(x), v1 = _mm256_loadu_ps(x + 8);
+    __m256 v2 = _mm256_loadu_ps(x + 16), v3 = _mm256_loadu_ps(x + 24);
+    __m256 m = _mm256_max_ps(_mm256_max_ps(_mm256_and_ps(v0, absmask), _mm256_and_ps(v1, absmask)),
+                             _mm256_max_ps(_mm256_and_ps(v2, absmask), _mm256_and_ps(v3, absmask)));
+    __m128 m4 = _mm_max_ps(_mm256_castps256_ps128(m), _mm256_extractf128_ps(m, 1));
+    m4 = _mm_max_ps(m4, _mm_movehl_ps(m4, m4));
+    m4 = _mm_max_ss(m4, _mm_movehdup_ps(m4));
+    const float amax = _mm_cvtss_f32(m4);
+    const float d = amax / 127.0f;
+    const float id = d != 0.0f ? 1.0f / d : 0.0f;
+    *dout = d;
+    const __m256 vid = _mm256_set1_ps(id);
+    const __m256 signmask = _mm256_castsi256_ps(_mm256_set1_epi32((int)0x80000000u));
+    const __m256 half = _mm256_set1_ps(0.5f), one = _mm256_set1_ps(1.0f);
+    __m256i q[4];
+    const __m256 vs[4] = {v0, v1, v2, v3};
+    for (int i = 0; i < 4; i++) {
+        /* round half away from zero: trunc, then one more where the dropped part is >= 1/2 */
+        const __m256 v = _mm256_mul_ps(vs[i], vid);
+        const __m256 t = _mm256_round_ps(v, _MM_FROUND_TO_ZERO | _MM_FROUND_NO_EXC);
+        const __m256 f = _mm256_andnot_ps(signmask, _mm256_sub_ps(v, t));
+        const __m256 up = _mm256_and_ps(_mm256_cmp_ps(f, half, _CMP_GE_OQ), _mm256_or_ps(_mm256_and_ps(v, signmask), one));
+        q[i] = _mm256_cvttps_epi32(_mm256_add_ps(t, up));
+    }
+    const __m256i sum32 = _mm256_add_epi32(_mm256_add_epi32(q[0], q[1]), _mm256_add_epi32(q[2], q[3]));
+    __m128i s4 = _mm_add_epi32(_mm256_castsi256_si128(sum32), _mm256_extracti128_si256(sum32, 1));
+    s4 = _mm_add_epi32(s4, _mm_shuffle_epi32(s4, 0x4E));
+    s4 = _mm_add_epi32(s4, _mm_shuffle_epi32(s4, 0xB1));
+    /* 32 int32 -> 32 int8; the packs work per 128-bit lane, so restore the order after */
+    const __m256i p = _mm256_permutevar8x32_epi32(
+        _mm256_packs_epi16(_mm256_packs_epi32(q[0], q[1]), _mm256_packs_epi32(q[2], q[3])),
+        _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
+    _mm_storeu_si128((__m128i *)lo, _mm256_castsi256_si128(p));
+    _mm_storeu_si128((__m128i *)hi, _mm256_extracti128_si256(p, 1));
+    return _mm_cvtsi128_si32(s4);
+#else
+    float amax = 0.0f;
+    for (int i = 0; i < QK; i++) {
+        const float a = fabsf(x[i]);
+        if (a > amax) amax = a;
+    }
+    const float d = amax / 127.0f;
+    const float id = d != 0.0f ? 1.0f / d : 0.0f;
+    *dout = d;
+    int sum = 0;
+    for (int i = 0; i < QK; i++) {
+        const int q = (int)round_away(x[i] * id);
+        (i < 16 ? lo : hi - 16)[i] = (int8_t)q;
+        sum += q;
+    }
+    return sum;
+#endif
+}
+
+/* Blocks [b0, b1) of n rows of k values counted flat (block b is row b / nb), into the
+ * q8a layout: row j's qs at qs + j*k, its scales at d/s + j*li_q8a_scale_stride(k). */
+void li_quantize_q8a(const float *x, int64_t k, int8_t *qs, float *d, float *s, int64_t b0, int64_t b1) {
+    const int64_t nb = k / QK, ss = li_q8a_scale_stride(k);
+    for (int64_t b = b0; b < b1; b++) {
+        const int64_t j = b / nb, bl = b - j * nb;
+        int8_t *rq = qs + j * k;
+        float *rd = d + j * ss, *rs = s + j * ss;
+        int64_t lo, hi, sc;
+        int lanes;
+#ifdef LI_SIMD
+        if (bl < (nb & ~(int64_t)1)) {
+            lo = (bl >> 1) * 64 + (bl & 1) * 16;
+            hi = lo + 32;
+            sc = (bl >> 1) * 8 + (bl & 1) * 4;
+            lanes = 4;
+        } else {
+            lo = bl * QK;
+            hi = lo + 16;
+            sc = (bl >> 1) * 8;
+            lanes = 8;
+        }
+#else
+        lo = bl * QK;
+        hi = lo + 16;
+        sc = bl;
+        lanes = 1;
+#endif
+        float draw;
+        const int sum = quantize_block(x + b * QK, rq + lo, rq + hi, &draw);
+        const float dv = fp16_to_fp32(fp32_to_fp16(draw));
+        for (int i = 0; i < lanes; i++) {
+            rd[sc + i] = dv;
+            rs[sc + i] = 0.0f;
+        }
+        rs[sc] = dv * (float)sum;
+    }
+}
+
+/* ggml's block_q8_0 {fp16 d; int8 qs[32]} */
+void li_quantize_row_q8_0(const float *x, void *y, int64_t k) {
+    uint8_t *out = (uint8_t *)y;
+    for (int64_t b = 0; b < k / QK; b++, out += 34) {
+        float d;
+        quantize_block(x + b * QK, (int8_t *)(out + 2), (int8_t *)(out + 18), &d);
+        const uint16_t d16 = fp32_to_fp16(d);
+        memcpy(out, &d16, 2);
+    }
+}
+
+/* ggml's block_q8_1 {fp16 d; fp16 s; int8 qs[32]}, s = d * sum(qs) with the fp32 d */
+void li_quantize_row_q8_1(const float *x, void *y, int64_t k) {
+    uint8_t *out = (uint8_t *)y;
+    for (int64_t b = 0; b < k / QK; b++, out += 36) {
+        float d;
+        const int sum = quantize_block(x + b * QK, (int8_t *)(out + 4), (int8_t *)(out + 20), &d);
+        const uint16_t d16 = fp32_to_fp16(d), s16 = fp32_to_fp16((float)sum * d);
+        memcpy(out, &d16, 2);
+        memcpy(out + 2, &s16, 2);
+    }
+}
+
+/* ---- legacy dots: one weight row, R activation rows --------------------------------- */
+
+/* KIND: 0 = Q4_0, 1 = Q4_1, 2 = Q5_0, 3 = Q5_1, 4 = Q8_0 */
+#define BSZ(KIND) ((KIND) == 0 ? 18 : (KIND) == 1 ? 20 : (KIND) == 2 ? 22 : (KIND) == 3 ? 24 : 34)
+#define QOFF(KIND) ((KIND) == 0 ? 2 : (KIND) == 1 ? 4 : (KIND) == 2 ? 6 : (KIND) == 3 ? 8 : 2)
+#define HAS_M(KIND) ((KIND) == 1 || (KIND) == 3)
+#define HAS_QH(KIND) ((KIND) == 2 || (KIND) == 3)
+/* the per-block correction: value offset times d_w (Q4_0, Q5_0), or m (Q4_1, Q5_1) */
+#define CORR(KIND) ((KIND) == 0 ? -8.0f : (KIND) == 2 ? -16.0f : (KIND) == 4 ? 0.0f : 1.0f)
+
+#ifdef LI_SIMD
+/* One pair of weight blocks against R activation rows; acc/accc are the accumulators
+ * (products, corrections) of each row. */
+static inline __attribute__((always_inline)) void pair_legacy(const int KIND, const int R, const uint8_t *b0,
+                                                              int64_t p, const int8_t *const *aq,
+                                                              const float *const *ad, const float *const *as,
+                                                              __m256 *acc, __m256 *accc) {
+    const uint8_t *b1 = b0 + BSZ(KIND);
+    __m256 dx8, m8 = _mm256_setzero_ps();
+    if (HAS_M(KIND)) { /* [d0 m0 d1 m1] in one conversion */
+        const uint64_t dm = load_u32(b0) | (uint64_t)load_u32(b1) << 32;
+        const __m256 f = _mm256_castps128_ps256(_mm_cvtph_ps(_mm_cvtsi64_si128((int64_t)dm)));
+        dx8 = _mm256_permutevar8x32_ps(f, _mm256_setr_epi32(0, 0, 0, 0, 2, 2, 2, 2));
+        m8 = _mm256_permutevar8x32_ps(f, _mm256_setr_epi32(1, 1, 1, 1, 3, 3, 3, 3));
+    } else {
+        const uint32_t dd = load_u16(b0) | (uint32_t)load_u16(b1) << 16;
+        const __m256 f = _mm256_castps128_ps256(_mm_cvtph_ps(_mm_cvtsi32_si128((int)dd)));
+        dx8 = _mm256_permutevar8x32_ps(f, _mm256_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1));
+    }
+    __m256i lo, hi;
+    if (KIND == 4) {
+        lo = load2x128(b0 + 2, b1 + 2);
+        hi = load2x128(b0 + 18, b1 + 18);
+    } else {
+        const __m256i v = load2x128(b0 + QOFF(KIND), b1 + QOFF(KIND));
+        const __m256i m4 = _mm256_set1_epi8(0x0F);
+        lo = _mm256_and_si256(v, m4);
+        hi = _mm256_and_si256(_mm256_srli_epi16(v, 4), m4);
+        if (HAS_QH(KIND)) {
+            const int qo = KIND == 2 ? 2 : 4;
+            const __m256i h = _mm256_set1_epi64x((int64_t)(load_u32(b0 + qo) | (uint64_t)load_u32(b1 + qo) << 32));
+            lo = _mm256_or_si256(lo, bits_to_0x10(h, _mm256_setr_epi8(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1,
+                                                                        4, 4, 4, 4, 4, 4, 4, 4, 5, 5, 5, 5, 5, 5, 5, 5)));
+            hi = _mm256_or_si256(hi, bits_to_0x10(h, _mm256_setr_epi8(2, 2, 2, 2, 2, 2, 2, 2, 3, 3, 3, 3, 3, 3, 3, 3,
+                                                                        6, 6, 6, 6, 6, 6, 6, 6, 7, 7, 7, 7, 7, 7, 7, 7)));
+        }
+    }
+    for (int r = 0; r < R; r++) {
+        const int8_t *y = aq[r] + p * 64;
+        __m256i dot;
+        if (KIND == 4) {
+            dot = _mm256_add_epi32(dot_i8_i8(lo, y), dot_i8_i8(hi, y + 32));
+        } else { /* pairs of products are <= 2*31*127: two still fit int16 */
+            dot = madd1(_mm256_add_epi16(_mm256_maddubs_epi16(lo, _mm256_loadu_si256((const __m256i *)y)),
+                                         _mm256_maddubs_epi16(hi, _mm256_loadu_si256((const __m256i *)(y + 32)))));
+        }
+        const __m256 sc = _mm256_mul_ps(dx8, _mm256_loadu_ps(ad[r] + p * 8));
+        acc[r] = _mm256_fmadd_ps(sc, _mm256_cvtepi32_ps(dot), acc[r]);
+        if (KIND != 4) accc[r] = _mm256_fmadd_ps(HAS_M(KIND) ? m8 : dx8, _mm256_loadu_ps(as[r] + p * 8), accc[r]);
+    }
+}
+
+/* the last block of a row with an odd block count (natural order) */
+static inline __attribute__((always_inline)) void tail_legacy(const int KIND, const int R, const uint8_t *b,
+                                                              int64_t qoff, int64_t soff, const int8_t *const *aq,
+                                                              const float *const *ad, const float *const *as,
+                                                              __m256 *acc, __m256 *accc) {
+    const __m256 dx8 = _mm256_set1_ps(fp16_to_fp32(load_u16(b)));
+    const __m256 m8 = _mm256_set1_ps(HAS_M(KIND) ? fp16_to_fp32(load_u16(b + 2)) : 0.0f);
+    __m256i q;
+    if (KIND == 4) {
+        q = _mm256_loadu_si256((const __m256i *)(b + 2));
+    } else {
+        q = unpack_nibbles(b + QOFF(KIND));
+        if (HAS_QH(KIND)) q = _mm256_or_si256(q, high_bits(load_u32(b + (KIND == 2 ? 2 : 4))));
+    }
+    for (int r = 0; r < R; r++) {
+        const __m256i dot = KIND == 4 ? dot_i8_i8(q, aq[r] + qoff) : dot_u8_i8(q, aq[r] + qoff);
+        const __m256 sc = _mm256_mul_ps(dx8, _mm256_loadu_ps(ad[r] + soff));
+        acc[r] = _mm256_fmadd_ps(sc, _mm256_cvtepi32_ps(dot), acc[r]);
+        if (KIND != 4) accc[r] = _mm256_fmadd_ps(HAS_M(KIND) ? m8 : dx8, _mm256_loadu_ps(as[r] + soff), accc[r]);
+    }
+}
+#endif
+
+/* R activation rows (1..4) at a: row r's qs at a->qs + r*k, its scales at + r*ss */
+static inline __attribute__((always_inline)) void dot_legacy(const int KIND, const int R, int64_t k, int64_t ss,
+                                                             const uint8_t *w, const li_q8a *a, float *out) {
+    const int64_t nb = k / QK;
+    const int8_t *aq[4];
+    const float *ad[4], *as[4];
+    for (int r = 0; r < R; r++) {
+        aq[r] = a->qs + r * k;
+        ad[r] = a->d + r * ss;
+        as[r] = a->s + r * ss;
+    }
+#ifdef LI_SIMD
+    /* with one activation row, a second set of accumulators (odd pairs) hides FMA latency */
+    __m256 acc[4], accc[4], acc2[4], accc2[4];
+    for (int r = 0; r < R; r++) acc[r] = accc[r] = acc2[r] = accc2[r] = _mm256_setzero_ps();
+    const int64_t np = nb / 2;
+    const int64_t step = 2 * BSZ(KIND);
+    int64_t p = 0;
+    for (; p + 1 < np; p += 2) {
+        pair_legacy(KIND, R, w + p * step, p, aq, ad, as, acc, accc);
+        if (R == 1)
+            pair_legacy(KIND, R, w + (p + 1) * step, p + 1, aq, ad, as, acc2, accc2);
+        else
+            pair_legacy(KIND, R, w + (p + 1) * step, p + 1, aq, ad, as, acc, accc);
+    }
+    if (p < np) pair_legacy(KIND, R, w + p * step, p, aq, ad, as, acc, accc);
+    if (nb & 1) tail_legacy(KIND, R, w + (nb - 1) * BSZ(KIND), (nb - 1) * QK, np * 8, aq, ad, as, acc, accc);
+    const __m256 c = _mm256_set1_ps(CORR(KIND));
+    for (int r = 0; r < R; r++) {
+        __m256 t = _mm256_add_ps(acc[r], acc2[r]);
+        if (KIND != 4) t = _mm256_fmadd_ps(c, _mm256_add_ps(accc[r], accc2[r]), t);
+        out[r] = hsum8(t);
+    }
+#else
+    float acc[4] = {0, 0, 0, 0}, corr[4] = {0, 0, 0, 0};
+    for (int64_t b = 0; b < nb; b++) {
+        const uint8_t *blk = w + b * BSZ(KIND);
+        const float dw = fp16_to_fp32(load_u16(blk));
+        const float mw = HAS_M(KIND) ? fp16_to_fp32(load_u16(blk + 2)) : 0.0f;
+        int8_t q[QK];
+        if (KIND == 4) {
+            memcpy(q, blk + 2, QK);
+        } else {
+            const uint8_t *qs = blk + QOFF(KIND);
+            const uint32_t qh = HAS_QH(KIND) ? load_u32(blk + (KIND == 2 ? 2 : 4)) : 0;
+            for (int i = 0; i < 16; i++) {
+                int lo = qs[i] & 0x0F, hi = qs[i] >> 4;
+                if (HAS_QH(KIND)) {
+                    lo |= ((qh >> i) & 1) << 4;
+                    hi |= ((qh >> (i + 16)) & 1) << 4;
+                }
+                q[i] = (int8_t)lo;
+                q[i + 16] = (int8_t)hi;
+            }
+        }
+        for (int r = 0; r < R; r++) {
+            const int8_t *y = aq[r] + b * QK;
+            int32_t sum = 0;
+            for (int i = 0; i < QK; i++) sum += (int32_t)q[i] * (int32_t)y[i];
+            acc[r] += dw * ad[r][b] * (float)sum;
+            corr[r] += (HAS_M(KIND) ? mw : dw) * as[r][b];
+        }
+    }
+    for (int r = 0; r < R; r++) out[r] = acc[r] + CORR(KIND) * corr[r];
+#endif
+}
+
+/* rows [r0, r1) of a legacy matrix against n quantized activation rows */
+static inline __attribute__((always_inline)) void rows_legacy(const int KIND, const uint8_t *w, int64_t row_bytes,
+                                                              int64_t r0, int64_t r1, int64_t k, const li_q8a *a,
+                                                              int64_t n, float *y, int64_t ldy) {
+    const int64_t ss = li_q8a_scale_stride(k);
+    float res[4];
+    for (int64_t r = r0; r < r1; r++) {
+        const uint8_t *wr = w + r * row_bytes;
+        if (n == 1) {
+            dot_legacy(KIND, 1, k, ss, wr, a, res);
+            y[r] = res[0];
+            continue;
+        }
+        for (int64_t j = 0; j < n; j += 4) {
+            const li_q8a t = {a->qs + j * k, a->d + j * ss, a->s + j * ss};
+            const int64_t R = n - j < 4 ? n - j : 4;
+            switch (R) {
+            case 1: dot_legacy(KIND, 1, k, ss, wr, &t, res); break;
+            case 2: dot_legacy(KIND, 2, k, ss, wr, &t, res); break;
+            case 3: dot_legacy(KIND, 3, k, ss, wr, &t, res); break;
+            default: dot_legacy(KIND, 4, k, ss, wr, &t, res); break;
+            }
+            for (int64_t i = 0; i < R; i++) y[(j + i) * ldy + r] = res[i];
+        }
+    }
+}
+
+#define LI_ROWS_FN(name, KIND)                                                                                  \
+    void name(const void *w, int64_t row_bytes, int64_t r0, int64_t r1, int64_t k, const li_q8a *a, int64_t n, \
+              float *y, int64_t ldy) {                                                                          \
+        rows_legacy(KIND, (const uint8_t *)w, row_bytes, r0, r1, k, a, n, y, ldy);                             \
+    }
+
+LI_ROWS_FN(li_rows_q4_0, 0)
+LI_ROWS_FN(li_rows_q4_1, 1)
+LI_ROWS_FN(li_rows_q5_0, 2)
+LI_ROWS_FN(li_rows_q5_1, 3)
+LI_ROWS_FN(li_rows_q8_0, 4)
+
+/* ---- float rows: F16 and F32 weights against float activations ---------------------- */
+
+/* FP16: 1 = fp16 weights, 0 = fp32 weights */
+static inline __attribute__((always_inline)) void dot_float(const int FP16, const int R, int64_t k, const void *w,
+                                                            const float *x, float *out) {
+    const uint16_t *wh = (const uint16_t *)w;
+    const float *wf = (const float *)w;
+    int64_t i = 0;
+#ifdef LI_SIMD
+    if (R == 1) {
+        __m256 a0 = _mm256_setzero_ps(), a1 = _mm256_setzero_ps(), a2 = _mm256_setzero_ps(), a3 = _mm256_setzero_ps();
+#define LOADW(off) (FP16 ? _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(wh + i + (off)))) : _mm256_loadu_ps(wf + i + (off)))
+        for (; i + 32 <= k; i += 32) {
+            a0 = _mm256_fmadd_ps(LOADW(0), _mm256_loadu_ps(x + i), a0);
+            a1 = _mm256_fmadd_ps(LOADW(8), _mm256_loadu_ps(x + i + 8), a1);
+            a2 = _mm256_fmadd_ps(LOADW(16), _mm256_loadu_ps(x + i + 16), a2);
+            a3 = _mm256_fmadd_ps(LOADW(24), _mm256_loadu_ps(x + i + 24), a3);
+        }
+        for (; i + 8 <= k; i += 8) a0 = _mm256_fmadd_ps(LOADW(0), _mm256_loadu_ps(x + i), a0);
+        out[0] = hsum8(_mm256_add_ps(_mm256_add_ps(a0, a1), _mm256_add_ps(a2, a3)));
+    } else {
+        __m256 acc[4];
+        for (int r = 0; r < R; r++) acc[r] = _mm256_setzero_ps();
+        for (; i + 8 <= k; i += 8) {
+            const __m256 wv = LOADW(0);
+            for (int r = 0; r < R; r++) acc[r] = _mm256_fmadd_ps(wv, _mm256_loadu_ps(x + r * k + i), acc[r]);
+        }
+        for (int r = 0; r < R; r++) out[r] = hsum8(acc[r]);
+#undef LOADW
+    }
+#else
+    for (int r = 0; r < R; r++) out[r] = 0.0f;
+#endif
+    for (; i < k; i++) {
+        const float wv = FP16 ? fp16_to_fp32(wh[i]) : wf[i];
+        for (int r = 0; r < R; r++) out[r] += wv * x[r * k + i];
+    }
+}
+
+static inline __attribute__((always_inline)) void rows_float(const int FP16, const void *w, int64_t row_bytes,
+                                                             int64_t r0, int64_t r1, int64_t k, const float *x,
+                                                             int64_t n, float *y, int64_t ldy) {
+    float res[4];
+    for (int64_t r = r0; r < r1; r++) {
+        const void *wr = (const uint8_t *)w + r * row_bytes;
+        if (n == 1) {
+            dot_float(FP16, 1, k, wr, x, res);
+            y[r] = res[0];
+            continue;
+        }
+        for (int64_t j = 0; j < n; j += 4) {
+            const float *xt = x + j * k;
+            const int64_t R = n - j < 4 ? n - j : 4;
+            switch (R) {
+            case 1: dot_float(FP16, 1, k, wr, xt, res); break;
+            case 2: dot_float(FP16, 2, k, wr, xt, res); break;
+            case 3: dot_float(FP16, 3, k, wr, xt, res); break;
+            default: dot_float(FP16, 4, k, wr, xt, res); break;
+            }
+            for (int64_t i = 0; i < R; i++) y[(j + i) * ldy + r] = res[i];
+        }
+    }
+}
+
+void li_rows_f16(const void *w, int64_t row_bytes, int64_t r0, int64_t r1, int64_t k, const float *x, int64_t n,
+                 float *y, int64_t ldy) {
+    rows_float(1, w, row_bytes, r0, r1, k, x, n, y, ldy);
+}
+
+void li_rows_f32(const void *w, int64_t row_bytes, int64_t r0, int64_t r1, int64_t k, const float *x, int64_t n,
+                 float *y, int64_t ldy) {
+    rows_float(0, w, row_bytes, r0, r1, k, x, n, y, ldy);
+}

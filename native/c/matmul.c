@@ -1,0 +1,295 @@
+/* localinfer native kernels: the exported ABI, type dispatch and threading.
+ *
+ * li_matmul computes 1-3 weight matrices sharing k columns against n activation rows in
+ * one call: each activation row is quantized once into every 8-bit format the matrices
+ * need, then one parallel region splits the rows of all matrices between the threads
+ * (fusing q/k/v or gate/up saves a region per matrix). The library is loaded with
+ * ctypes; nothing here includes Python.h.
+ */
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "kernels.h"
+
+#ifdef _OPENMP
+#include <omp.h>
+#endif
+
+#define LI_ABI_VERSION 1
+#define LI_MAXMAT 3
+
+/* ---- legacy.c --------------------------------------------------------------------- */
+typedef struct {
+    const int8_t *qs;
+    const float *d;
+    const float *s;
+} li_q8a;
+
+typedef void (*li_rows_q8a_fn)(const void *w, int64_t row_bytes, int64_t r0, int64_t r1, int64_t k, const li_q8a *a,
+                               int64_t n, float *y, int64_t ldy);
+typedef void (*li_rows_f_fn)(const void *w, int64_t row_bytes, int64_t r0, int64_t r1, int64_t k, const float *x,
+                             int64_t n, float *y, int64_t ldy);
+
+void li_quantize_q8a(const float *x, int64_t k, int8_t *qs, float *d, float *s, int64_t b0, int64_t b1);
+int64_t li_q8a_scale_stride(int64_t k);
+void li_rows_q4_0(const void *, int64_t, int64_t, int64_t, int64_t, const li_q8a *, int64_t, float *, int64_t);
+void li_rows_q4_1(const void *, int64_t, int64_t, int64_t, int64_t, const li_q8a *, int64_t, float *, int64_t);
+void li_rows_q5_0(const void *, int64_t, int64_t, int64_t, int64_t, const li_q8a *, int64_t, float *, int64_t);
+void li_rows_q5_1(const void *, int64_t, int64_t, int64_t, int64_t, const li_q8a *, int64_t, float *, int64_t);
+void li_rows_q8_0(const void *, int64_t, int64_t, int64_t, int64_t, const li_q8a *, int64_t, float *, int64_t);
+void li_rows_f16(const void *, int64_t, int64_t, int64_t, int64_t, const float *, int64_t, float *, int64_t);
+void li_rows_f32(const void *, int64_t, int64_t, int64_t, int64_t, const float *, int64_t, float *, int64_t);
+
+/* ---- exported info ---------------------------------------------------------------- */
+
+int li_abi_version(void) { return LI_ABI_VERSION; }
+
+const char *li_build_info(void) {
+    return ""
+#if defined(__AVX512F__)
+           "avx512f "
+#endif
+#if defined(__AVX512VNNI__)
+           "avx512vnni "
+#endif
+#if defined(__AVX2__)
+           "avx2 "
+#endif
+#if defined(__FMA__)
+           "fma "
+#endif
+#if defined(__F16C__)
+           "f16c "
+#endif
+#if defined(__ARM_NEON)
+           "neon "
+#endif
+#if !defined(__AVX2__)
+           "scalar "
+#endif
+#ifdef _OPENMP
+           "openmp"
+#else
+           "serial"
+#endif
+        ;
+}
+
+int li_max_threads(void) {
+#ifdef _OPENMP
+    return omp_get_num_procs();
+#else
+    return 1;
+#endif
+}
+
+/* setuptools' build_ext insists on exporting this symbol on some platforms; the
+ * library is never imported as a Python module. */
+void *PyInit__ckernels(void) { return 0; }
+
+/* ---- types ----------------------------------------------------------------------- */
+
+enum { FMT_FLOAT = 0, FMT_Q8A = 1, FMT_Q8K = 2 };
+
+typedef struct {
+    int block;     /* values per block */
+    int bytes;     /* bytes per block */
+    int fmt;       /* activation format */
+    int cost;      /* relative work per block, for splitting rows between threads */
+    li_rows_q8a_fn rows_q8a;
+    li_rows_f_fn rows_f;
+    void (*dot_k)(int64_t, float *, const void *, const void *);
+} li_type;
+
+static int type_info(int t, li_type *ti) {
+    memset(ti, 0, sizeof *ti);
+    switch (t) {
+    case LI_F32: *ti = (li_type){1, 4, FMT_FLOAT, 4, 0, li_rows_f32, 0}; return 0;
+    case LI_F16: *ti = (li_type){1, 2, FMT_FLOAT, 2, 0, li_rows_f16, 0}; return 0;
+    case LI_Q4_0: *ti = (li_type){32, 18, FMT_Q8A, 24, li_rows_q4_0, 0, 0}; return 0;
+    case LI_Q4_1: *ti = (li_type){32, 20, FMT_Q8A, 26, li_rows_q4_1, 0, 0}; return 0;
+    case LI_Q5_0: *ti = (li_type){32, 22, FMT_Q8A, 32, li_rows_q5_0, 0, 0}; return 0;
+    case LI_Q5_1: *ti = (li_type){32, 24, FMT_Q8A, 34, li_rows_q5_1, 0, 0}; return 0;
+    case LI_Q8_0: *ti = (li_type){32, 34, FMT_Q8A, 36, li_rows_q8_0, 0, 0}; return 0;
+    case LI_Q4_K: *ti = (li_type){256, 144, FMT_Q8K, 180, 0, 0, li_vec_dot_q4_K_q8_K}; return 0;
+    case LI_Q5_K: *ti = (li_type){256, 176, FMT_Q8K, 220, 0, 0, li_vec_dot_q5_K_q8_K}; return 0;
+    case LI_Q6_K: *ti = (li_type){256, 210, FMT_Q8K, 250, 0, 0, li_vec_dot_q6_K_q8_K}; return 0;
+    default: return -1;
+    }
+}
+
+/* ---- one call's work ----------------------------------------------------------------- */
+
+typedef struct {
+    int nmat;
+    li_type ti[LI_MAXMAT];
+    const uint8_t *w[LI_MAXMAT];
+    int64_t rows[LI_MAXMAT];
+    int64_t row_bytes[LI_MAXMAT];
+    int64_t row_cost[LI_MAXMAT];
+    int64_t total_cost;
+    int64_t k, n;
+    const float *x;
+    float *const *y;
+    int need_q8a, need_q8k;
+    li_q8a a;           /* q8a activations, n rows */
+    li_block_q8_K *a8k; /* q8_K activations, n rows of k/256 blocks */
+} li_work;
+
+/* first row (matrix *mi, row *ri) whose start cost is >= the boundary of part t of T;
+ * rows are aligned to 16 inside a matrix so threads never share an output cache line */
+static void split_point(const li_work *wk, int t, int T, int *mi, int64_t *ri) {
+    if (t <= 0) { *mi = 0; *ri = 0; return; }
+    if (t >= T) { *mi = wk->nmat; *ri = 0; return; }
+    int64_t b = (int64_t)((double)wk->total_cost * t / T);
+    for (int i = 0; i < wk->nmat; i++) {
+        const int64_t c = wk->rows[i] * wk->row_cost[i];
+        if (b < c) {
+            int64_t r = (b + wk->row_cost[i] - 1) / wk->row_cost[i];
+            r = (r + 15) & ~(int64_t)15;
+            if (r >= wk->rows[i]) { *mi = i + 1; *ri = 0; } else { *mi = i; *ri = r; }
+            return;
+        }
+        b -= c;
+    }
+    *mi = wk->nmat;
+    *ri = 0;
+}
+
+static void run_rows(const li_work *wk, int i, int64_t r0, int64_t r1) {
+    if (r1 <= r0) return;
+    const li_type *ti = &wk->ti[i];
+    float *y = wk->y[i];
+    const int64_t ldy = wk->rows[i];
+    switch (ti->fmt) {
+    case FMT_FLOAT: ti->rows_f(wk->w[i], wk->row_bytes[i], r0, r1, wk->k, wk->x, wk->n, y, ldy); break;
+    case FMT_Q8A: ti->rows_q8a(wk->w[i], wk->row_bytes[i], r0, r1, wk->k, &wk->a, wk->n, y, ldy); break;
+    default: {
+        const int64_t nbk = wk->k / LI_QK_K;
+        for (int64_t r = r0; r < r1; r++) {
+            const uint8_t *wr = wk->w[i] + r * wk->row_bytes[i];
+            for (int64_t j = 0; j < wk->n; j++) ti->dot_k(wk->k, &y[j * ldy + r], wr, wk->a8k + j * nbk);
+        }
+    }
+    }
+}
+
+/* part t of T of the dots */
+static void run_part(const li_work *wk, int t, int T) {
+    int m0, m1;
+    int64_t r0, r1;
+    split_point(wk, t, T, &m0, &r0);
+    split_point(wk, t + 1, T, &m1, &r1);
+    for (int i = m0; i <= m1 && i < wk->nmat; i++) {
+        const int64_t a = i == m0 ? r0 : 0;
+        const int64_t b = i == m1 ? r1 : wk->rows[i];
+        run_rows(wk, i, a, b);
+    }
+}
+
+/* part t of T of the activation quantization, split by blocks over all n rows */
+static void quantize_part(const li_work *wk, int t, int T) {
+    if (wk->need_q8a) {
+        const int64_t nb = wk->k / 32, total = nb * wk->n;
+        li_quantize_q8a(wk->x, wk->k, (int8_t *)wk->a.qs, (float *)wk->a.d, (float *)wk->a.s, total * t / T,
+                        total * (t + 1) / T);
+    }
+    if (wk->need_q8k) {
+        const int64_t nb = wk->k / LI_QK_K, total = nb * wk->n;
+        const int64_t b0 = total * t / T, b1 = total * (t + 1) / T;
+        if (b1 > b0) li_quantize_row_q8_K(wk->x + b0 * LI_QK_K, wk->a8k + b0, (b1 - b0) * LI_QK_K);
+    }
+}
+
+/* below this much weight data a second thread costs more than it saves */
+#define LI_PARALLEL_MIN_BYTES (32 * 1024)
+/* activation scratch up to this size lives on the stack */
+#define LI_STACK_SCRATCH (48 * 1024)
+
+int li_matmul(int nmat, const int *types, const void *const *w, const int64_t *rows, int64_t k, const float *x,
+              int64_t n, float *const *y, int nthreads) {
+    if (nmat < 1 || nmat > LI_MAXMAT || k <= 0 || n < 0 || !types || !w || !rows || !x || !y) return 3;
+    if (n == 0) return 0;
+    li_work wk;
+    memset(&wk, 0, sizeof wk);
+    wk.nmat = nmat;
+    wk.k = k;
+    wk.n = n;
+    wk.x = x;
+    wk.y = y;
+    int64_t total_bytes = 0;
+    for (int i = 0; i < nmat; i++) {
+        if (type_info(types[i], &wk.ti[i])) return 1;
+        if (k % wk.ti[i].block) return 2;
+        if (rows[i] < 0 || !w[i] || !y[i]) return 3;
+        wk.w[i] = (const uint8_t *)w[i];
+        wk.rows[i] = rows[i];
+        wk.row_bytes[i] = k / wk.ti[i].block * wk.ti[i].bytes;
+        wk.row_cost[i] = k / wk.ti[i].block * wk.ti[i].cost;
+        wk.total_cost += rows[i] * wk.row_cost[i];
+        total_bytes += rows[i] * wk.row_bytes[i];
+        wk.need_q8a |= wk.ti[i].fmt == FMT_Q8A;
+        wk.need_q8k |= wk.ti[i].fmt == FMT_Q8K;
+    }
+
+    /* activation scratch: q8a qs | q8a d | q8a s | q8_K blocks, each 64-byte aligned */
+    const int64_t q8a_qs = wk.need_q8a ? (n * k + 63) & ~63 : 0;
+    const int64_t q8a_ds = wk.need_q8a ? (n * li_q8a_scale_stride(k) * 4 + 63) & ~63 : 0;
+    const int64_t q8k = wk.need_q8k ? ((int64_t)(n * (k / LI_QK_K) * sizeof(li_block_q8_K)) + 63) & ~63 : 0;
+    const size_t need = (size_t)(q8a_qs + 2 * q8a_ds + q8k) + 64;
+    _Alignas(64) uint8_t stack[LI_STACK_SCRATCH];
+    void *heap = 0;
+    uint8_t *base = stack;
+    if (need > LI_STACK_SCRATCH) {
+        heap = malloc(need);
+        if (!heap) return 4;
+        base = (uint8_t *)(((uintptr_t)heap + 63) & ~(uintptr_t)63);
+    }
+    wk.a.qs = (const int8_t *)base;
+    wk.a.d = (const float *)(base + q8a_qs);
+    wk.a.s = (const float *)(base + q8a_qs + q8a_ds);
+    wk.a8k = (li_block_q8_K *)(base + q8a_qs + 2 * q8a_ds);
+
+    if (nthreads < 1) nthreads = 1;
+    if (total_bytes * n < LI_PARALLEL_MIN_BYTES) nthreads = 1;
+#ifdef _OPENMP
+    if (nthreads > 1) {
+#pragma omp parallel num_threads(nthreads)
+        {
+            const int T = omp_get_num_threads(), t = omp_get_thread_num();
+            quantize_part(&wk, t, T);
+#pragma omp barrier
+            run_part(&wk, t, T);
+        }
+    } else
+#endif
+    {
+        quantize_part(&wk, 0, 1);
+        run_part(&wk, 0, 1);
+    }
+    free(heap);
+    return 0;
+}
+
+/* The per-token entry: a bound op built once by c_kernels.py, so each call passes only
+ * the activation and output pointers (ctypes converts few arguments, cheaply). The
+ * thread count is read through a pointer the kernel set owns, so set_threads reaches
+ * ops that are already bound. */
+typedef struct {
+    int32_t nmat;
+    int32_t types[LI_MAXMAT];
+    const void *w[LI_MAXMAT];
+    int64_t rows[LI_MAXMAT];
+    int64_t k;
+    const int32_t *nthreads;
+} li_op;
+
+int li_op_size(void) { return (int)sizeof(li_op); }
+
+int li_matmul_op(const li_op *op, const float *x, int n, float *y0, float *y1, float *y2) {
+    float *y[LI_MAXMAT] = {y0, y1, y2};
+    int types[LI_MAXMAT];
+    for (int i = 0; i < LI_MAXMAT; i++) types[i] = op->types[i];
+    return li_matmul(op->nmat, types, op->w, op->rows, op->k, x, n, y, op->nthreads ? *op->nthreads : 1);
+}

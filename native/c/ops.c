@@ -1,0 +1,176 @@
+/* The small per-token operations of a llama-family layer: RMSNorm, RoPE, attention over
+ * the KV cache, SwiGLU. Each is tiny on its own; as numpy calls they cost more than the
+ * matmuls, so each is one C call here. Plain loops: -O3 vectorises them well enough.
+ */
+#include <math.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#if defined(__F16C__)
+#include <immintrin.h>
+#endif
+#ifdef _OPENMP
+#include <omp.h>
+#endif
+
+/* Round a float to the nearest float16 value (ties to even), kept as float: what an F16
+ * KV cache stores. Exact for the normal float16 range, which activations live in. */
+static inline float li_round_half(float x) {
+#if defined(__F16C__)
+    return _cvtsh_ss(_cvtss_sh(x, _MM_FROUND_TO_NEAREST_INT));
+#else
+    uint32_t u;
+    memcpy(&u, &x, 4);
+    u += 0x0FFFu + ((u >> 13) & 1u);
+    u &= ~0x1FFFu;
+    memcpy(&x, &u, 4);
+    return x;
+#endif
+}
+
+void li_rms_norm(const float *x, const float *w, float *out, int64_t n, int64_t d, float eps) {
+    for (int64_t i = 0; i < n; i++) {
+        const float *xi = x + i * d;
+        float *oi = out + i * d;
+        double ss = 0.0; /* as ggml: float squares, summed in double, the rest in float */
+        for (int64_t j = 0; j < d; j++) ss += (double)(xi[j] * xi[j]);
+        const float mean = (float)(ss / (double)d);
+        const float scale = 1.0f / sqrtf(mean + eps);
+        for (int64_t j = 0; j < d; j++) oi[j] = xi[j] * scale * w[j];
+    }
+}
+
+/* x: [n, heads, head_dim], rotated in place; cos/sin: [n_ctx, dims/2] tables. */
+void li_rope(float *x, int64_t n, int64_t heads, int64_t head_dim, const int32_t *pos,
+             const float *cos_t, const float *sin_t, int64_t dims, int neox) {
+    const int64_t half = dims / 2;
+    for (int64_t i = 0; i < n; i++) {
+        const float *c = cos_t + (int64_t)pos[i] * half, *s = sin_t + (int64_t)pos[i] * half;
+        for (int64_t h = 0; h < heads; h++) {
+            float *v = x + (i * heads + h) * head_dim;
+            for (int64_t j = 0; j < half; j++) {
+                const int64_t a = neox ? j : 2 * j, b = neox ? j + half : 2 * j + 1;
+                const float x0 = v[a], x1 = v[b];
+                v[a] = x0 * c[j] - x1 * s[j];
+                v[b] = x0 * s[j] + x1 * c[j];
+            }
+        }
+    }
+}
+
+/* gate = silu(gate) * up */
+void li_swiglu(float *gate, const float *up, int64_t n) {
+    for (int64_t i = 0; i < n; i++) {
+        const float g = gate[i];
+        gate[i] = g / (1.0f + expf(-g)) * up[i];
+    }
+}
+
+/* Eight partial sums: IEEE rules forbid the compiler to reorder one running sum, so
+ * without them the dot would not vectorise. */
+static inline float dot(const float *a, const float *b, int64_t n) {
+    float acc[8] = {0};
+    int64_t e = 0;
+    for (; e + 8 <= n; e += 8)
+        for (int l = 0; l < 8; l++) acc[l] += a[e + l] * b[e + l];
+    float s = ((acc[0] + acc[4]) + (acc[1] + acc[5])) + ((acc[2] + acc[6]) + (acc[3] + acc[7]));
+    for (; e < n; e++) s += a[e] * b[e];
+    return s;
+}
+
+/* e^x for x <= 0, within about 1 ulp, in straight-line code the compiler vectorises
+ * (libm's expf is a call per value, and the softmax makes one per cached position).
+ * Cody-Waite reduction x = n ln2 + r, |r| <= ln2/2, then a degree-7 Taylor polynomial. */
+static inline float exp_nonpositive(float x) {
+    x = x < -87.0f ? -87.0f : x;
+    const float n = rintf(x * 1.44269504f);
+    const float r = (x - n * 0.693145752f) - n * 1.42860677e-6f;
+    float p = 1.0f / 5040.0f;
+    p = p * r + 1.0f / 720.0f;
+    p = p * r + 1.0f / 120.0f;
+    p = p * r + 1.0f / 24.0f;
+    p = p * r + 1.0f / 6.0f;
+    p = p * r + 0.5f;
+    p = p * r + 1.0f;
+    p = p * r + 1.0f;
+    const int32_t bits = ((int32_t)n + 127) << 23;
+    float scale;
+    memcpy(&scale, &bits, 4);
+    return p * scale;
+}
+
+/* The g query heads of one row that share a kv head, against its positions [0, t):
+ * each key and value row is loaded once for all of them. qg: [g, hd] (float16-rounded),
+ * scores: [g, t] scratch, out: g rows of hd. */
+static void attend_group(const float *qg, int64_t g, const float *keys, const float *values, int64_t t,
+                         int64_t hd, float scale, float *scores, float *out) {
+    for (int64_t j = 0; j < t; j++)
+        for (int64_t h = 0; h < g; h++) scores[h * t + j] = dot(qg + h * hd, keys + j * hd, hd) * scale;
+    float inv[64];
+    for (int64_t h = 0; h < g; h++) {
+        float *s = scores + h * t, mx = -INFINITY;
+        for (int64_t j = 0; j < t; j++) mx = s[j] > mx ? s[j] : mx;
+        for (int64_t j = 0; j < t; j++) s[j] = exp_nonpositive(s[j] - mx);
+        float partial[8] = {0}, sum = 0.0f;
+        int64_t j = 0;
+        for (; j + 8 <= t; j += 8)
+            for (int l = 0; l < 8; l++) partial[l] += s[j + l];
+        for (int l = 0; l < 8; l++) sum += partial[l];
+        for (; j < t; j++) sum += s[j];
+        inv[h] = 1.0f / sum;
+    }
+    memset(out, 0, sizeof(float) * (size_t)(g * hd));
+    for (int64_t j = 0; j < t; j++) {
+        const float *v = values + j * hd;
+        for (int64_t h = 0; h < g; h++) {
+            const float p = scores[h * t + j] * inv[h];
+            float *o = out + h * hd;
+            for (int64_t e = 0; e < hd; e++) o[e] += p * v[e];
+        }
+    }
+}
+
+/* Store m new keys/values ([m, n_head_kv, hd], rounded to float16 precision) at their
+ * positions of one sequence's cache ([n_head_kv, n_ctx, hd] per layer), then causal
+ * grouped-query attention of the m queries ([m, n_head, hd]) into out ([m, n_head*hd]).
+ * Query head h reads kv head h / (n_head / n_head_kv), as llama.cpp broadcasts. */
+int li_attention(const float *q, const float *k_new, const float *v_new, float *keys, float *values,
+                 const int32_t *pos, float *out, int64_t m, int64_t n_head, int64_t n_head_kv,
+                 int64_t hd, int64_t n_ctx, float scale, int nthreads) {
+    for (int64_t i = 0; i < m; i++) {
+        if (pos[i] < 0 || pos[i] >= n_ctx) return 3;
+        for (int64_t h = 0; h < n_head_kv; h++) {
+            const float *ks = k_new + (i * n_head_kv + h) * hd, *vs = v_new + (i * n_head_kv + h) * hd;
+            float *kd = keys + (h * n_ctx + pos[i]) * hd, *vd = values + (h * n_ctx + pos[i]) * hd;
+            for (int64_t e = 0; e < hd; e++) {
+                kd[e] = li_round_half(ks[e]);
+                vd[e] = li_round_half(vs[e]);
+            }
+        }
+    }
+    int64_t longest = 0;
+    for (int64_t i = 0; i < m; i++) longest = pos[i] + 1 > longest ? pos[i] + 1 : longest;
+    const int64_t group = n_head / n_head_kv, tasks = m * n_head_kv;
+    if (hd > 512 || group > 64) return 3;
+    /* Decode attends over a few hundred positions: not worth waking threads for. */
+    if (m * n_head * longest * hd < (1 << 18)) nthreads = 1;
+    if (nthreads < 1) nthreads = 1;
+    float *scratch = malloc(sizeof(float) * (size_t)group * (size_t)(longest + hd) * (size_t)nthreads);
+    if (!scratch) return 4;
+#pragma omp parallel for schedule(dynamic, 1) num_threads(nthreads) if (nthreads > 1)
+    for (int64_t task = 0; task < tasks; task++) {
+        int thread = 0;
+#ifdef _OPENMP
+        thread = omp_get_thread_num();
+#endif
+        const int64_t i = task / n_head_kv, kvh = task % n_head_kv;
+        float *qg = scratch + (size_t)thread * (size_t)group * (size_t)(longest + hd), *scores = qg + group * hd;
+        const float *qi = q + (i * n_head + kvh * group) * hd;
+        for (int64_t e = 0; e < group * hd; e++) qg[e] = li_round_half(qi[e]);
+        attend_group(qg, group, keys + kvh * n_ctx * hd, values + kvh * n_ctx * hd, (int64_t)pos[i] + 1, hd, scale,
+                     scores, out + (i * n_head + kvh * group) * hd);
+    }
+    free(scratch);
+    return 0;
+}

@@ -1,0 +1,265 @@
+"""The C kernel set: native/c/*.c, compiled at install time into `_ckernels`, loaded with ctypes.
+
+The library sits next to this file (setup.py builds it there, or into the installed
+package). If it is missing or was built for another ABI, CKernels() raises
+KernelsUnavailable and `load_kernels("auto")` takes the Numba set instead.
+
+A bound op costs one ctypes call per use: the matrices' types, pointers and shapes are
+packed into a C struct once, in matmul_op, and each call passes only the activation and
+output buffers.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+from collections.abc import Sequence
+from importlib.machinery import EXTENSION_SUFFIXES
+from pathlib import Path
+
+import numpy as np
+
+from localinfer_native import KernelsUnavailable, c_ops
+from localinfer_native.types import SUPPORTED_TYPES, MatmulOp, QMatrix
+
+ABI_VERSION = 1
+MAX_MATS = 3
+_F32 = np.dtype(np.float32)
+_ERRORS = {1: "unsupported block type", 2: "row length not a multiple of the block size", 3: "bad arguments", 4: "out of memory"}
+
+
+class _Op(ctypes.Structure):
+    """li_op in matmul.c"""
+
+    _fields_ = [
+        ("nmat", ctypes.c_int32),
+        ("types", ctypes.c_int32 * MAX_MATS),
+        ("w", ctypes.c_void_p * MAX_MATS),
+        ("rows", ctypes.c_int64 * MAX_MATS),
+        ("k", ctypes.c_int64),
+        ("nthreads", ctypes.POINTER(ctypes.c_int32)),
+    ]
+
+
+def library_path() -> Path | None:
+    """The built library beside this file, preferring this interpreter's own suffix."""
+    here = Path(__file__).resolve().parent
+    found = [p for p in here.glob("_ckernels*") if p.suffix in (".so", ".pyd", ".dylib", ".dll")]
+    for suffix in EXTENSION_SUFFIXES:
+        for p in found:
+            if p.name == "_ckernels" + suffix:
+                return p
+    return found[0] if found else None
+
+
+_libs: dict[Path, ctypes.CDLL] = {}
+
+
+def _load(path: Path | None = None) -> ctypes.CDLL:
+    path = path or library_path()
+    if path is None:
+        raise KernelsUnavailable("the C library was not built (no _ckernels library in the localinfer_native package)")
+    if path in _libs:
+        return _libs[path]
+    try:
+        lib = ctypes.CDLL(str(path))
+    except OSError as e:
+        raise KernelsUnavailable(f"cannot load {path.name}: {e}") from e
+    try:
+        lib.li_abi_version.restype = ctypes.c_int
+        lib.li_abi_version.argtypes = []
+        version = lib.li_abi_version()
+    except AttributeError as e:
+        raise KernelsUnavailable(f"{path.name} is not a localinfer kernel library") from e
+    if version != ABI_VERSION:
+        raise KernelsUnavailable(f"{path.name} has ABI {version}, this localinfer needs {ABI_VERSION}; reinstall to rebuild it")
+    lib.li_op_size.restype = ctypes.c_int
+    if lib.li_op_size() != ctypes.sizeof(_Op):
+        raise KernelsUnavailable(f"{path.name} was built with another op layout; reinstall to rebuild it")
+    lib.li_build_info.restype = ctypes.c_char_p
+    lib.li_build_info.argtypes = []
+    lib.li_matmul.restype = ctypes.c_int
+    lib.li_matmul.argtypes = [
+        ctypes.c_int, ctypes.POINTER(ctypes.c_int), ctypes.POINTER(ctypes.c_void_p), ctypes.POINTER(ctypes.c_int64),
+        ctypes.c_int64, ctypes.c_void_p, ctypes.c_int64, ctypes.POINTER(ctypes.c_void_p), ctypes.c_int,
+    ]  # fmt: skip
+    # li_matmul_op is called without argtypes, for speed: every argument passed to it is
+    # a ctypes object (byref of the op, c_float views of the buffers) or a small int.
+    lib.li_matmul_op.restype = ctypes.c_int
+    lib.li_quantize_row_q8_0.restype = None
+    lib.li_quantize_row_q8_0.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64]
+    lib.li_quantize_row_q8_1.restype = None
+    lib.li_quantize_row_q8_1.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64]
+    c_ops.bind(lib)
+    _libs[path] = lib
+    return lib
+
+
+def default_threads() -> int:
+    """Physical cores this process may run on."""
+    try:
+        import psutil
+
+        cores = psutil.cpu_count(logical=False) or os.cpu_count() or 1
+    except ImportError:
+        cores = os.cpu_count() or 1
+    try:
+        cores = min(cores, len(os.sched_getaffinity(0)))
+    except (AttributeError, OSError):
+        pass
+    return max(1, cores)
+
+
+def _check_matrix(m: QMatrix) -> None:
+    if m.type not in SUPPORTED_TYPES:
+        raise ValueError(f"the C kernels do not run {m.type.name} matrices")
+    d = m.data
+    if d.dtype != np.uint8 or d.ndim != 2 or not d.flags.c_contiguous or d.shape[0] != m.rows:
+        raise ValueError("QMatrix.data must be a C-contiguous uint8 [rows, row_bytes] array")
+
+
+class CKernels(c_ops.COps):
+    """The C kernel set (see localinfer_native.types.Kernels)."""
+
+    name = "c"
+
+    def __init__(self, threads: int | None = None, library: str | os.PathLike | None = None) -> None:
+        """`library`: another build of native/c (tests use a portable one); default: the installed one."""
+        self._lib = _load(Path(library).resolve() if library else None)
+        self._info = self._lib.li_build_info().decode()
+        self._threads = ctypes.c_int32(threads or default_threads())
+
+    @property
+    def threads(self) -> int:
+        return self._threads.value
+
+    def set_threads(self, n: int) -> None:
+        """Applies to ops already bound as well."""
+        if n < 1:
+            raise ValueError(f"threads must be at least 1, got {n}")
+        self._threads.value = int(n)
+
+    def describe(self) -> str:
+        words = self._info.split()
+        simd = " ".join(w for w in words if w not in ("openmp", "serial")) or "portable"
+        par = "openmp" if "openmp" in words else "no openmp"
+        return f"c ({simd}, {par}, {self.threads} thread{'s' if self.threads != 1 else ''})"
+
+    def matmul_op(self, mats: Sequence[QMatrix]) -> MatmulOp:
+        mats = list(mats)
+        if not 1 <= len(mats) <= MAX_MATS:
+            raise ValueError(f"an op binds 1 to {MAX_MATS} matrices, got {len(mats)}")
+        k = mats[0].cols
+        for m in mats:
+            _check_matrix(m)
+            if m.cols != k:
+                raise ValueError(f"fused matrices must share their row length: {m.cols} != {k}")
+        st = _Op()
+        st.nmat = len(mats)
+        for i, m in enumerate(mats):
+            st.types[i] = int(m.type)
+            st.w[i] = m.data.ctypes.data
+            st.rows[i] = m.rows
+        st.k = k
+        st.nthreads = ctypes.pointer(self._threads)
+        return _make_op(self._lib.li_matmul_op, st, tuple(mats), self._threads, k)
+
+    # -- helpers for tests ----------------------------------------------------------------
+
+    def quantize_q8_0(self, x: np.ndarray) -> np.ndarray:
+        """ggml block_q8_0 bytes of a float32 row (as the dots see the activations)."""
+        x = np.ascontiguousarray(x, dtype=np.float32)
+        out = np.empty(x.size // 32 * 34, np.uint8)
+        self._lib.li_quantize_row_q8_0(x.ctypes.data, out.ctypes.data, x.size)
+        return out
+
+    def quantize_q8_1(self, x: np.ndarray) -> np.ndarray:
+        """ggml block_q8_1 bytes of a float32 row."""
+        x = np.ascontiguousarray(x, dtype=np.float32)
+        out = np.empty(x.size // 32 * 36, np.uint8)
+        self._lib.li_quantize_row_q8_1(x.ctypes.data, out.ctypes.data, x.size)
+        return out
+
+
+def _make_op(fn, st: _Op, mats: tuple[QMatrix, ...], threads: ctypes.c_int32, k: int) -> MatmulOp:
+    opref = ctypes.byref(st)
+    view = ctypes.c_float.from_buffer  # refuses read-only and non-contiguous buffers
+    byref = ctypes.byref
+    rows = [m.rows for m in mats]
+    nmat = len(mats)
+    f32 = _F32
+
+    def check(x: np.ndarray, outs: Sequence[np.ndarray]) -> int:
+        if not isinstance(x, np.ndarray) or x.dtype != f32 or x.ndim != 2 or x.shape[1] != k or not x.flags.c_contiguous:
+            raise ValueError(f"x must be a C-contiguous float32 [n, {k}] array")
+        n = x.shape[0]
+        if len(outs) != nmat:
+            raise ValueError(f"this op writes {nmat} outputs, got {len(outs)}")
+        for o, r in zip(outs, rows):
+            if not isinstance(o, np.ndarray) or o.dtype != f32 or o.shape != (n, r) or not o.flags.c_contiguous or not o.flags.writeable:
+                raise ValueError(f"outputs must be C-contiguous writable float32 [n, rows] arrays; expected {(n, r)}")
+        if n >= 2**31:
+            raise ValueError("too many activation rows")
+        return n
+
+    def slow(x: np.ndarray, outs: Sequence[np.ndarray]) -> None:
+        """Checks everything; also runs read-only activations, which c_float views refuse."""
+        n = check(x, outs)
+        if n == 0:
+            return
+        ys = [ctypes.c_void_p(o.ctypes.data) for o in outs] + [None] * (MAX_MATS - nmat)
+        rc = fn(opref, ctypes.c_void_p(x.ctypes.data), n, *ys)
+        if rc:
+            raise RuntimeError(f"C matmul failed: {_ERRORS.get(rc, rc)}")
+
+    # The common shapes, unrolled. The fast path reads a few attributes; c_float views
+    # refuse non-contiguous, read-only and empty buffers, which then take the slow path.
+    if nmat == 1:
+        (r0,) = rows
+
+        def op(x: np.ndarray, outs: Sequence[np.ndarray]) -> None:
+            n = len(x)
+            (y0,) = outs
+            if x.dtype is not f32 or y0.dtype is not f32 or x.shape != (n, k) or y0.shape != (n, r0):
+                return slow(x, outs)
+            try:
+                rc = fn(opref, byref(view(x)), n, byref(view(y0)), None, None)
+            except (TypeError, ValueError):
+                return slow(x, outs)
+            if rc:
+                raise RuntimeError(f"C matmul failed: {_ERRORS.get(rc, rc)}")
+
+    elif nmat == 2:
+        r0, r1 = rows
+
+        def op(x: np.ndarray, outs: Sequence[np.ndarray]) -> None:
+            n = len(x)
+            y0, y1 = outs
+            if (x.dtype is not f32 or y0.dtype is not f32 or y1.dtype is not f32 or x.shape != (n, k)
+                    or y0.shape != (n, r0) or y1.shape != (n, r1)):  # fmt: skip
+                return slow(x, outs)
+            try:
+                rc = fn(opref, byref(view(x)), n, byref(view(y0)), byref(view(y1)), None)
+            except (TypeError, ValueError):
+                return slow(x, outs)
+            if rc:
+                raise RuntimeError(f"C matmul failed: {_ERRORS.get(rc, rc)}")
+
+    else:
+        r0, r1, r2 = rows
+
+        def op(x: np.ndarray, outs: Sequence[np.ndarray]) -> None:
+            n = len(x)
+            y0, y1, y2 = outs
+            if (x.dtype is not f32 or y0.dtype is not f32 or y1.dtype is not f32 or y2.dtype is not f32
+                    or x.shape != (n, k) or y0.shape != (n, r0) or y1.shape != (n, r1) or y2.shape != (n, r2)):  # fmt: skip
+                return slow(x, outs)
+            try:
+                rc = fn(opref, byref(view(x)), n, byref(view(y0)), byref(view(y1)), byref(view(y2)))
+            except (TypeError, ValueError):
+                return slow(x, outs)
+            if rc:
+                raise RuntimeError(f"C matmul failed: {_ERRORS.get(rc, rc)}")
+
+    op._keep = (st, mats, threads)  # type: ignore[attr-defined]  # the weights must outlive the op
+    return op

@@ -1,0 +1,77 @@
+"""The per-token layer operations of the C set (native/c/ops.c): RMSNorm, RoPE,
+attention over the KV cache, SwiGLU. One ctypes call each, arguments checked by numpy's
+own asserts being cheap: shapes come from the forward pass, which owns every buffer.
+"""
+
+from __future__ import annotations
+
+import ctypes
+
+import numpy as np
+
+_P, _I64, _F = ctypes.c_void_p, ctypes.c_int64, ctypes.c_float
+
+
+def bind(lib: ctypes.CDLL) -> None:
+    lib.li_rms_norm.restype = None
+    lib.li_rms_norm.argtypes = [_P, _P, _P, _I64, _I64, _F]
+    lib.li_rope.restype = None
+    lib.li_rope.argtypes = [_P, _I64, _I64, _I64, _P, _P, _P, _I64, ctypes.c_int]
+    lib.li_swiglu.restype = None
+    lib.li_swiglu.argtypes = [_P, _P, _I64]
+    lib.li_attention.restype = ctypes.c_int
+    lib.li_attention.argtypes = [_P, _P, _P, _P, _P, _P, _P, _I64, _I64, _I64, _I64, _I64, _F, ctypes.c_int]
+
+
+_view = {np.dtype(np.float32): ctypes.c_float.from_buffer, np.dtype(np.int32): ctypes.c_int32.from_buffer}
+_byref = ctypes.byref
+
+
+def _ptr(a: np.ndarray, dtype: type = np.float32) -> object:
+    """A pointer to a's data. byref(from_buffer) is the cheapest way ctypes offers (~0.3 us);
+    it refuses read-only and non-contiguous arrays, which take the checked slow path."""
+    try:
+        if a.dtype == dtype:
+            return _byref(_view[a.dtype](a))
+    except (TypeError, ValueError):
+        pass
+    if a.dtype != dtype or not a.flags.c_contiguous:
+        raise ValueError(f"expected a C-contiguous {np.dtype(dtype).name} array, got {a.dtype} {a.shape}")
+    return ctypes.c_void_p(a.ctypes.data)
+
+
+class COps:
+    """Mixed into CKernels; needs `self._lib` and `self._threads` (a c_int32)."""
+
+    _lib: ctypes.CDLL
+    _threads: ctypes.c_int32
+
+    def rms_norm(self, x: np.ndarray, weight: np.ndarray, eps: float, out: np.ndarray) -> None:
+        n, d = x.shape
+        assert out.shape == x.shape and weight.shape == (d,)
+        self._lib.li_rms_norm(_ptr(x), _ptr(weight), _ptr(out), n, d, eps)
+
+    def rope(self, x: np.ndarray, positions: np.ndarray, cos: np.ndarray, sin: np.ndarray, neox: bool) -> None:
+        n, heads, head_dim = x.shape
+        dims = 2 * cos.shape[1]
+        assert len(positions) == n and dims <= head_dim and int(positions.max()) < len(cos)
+        self._lib.li_rope(_ptr(x), n, heads, head_dim, _ptr(positions, np.int32), _ptr(cos), _ptr(sin), dims, int(neox))
+
+    def swiglu(self, gate: np.ndarray, up: np.ndarray) -> None:
+        assert gate.shape == up.shape
+        self._lib.li_swiglu(_ptr(gate), _ptr(up), gate.size)
+
+    def attention(
+        self, q: np.ndarray, k_new: np.ndarray, v_new: np.ndarray, keys: np.ndarray, values: np.ndarray,
+        positions: np.ndarray, out: np.ndarray, scale: float,
+    ) -> None:  # fmt: skip
+        m, n_head, head_dim = q.shape
+        n_head_kv, n_ctx, _ = keys.shape
+        assert k_new.shape == v_new.shape == (m, n_head_kv, head_dim) and values.shape == keys.shape
+        assert out.shape == (m, n_head * head_dim) and len(positions) == m
+        rc = self._lib.li_attention(
+            _ptr(q), _ptr(k_new), _ptr(v_new), _ptr(keys), _ptr(values), _ptr(positions, np.int32), _ptr(out),
+            m, n_head, n_head_kv, head_dim, n_ctx, scale, self._threads.value,
+        )  # fmt: skip
+        if rc:
+            raise RuntimeError(f"C attention failed with code {rc} (position outside the cache?)")

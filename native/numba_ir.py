@@ -1,0 +1,581 @@
+"""LLVM IR for one row of a quantized GGUF matrix times one float32 activation row.
+
+Numba's auto-vectorizer, given plain loops over blocks, vectorizes the *block* loop
+with gathers (LLVM fully unrolls the 16/32-long inner loop first), which runs at a
+fraction of memory speed. So the row dot product is written directly as portable LLVM
+vector IR (no target intrinsics: x86 gets AVX2/FMA/F16C, ARM gets NEON, from the same
+IR), exposed to Numba as one `@intrinsic`, `rowdot`:
+
+    rowdot(w, r, x, j, xs16, xs32) -> float32   # dot(row r of w, row j of x)
+
+`w` is the uint8 [rows, row_bytes] weight array viewed as a one-byte record dtype
+whose field name is the GGUF type (`tag_dtype`), so each type is its own Numba type:
+the kernel specializes (and compiles) per type only when a model uses it, and the
+specialization is cacheable. xs16/xs32 hold the sums of x over each run of 16/32
+values, so block offsets and minimums (Q4_0's -8, Q4_1's m, K-quants' mins) cost one
+multiply per block instead of one per weight.
+
+Method (the float path): each block is unpacked into a vector of small integers, turned
+into float32, multiplied with x and folded to 8 lanes; one FMA per (sub-)block scales it
+into a vector accumulator. No horizontal reduction per block; one at the end of a row.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from gguf import GGMLQuantizationType as Q
+from llvmlite import ir
+from numba import njit, prange, types
+from numba.core import cgutils
+from numba.extending import intrinsic
+
+I1, I8, I16, I32, I64 = ir.IntType(1), ir.IntType(8), ir.IntType(16), ir.IntType(32), ir.IntType(64)
+F32, HALF = ir.FloatType(), ir.HalfType()
+V8F = ir.VectorType(F32, 8)
+
+# Block size (values) and bytes per block.
+BLOCK = {Q.F32: 8, Q.F16: 8, Q.Q4_0: 32, Q.Q4_1: 32, Q.Q5_0: 32, Q.Q5_1: 32, Q.Q8_0: 32, Q.Q4_K: 256, Q.Q5_K: 256, Q.Q6_K: 256}
+BYTES = {Q.F32: 32, Q.F16: 16, Q.Q4_0: 18, Q.Q4_1: 20, Q.Q5_0: 22, Q.Q5_1: 24, Q.Q8_0: 34, Q.Q4_K: 144, Q.Q5_K: 176, Q.Q6_K: 210}
+
+
+def tag_dtype(qtype: Q) -> np.dtype:
+    """A one-byte record dtype naming the block type: `data.view(tag_dtype(t))` is free."""
+    return np.dtype([(qtype.name.lower(), np.uint8)])
+
+
+_BY_NAME = {t.name.lower(): t for t in BLOCK}
+
+
+def _qtype_of(arr_ty) -> Q | None:
+    dt = getattr(arr_ty, "dtype", None)
+    if not isinstance(dt, types.Record) or len(dt.fields) != 1:
+        return None
+    return _BY_NAME.get(next(iter(dt.fields)))
+
+
+# --------------------------------------------------------------------------- IR helpers
+
+
+def _c(ty, v):
+    return ir.Constant(ty, v)
+
+
+def _splat(b, val, n):
+    vty = ir.VectorType(val.type, n)
+    v = b.insert_element(ir.Constant(vty, ir.Undefined), val, _c(I32, 0))
+    return b.shuffle_vector(v, ir.Constant(vty, ir.Undefined), ir.Constant(ir.VectorType(I32, n), [0] * n))
+
+
+def _fma(b, a, c, acc):
+    """llvm.fma on floats or float vectors (llvmlite's builder.fma takes scalars only)."""
+    ty = a.type
+    suffix = f"v{ty.count}f32" if isinstance(ty, ir.VectorType) else "f32"
+    name = "llvm.fma." + suffix
+    fn = b.module.globals.get(name)
+    if fn is None:
+        fn = ir.Function(b.module, ir.FunctionType(ty, [ty, ty, ty]), name)
+    return b.call(fn, [a, c, acc])
+
+
+def _vconst(ty, vals):
+    return ir.Constant(ir.VectorType(ty, len(vals)), list(vals))
+
+
+def _shuf(b, a, c, idx):
+    return b.shuffle_vector(a, c, _vconst(I32, idx))
+
+
+def _load(b, base, off, ty):
+    """Unaligned load of `ty` at byte offset `off` (an i64 value or int) from i8* `base`."""
+    off = off if isinstance(off, ir.Value) else _c(I64, off)
+    p = b.gep(base, [off], inbounds=True)
+    return b.load(b.bitcast(p, ty.as_pointer()), align=1)
+
+
+class _Ctx:
+    def __init__(self, b, f16_native, int8=False, xq=None, xqd=None):
+        self.b = b
+        self.f16_native = f16_native
+        self.int8 = int8  # the int8 path: x quantized per 32 (xq, xqd rows)
+        self.xq = xq
+        self.xqd = xqd
+
+    def half(self, base, off):
+        """float32 from the fp16 at byte offset `off`."""
+        b = self.b
+        h = _load(b, base, off, I16)
+        if self.f16_native:
+            return b.fpext(b.bitcast(h, HALF), F32)
+        # Portable bit trick: exponent rebias by a multiply (handles zero and subnormals),
+        # inf/nan patched with a select, sign or-ed back.
+        h32 = b.zext(h, I32)
+        em = b.shl(b.and_(h32, _c(I32, 0x7FFF)), _c(I32, 13))
+        f = b.fmul(b.bitcast(em, F32), _c(F32, 2.0**112))
+        fb = b.bitcast(f, I32)
+        isinf = b.icmp_unsigned("==", b.and_(h32, _c(I32, 0x7C00)), _c(I32, 0x7C00))
+        fb = b.select(isinf, b.or_(em, _c(I32, 0x7F800000)), fb)
+        sign = b.shl(b.and_(h32, _c(I32, 0x8000)), _c(I32, 16))
+        return b.bitcast(b.or_(fb, sign), F32)
+
+    def fma(self, a, c, acc):
+        return _fma(self.b, a, c, acc)
+
+    def fold8(self, v, n):
+        """Sum an n-lane float vector (n = 8, 16, 32) down to 8 lanes."""
+        b = self.b
+        while n > 8:
+            h = n // 2
+            v = b.fadd(_shuf(b, v, v, range(h)), _shuf(b, v, v, range(h, n)))
+            n = h
+        return v
+
+    def dot8(self, qf, xv, n):
+        """qf * xv (n lanes) folded to 8 lanes, with FMAs."""
+        b = self.b
+        parts = [(_shuf(b, qf, qf, range(k, k + 8)), _shuf(b, xv, xv, range(k, k + 8))) for k in range(0, n, 8)]
+        acc = b.fmul(parts[0][0], parts[0][1])
+        for q, x in parts[1:]:
+            acc = _fma(b, q, x, acc)
+        return acc
+
+    def hsum8(self, v):
+        b = self.b
+        v4 = b.fadd(_shuf(b, v, v, range(4)), _shuf(b, v, v, range(4, 8)))
+        v2 = b.fadd(_shuf(b, v4, v4, [0, 1]), _shuf(b, v4, v4, [2, 3]))
+        return b.fadd(b.extract_element(v2, _c(I32, 0)), b.extract_element(v2, _c(I32, 1)))
+
+
+def _loop(b, count, inits, body, name):
+    """for i in range(count): vals = body(i, vals); returns the final vals (count may be 0)."""
+    pre = b.block
+    fn = pre.function
+    head = fn.append_basic_block(name + ".body")
+    done = fn.append_basic_block(name + ".done")
+    b.cbranch(b.icmp_signed(">", count, _c(I64, 0)), head, done)
+    b.position_at_end(head)
+    i = b.phi(I64)
+    phis = [b.phi(v.type) for v in inits]
+    i.add_incoming(_c(I64, 0), pre)
+    for p, v in zip(phis, inits):
+        p.add_incoming(v, pre)
+    new = body(i, phis)
+    nxt = b.add(i, _c(I64, 1))
+    end = b.block
+    i.add_incoming(nxt, end)
+    for p, v in zip(phis, new):
+        p.add_incoming(v, end)
+    b.cbranch(b.icmp_signed("<", nxt, count), head, done)
+    b.position_at_end(done)
+    outs = []
+    for v0, v in zip(inits, new):
+        o = b.phi(v.type)
+        o.add_incoming(v0, pre)
+        o.add_incoming(v, end)
+        outs.append(o)
+    return outs
+
+
+# --------------------------------------------------------------------------- per type
+# Each body(cx, wrow, xrow, xs16, xs32, i, accs) handles block i and returns new accs.
+# accs = [acc0 (V8F), acc1 (V8F), macc (V8F), ms (F32)]: the row's value is
+# hsum(acc0 + acc1 + macc) + ms, macc and ms holding the min/offset terms.
+
+
+def _nibbles(b, qs16):
+    """<16 x i8> packed nibbles -> <32 x i8>: low nibbles then high nibbles."""
+    lo = b.and_(qs16, _vconst(I8, [15] * 16))
+    hi = b.lshr(qs16, _vconst(I8, [4] * 16))
+    return _shuf(b, lo, hi, range(32))
+
+
+def _bits5(b, qh32):
+    """u32 qh -> <32 x i8> holding 16 where bit j of qh is set."""
+    v4 = b.bitcast(qh32, ir.VectorType(I8, 4))
+    v = _shuf(b, v4, v4, [k // 8 for k in range(32)])
+    m = b.and_(v, _vconst(I8, [1 << (k % 8) for k in range(32)]))
+    return b.select(b.icmp_unsigned("!=", m, _vconst(I8, [0] * 32)), _vconst(I8, [16] * 32), _vconst(I8, [0] * 32))
+
+
+def _x86(b, name, ret, args):
+    fn = b.module.globals.get(name)
+    if fn is None:
+        fn = ir.Function(b.module, ir.FunctionType(ret, [a.type for a in args]), name)
+    return b.call(fn, args)
+
+
+V32I8, V16I16, V8I32 = ir.VectorType(I8, 32), ir.VectorType(I16, 16), ir.VectorType(I32, 8)
+
+
+def _dot_u8i8(b, u, s):
+    """<32 x u8> . <32 x i8> -> <8 x i32> partial sums (AVX2 vpmaddubsw + vpmaddwd).
+
+    No saturation: u <= 63 and |s| <= 127 here, or u <= 128 with |s| <= 127 for Q8_0.
+    """
+    p16 = _x86(b, "llvm.x86.avx2.pmadd.ub.sw", V16I16, [u, s])
+    return _x86(b, "llvm.x86.avx2.pmadd.wd", V8I32, [p16, _vconst(I16, [1] * 16)])
+
+
+def _legacy(qtype):
+    """Q4_0, Q4_1, Q5_0, Q5_1, Q8_0: 32 values per block, one scale (and one min)."""
+    size = BYTES[qtype]
+
+    def body(cx, w, x, xs16, xs32, i, accs):
+        b = cx.b
+        base = b.mul(i, _c(I64, size))
+        d = cx.half(w, base)
+        if cx.int8:
+            # x was quantized per 32 values: xq (int8), xqd = (dx, dx * sum(xq)) per block.
+            y = _load(b, cx.xq, b.mul(i, _c(I64, 32)), V32I8)
+            dx = _load(b, cx.xqd, b.mul(i, _c(I64, 8)), F32)
+            if qtype == Q.Q8_0:
+                q = _load(b, w, b.add(base, _c(I64, 2)), V32I8)
+                p = _dot_u8i8(b, _x86(b, "llvm.x86.avx2.psign.b", V32I8, [q, q]), _x86(b, "llvm.x86.avx2.psign.b", V32I8, [y, q]))
+                mn = None
+            else:
+                if qtype in (Q.Q4_0, Q.Q5_0):
+                    mn = b.fmul(d, _c(F32, -8.0 if qtype == Q.Q4_0 else -16.0))
+                    off = 2
+                else:
+                    mn = cx.half(w, b.add(base, _c(I64, 2)))
+                    off = 4
+                if qtype in (Q.Q5_0, Q.Q5_1):
+                    qh = _load(b, w, b.add(base, _c(I64, off)), I32)
+                    off += 4
+                q = _nibbles(b, _load(b, w, b.add(base, _c(I64, off)), ir.VectorType(I8, 16)))
+                if qtype in (Q.Q5_0, Q.Q5_1):
+                    q = b.or_(q, _bits5(b, qh))
+                p = _dot_u8i8(b, q, y)
+            acc0 = cx.fma(_splat(b, b.fmul(d, dx), 8), b.sitofp(p, V8F), accs[0])
+            ms = accs[3]
+            if mn is not None:
+                ms = b.fma(mn, _load(b, cx.xqd, b.add(b.mul(i, _c(I64, 8)), _c(I64, 4)), F32), ms)
+            return [acc0, accs[1], accs[2], ms]
+        if qtype == Q.Q8_0:
+            q = _load(b, w, b.add(base, _c(I64, 2)), ir.VectorType(I8, 32))
+            qf = b.sitofp(q, ir.VectorType(F32, 32))
+        else:
+            if qtype in (Q.Q4_0, Q.Q5_0):
+                mn = b.fmul(d, _c(F32, -8.0 if qtype == Q.Q4_0 else -16.0))
+                off = 2
+            else:
+                mn = cx.half(w, b.add(base, _c(I64, 2)))
+                off = 4
+            if qtype in (Q.Q5_0, Q.Q5_1):
+                qh = _load(b, w, b.add(base, _c(I64, off)), I32)
+                off += 4
+            q = _nibbles(b, _load(b, w, b.add(base, _c(I64, off)), ir.VectorType(I8, 16)))
+            if qtype in (Q.Q5_0, Q.Q5_1):
+                q = b.or_(q, _bits5(b, qh))
+            qf = b.uitofp(q, ir.VectorType(F32, 32))
+        xv = _load(b, x, b.mul(i, _c(I64, 128)), ir.VectorType(F32, 32))
+        acc0 = cx.fma(_splat(b, d, 8), cx.dot8(qf, xv, 32), accs[0])
+        ms = accs[3]
+        if qtype != Q.Q8_0:  # the min term: mn * sum(x over this block)
+            ms = b.fma(mn, _load(b, xs32, b.mul(i, _c(I64, 4)), F32), ms)
+        return [acc0, accs[1], accs[2], ms]
+
+    return body
+
+
+def _float(qtype):
+    """F32 / F16: 8 values per step (the row tail is done by _tail)."""
+
+    def body(cx, w, x, xs16, xs32, i, accs):
+        b = cx.b
+        if qtype == Q.F32:
+            wv = _load(b, w, b.mul(i, _c(I64, 32)), V8F)
+        else:
+            h = _load(b, w, b.mul(i, _c(I64, 16)), ir.VectorType(I16, 8))
+            if cx.f16_native:
+                wv = b.fpext(b.bitcast(h, ir.VectorType(HALF, 8)), V8F)
+            else:
+                wv = ir.Constant(V8F, ir.Undefined)
+                for k in range(8):
+                    wv = b.insert_element(wv, cx.half(w, b.add(b.mul(i, _c(I64, 16)), _c(I64, 2 * k))), _c(I32, k))
+        xv = _load(b, x, b.mul(i, _c(I64, 32)), V8F)
+        return [cx.fma(wv, xv, accs[0]), accs[1], accs[2], accs[3]]
+
+    return body
+
+
+def _kscales(b, s12):
+    """Q4_K/Q5_K packed 6-bit scales (<12 x i8>) -> (sc, m) as <8 x i8>."""
+    va = _shuf(b, s12, s12, [0, 1, 2, 3, 8, 9, 10, 11])
+    vb = _shuf(b, s12, s12, [4, 5, 6, 7, 0, 1, 2, 3])
+    vc = _shuf(b, s12, s12, [0, 1, 2, 3, 4, 5, 6, 7])
+
+    def k(v):
+        return _vconst(I8, [v] * 8)
+
+    low = _vconst(I1, [1, 1, 1, 1, 0, 0, 0, 0])
+    sc_lo = b.and_(va, k(63))
+    sc_hi = b.or_(b.and_(va, k(15)), b.shl(b.lshr(vb, k(6)), k(4)))
+    m_lo = b.and_(vb, k(63))
+    m_hi = b.or_(b.lshr(va, k(4)), b.shl(b.lshr(vc, k(6)), k(4)))
+    return b.select(low, sc_lo, sc_hi), b.select(low, m_lo, m_hi)
+
+
+def _k45(qtype):
+    size = BYTES[qtype]
+    qs_off = 16 if qtype == Q.Q4_K else 48
+
+    def body(cx, w, x, xs16, xs32, i, accs):
+        b = cx.b
+        base = b.mul(i, _c(I64, size))
+        d = cx.half(w, base)
+        dmin = cx.half(w, b.add(base, _c(I64, 2)))
+        sc, m = _kscales(b, _load(b, w, b.add(base, _c(I64, 4)), ir.VectorType(I8, 12)))
+        scf = b.fmul(b.uitofp(sc, V8F), _splat(b, d, 8))
+        mf = b.fmul(b.uitofp(m, V8F), _splat(b, dmin, 8))
+        sums = _load(b, xs32, b.mul(i, _c(I64, 32)), V8F)  # 8 sub-block sums of x
+        macc = cx.fma(b.fneg(mf), sums, accs[2])
+        if qtype == Q.Q5_K:
+            qh = _load(b, w, b.add(base, _c(I64, 16)), ir.VectorType(I8, 32))
+        acc = [accs[0], accs[1]]
+        for c in range(4):
+            qs = _load(b, w, b.add(base, _c(I64, qs_off + 32 * c)), ir.VectorType(I8, 32))
+            for h in range(2):
+                j = 2 * c + h
+                q = b.and_(qs, _vconst(I8, [15] * 32)) if h == 0 else b.lshr(qs, _vconst(I8, [4] * 32))
+                if qtype == Q.Q5_K:
+                    bit = b.and_(qh, _vconst(I8, [1 << j] * 32))
+                    hb = b.select(b.icmp_unsigned("!=", bit, _vconst(I8, [0] * 32)), _vconst(I8, [16] * 32), _vconst(I8, [0] * 32))
+                    q = b.or_(q, hb)
+                qf = b.uitofp(q, ir.VectorType(F32, 32))
+                xv = _load(b, x, b.add(b.mul(i, _c(I64, 1024)), _c(I64, 128 * j)), ir.VectorType(F32, 32))
+                s = _splat(b, b.extract_element(scf, _c(I32, j)), 8)
+                acc[h] = cx.fma(s, cx.dot8(qf, xv, 32), acc[h])
+        return [acc[0], acc[1], macc, accs[3]]
+
+    return body
+
+
+def _q6k(cx, w, x, xs16, xs32, i, accs):
+    b = cx.b
+    base = b.mul(i, _c(I64, 210))
+    d = cx.half(w, b.add(base, _c(I64, 208)))
+    sc = _load(b, w, b.add(base, _c(I64, 192)), ir.VectorType(I8, 16))
+    scf = b.fmul(b.sitofp(sc, ir.VectorType(F32, 16)), _splat(b, d, 16))
+    sums = _load(b, xs16, b.mul(i, _c(I64, 64)), ir.VectorType(F32, 16))
+    # -32 * d * sc * sum(x) for each of the 16 sub-blocks, folded to 8 lanes.
+    ms = b.fmul(scf, sums)
+    macc = cx.fma(_splat(b, _c(F32, -32.0), 8), cx.fold8(ms, 16), accs[2])
+    acc = [accs[0], accs[1]]
+    for h in range(2):
+        qh = _load(b, w, b.add(base, _c(I64, 128 + 32 * h)), ir.VectorType(I8, 32))
+        for k in range(4):
+            ql = _load(b, w, b.add(base, _c(I64, 64 * h + 32 * (k & 1))), ir.VectorType(I8, 32))
+            lo = b.and_(ql, _vconst(I8, [15] * 32)) if k < 2 else b.lshr(ql, _vconst(I8, [4] * 32))
+            hi = b.and_(b.lshr(qh, _vconst(I8, [2 * k] * 32)), _vconst(I8, [3] * 32)) if k else b.and_(qh, _vconst(I8, [3] * 32))
+            q = b.or_(lo, b.shl(hi, _vconst(I8, [4] * 32)))
+            qf = b.uitofp(q, ir.VectorType(F32, 32))
+            xv = _load(b, x, b.add(b.mul(i, _c(I64, 1024)), _c(I64, 512 * h + 128 * k)), ir.VectorType(F32, 32))
+            sub = 8 * h + 2 * k
+            s0 = _splat(b, b.extract_element(scf, _c(I32, sub)), 8)
+            s1 = _splat(b, b.extract_element(scf, _c(I32, sub + 1)), 8)
+            p0 = cx.dot8(_shuf(b, qf, qf, range(16)), _shuf(b, xv, xv, range(16)), 16)
+            p1 = cx.dot8(_shuf(b, qf, qf, range(16, 32)), _shuf(b, xv, xv, range(16, 32)), 16)
+            acc[0] = cx.fma(s0, p0, acc[0])
+            acc[1] = cx.fma(s1, p1, acc[1])
+    return [acc[0], acc[1], macc, accs[3]]
+
+
+BODIES = {
+    Q.Q4_0: _legacy(Q.Q4_0), Q.Q4_1: _legacy(Q.Q4_1), Q.Q5_0: _legacy(Q.Q5_0), Q.Q5_1: _legacy(Q.Q5_1),
+    Q.Q8_0: _legacy(Q.Q8_0), Q.F32: _float(Q.F32), Q.F16: _float(Q.F16),
+    Q.Q4_K: _k45(Q.Q4_K), Q.Q5_K: _k45(Q.Q5_K), Q.Q6_K: _q6k,
+}
+
+
+def _host() -> tuple[bool, bool]:
+    """(fp16 conversion in hardware, AVX2 int8 dot products) on this machine."""
+    import llvmlite.binding as llvm
+
+    try:
+        if llvm.get_process_triple().startswith(("aarch64", "arm64")):
+            return True, False
+        feats = llvm.get_host_cpu_features()
+        return bool(feats.get("f16c")), bool(feats.get("avx2"))
+    except Exception:  # pragma: no cover - unusual hosts
+        return False, False
+
+
+F16_NATIVE, AVX2 = _host()
+# Types whose rows are dotted with x quantized to int8 per 32 values (ggml's Q8_0 path):
+# twice as fast as the float path here. Elsewhere (no AVX2) everything runs the float path.
+INT8_TYPES = frozenset({Q.Q4_0, Q.Q4_1, Q.Q5_0, Q.Q5_1, Q.Q8_0}) if AVX2 else frozenset()
+
+
+def _row_ptr(context, builder, aty, val, row):
+    ary = context.make_array(aty)(context, builder, val)
+    stride0 = cgutils.unpack_tuple(builder, ary.strides, 2)[0]
+    data = builder.bitcast(ary.data, I8.as_pointer())
+    return builder.gep(data, [builder.mul(row, stride0)], inbounds=True), ary
+
+
+@intrinsic
+def uses_int8(typingctx, w):
+    """Compile-time constant: do rows of `w` need x quantized (xq, xqd)?"""
+    qtype = _qtype_of(w)
+    if qtype is None:
+        return None
+
+    def codegen(context, builder, signature, args):
+        return _c(I1, int(qtype in INT8_TYPES))
+
+    return types.boolean(w), codegen
+
+
+def _vcall(b, name, ty, args):
+    fn = b.module.globals.get(name)
+    if fn is None:
+        fn = ir.Function(b.module, ir.FunctionType(ty, [a.type for a in args]), name)
+    return b.call(fn, args)
+
+
+@intrinsic
+def quantize_row(typingctx, x, j, xq, xqd):
+    """Row j of x to int8 per 32 values, as ggml's Q8_0: d = max|x|/127, q = rint(x/d).
+
+    xq[j] gets q; xqd[j, 2k], xqd[j, 2k+1] get d and d * sum(q) of block k.
+    """
+    if not isinstance(j, types.Integer):
+        return None
+
+    def codegen(context, builder, signature, args):
+        b = builder
+        xv, jv, qv, dv = args
+        jv = context.cast(b, jv, signature.args[1], types.intp)
+        xrow, xary = _row_ptr(context, b, signature.args[0], xv, jv)
+        qrow, _ = _row_ptr(context, b, signature.args[2], qv, jv)
+        drow, _ = _row_ptr(context, b, signature.args[3], dv, jv)
+        cols = cgutils.unpack_tuple(b, xary.shape, 2)[1]
+        V32F = ir.VectorType(F32, 32)
+        cx = _Ctx(b, F16_NATIVE)
+
+        def body(k, vals):
+            v = _load(b, xrow, b.mul(k, _c(I64, 128)), V32F)
+            a = _vcall(b, "llvm.fabs.v32f32", V32F, [v])
+            n = 32
+            while n > 1:
+                h = n // 2
+                lo, hi = _shuf(b, a, a, range(h)), _shuf(b, a, a, range(h, n))
+                a = b.select(b.fcmp_ordered(">", lo, hi), lo, hi)
+                n = h
+            amax = b.extract_element(a, _c(I32, 0))
+            d = b.fdiv(amax, _c(F32, 127.0))
+            pos = b.fcmp_ordered(">", amax, _c(F32, 0.0))
+            inv = b.select(pos, b.fdiv(_c(F32, 127.0), amax), _c(F32, 0.0))
+            qf = _vcall(b, "llvm.rint.v32f32", V32F, [b.fmul(v, _splat(b, inv, 32))])
+            q = b.fptosi(qf, V32I8)
+            p = b.gep(qrow, [b.mul(k, _c(I64, 32))], inbounds=True)
+            b.store(q, b.bitcast(p, V32I8.as_pointer()), align=1)
+            tot = cx.hsum8(cx.fold8(qf, 32))
+            pd = b.bitcast(b.gep(drow, [b.mul(k, _c(I64, 8))], inbounds=True), F32.as_pointer())
+            b.store(d, pd, align=4)
+            b.store(b.fmul(d, tot), b.gep(pd, [_c(I64, 1)]), align=4)
+            return vals
+
+        _loop(b, b.sdiv(cols, _c(I64, 32)), [_c(I64, 0)], body, "q8")
+        return context.get_dummy_value()
+
+    return types.none(x, j, xq, xqd), codegen
+
+
+@intrinsic
+def rowdot(typingctx, w, r, x, j, xs16, xs32, xq, xqd):
+    """float32 dot(row r of tagged weights w, row j of x); x's sums and int8 form beside."""
+    qtype = _qtype_of(w)
+    if qtype is None or not isinstance(r, types.Integer) or not isinstance(j, types.Integer):
+        return None
+    sig = types.float32(w, r, x, j, xs16, xs32, xq, xqd)
+
+    def codegen(context, builder, signature, args):
+        wv, rv, xv, jv, s16v, s32v, qv, dv = args
+        b = builder
+        rv = context.cast(b, rv, signature.args[1], types.intp)
+        jv = context.cast(b, jv, signature.args[3], types.intp)
+        wrow, _ = _row_ptr(context, b, signature.args[0], wv, rv)
+        xrow, xary = _row_ptr(context, b, signature.args[2], xv, jv)
+        s16, _ = _row_ptr(context, b, signature.args[4], s16v, jv)
+        s32, _ = _row_ptr(context, b, signature.args[5], s32v, jv)
+        int8 = qtype in INT8_TYPES
+        xqrow = _row_ptr(context, b, signature.args[6], qv, jv)[0] if int8 else None
+        xqdrow = _row_ptr(context, b, signature.args[7], dv, jv)[0] if int8 else None
+        cols = cgutils.unpack_tuple(b, xary.shape, 2)[1]
+        cx = _Ctx(b, F16_NATIVE, int8, xqrow, xqdrow)
+        zero = ir.Constant(V8F, [0.0] * 8)
+        nblk = b.sdiv(cols, _c(I64, BLOCK[qtype]))
+        body = BODIES[qtype]
+
+        def pair(i, a):
+            # Two blocks per step with the accumulators swapped: two FMA chains, not one.
+            i0 = b.mul(i, _c(I64, 2))
+            r0 = body(cx, wrow, xrow, s16, s32, i0, a[:4])
+            r1 = body(cx, wrow, xrow, s16, s32, b.add(i0, _c(I64, 1)), [r0[1], r0[0], r0[2], a[4]])
+            return [r1[1], r1[0], r1[2], r0[3], r1[3]]
+
+        f0 = _c(F32, 0.0)
+        a = _loop(b, b.sdiv(nblk, _c(I64, 2)), [zero, zero, zero, f0, f0], pair, "blk")
+        odd = b.sub(nblk, b.mul(b.sdiv(nblk, _c(I64, 2)), _c(I64, 2)))
+        last = b.sub(nblk, _c(I64, 1))
+        a = _loop(b, odd, [a[0], a[1], a[2], b.fadd(a[3], a[4])], lambda i, v: body(cx, wrow, xrow, s16, s32, last, v), "odd")
+        total = b.fadd(cx.hsum8(b.fadd(b.fadd(a[0], a[1]), a[2])), a[3])
+        if qtype in (Q.F32, Q.F16):  # the last cols % 8 values
+            start = b.mul(nblk, _c(I64, 8))
+            esz = 4 if qtype == Q.F32 else 2
+
+            def tail(i, vals):
+                k = b.add(start, i)
+                wk = _load(b, wrow, b.mul(k, _c(I64, 4)), F32) if esz == 4 else cx.half(wrow, b.mul(k, _c(I64, 2)))
+                return [_fma(b, wk, _load(b, xrow, b.mul(k, _c(I64, 4)), F32), vals[0])]
+
+            total = _loop(b, b.sub(cols, start), [total], tail, "tail")[0]
+        return total
+
+    return sig, codegen
+
+
+# The kernel lives in this file, beside the IR it inlines: Numba's cache is keyed to the
+# source file of the jitted function, so an edit to the IR must invalidate it too.
+@njit(parallel=True, cache=True)
+def matmul3(w1, w2, w3, x, o1, o2, o3, cols):  # pragma: no cover - jitted
+    n = x.shape[0]
+    if x.shape[1] != cols:
+        raise ValueError("x has the wrong number of columns")
+    r1 = w1.shape[0]
+    r12 = r1 + w2.shape[0]
+    total = r12 + w3.shape[0]
+    if (o1.shape[0] != n or o1.shape[1] != w1.shape[0]) or (w2.shape[0] > 0 and (o2.shape[0] != n or o2.shape[1] != w2.shape[0])) \
+            or (w3.shape[0] > 0 and (o3.shape[0] != n or o3.shape[1] != w3.shape[0])):
+        raise ValueError("an output has the wrong shape")
+    # Sums of x over each run of 16 and 32 values (for block offsets and minimums).
+    xs16 = np.empty((n, cols // 16), np.float32)
+    xs32 = np.empty((n, cols // 32), np.float32)
+    for j in range(n):
+        for k in range(cols // 16):
+            s = np.float32(0.0)
+            for t in range(16):
+                s += x[j, k * 16 + t]
+            xs16[j, k] = s
+        for k in range(cols // 32):
+            xs32[j, k] = xs16[j, 2 * k] + xs16[j, 2 * k + 1]
+    # x in int8 per 32 values, for the types whose rows take the int8 path.
+    q8 = uses_int8(w1) or (w2.shape[0] > 0 and uses_int8(w2)) or (w3.shape[0] > 0 and uses_int8(w3))
+    xq = np.empty((n, cols if q8 else 0), np.int8)
+    xqd = np.empty((n, cols // 16 if q8 else 0), np.float32)
+    if q8:
+        for j in range(n):
+            quantize_row(x, j, xq, xqd)
+    for r in prange(total):
+        if r < r1:
+            for j in range(n):
+                o1[j, r] = rowdot(w1, r, x, j, xs16, xs32, xq, xqd)
+        elif r < r12:
+            rr = r - r1
+            for j in range(n):
+                o2[j, rr] = rowdot(w2, rr, x, j, xs16, xs32, xq, xqd)
+        else:
+            rr = r - r12
+            for j in range(n):
+                o3[j, rr] = rowdot(w3, rr, x, j, xs16, xs32, xq, xqd)

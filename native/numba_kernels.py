@@ -1,0 +1,118 @@
+"""The Numba kernel set: products of GGUF weight blocks (read in place) with float32 rows.
+
+One jitted kernel, `matmul3`, does every op: up to three matrices sharing `cols` (fused
+q/k/v, gate/up) in one parallel region over all their rows; for each weight row, every
+activation row (n = 1 decode, n > 1 prefill) while the row is hot in L1. The row dot
+product itself is LLVM vector IR (`numba_ir.rowdot`), one specialization per block type.
+
+Each weight array is viewed (for free) as a one-byte record dtype that names its block
+type, so `matmul3` is compiled per combination of types, lazily (a model holds a few),
+and `cache=True` makes the next start load it from disk instead of compiling. To keep the
+number of combinations small, `matmul_op` puts the matrices in a canonical slot order
+(sorted by type, missing slots padded with empty matrices of the last slot's type), so
+all single-type ops of a type share one compiled kernel.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Sequence
+
+import numba
+import numpy as np
+
+from localinfer_native.numba_ir import BLOCK, BYTES, F16_NATIVE, INT8_TYPES, matmul3, tag_dtype
+from localinfer_native.numba_ops import NumbaOps
+from localinfer_native.types import SUPPORTED_TYPES, MatmulOp, QMatrix
+
+
+_NO_OUT = np.empty((0, 0), np.float32)
+
+
+class NumbaKernels(NumbaOps):
+    """Kernels in Numba: portable (any CPU LLVM targets), compiled per block type on first use."""
+
+    name = "numba"
+
+    def __init__(self) -> None:
+        self._threads = numba.get_num_threads()
+        # Numba's thread count is per calling thread: remember which threads have ours.
+        self._ready: set[int] = set()
+        self._empty: dict = {}
+
+    def set_threads(self, n: int) -> None:
+        self._threads = max(1, min(int(n), numba.config.NUMBA_NUM_THREADS))
+        self._ready.clear()
+        self._apply_threads()
+
+    def _apply_threads(self) -> None:
+        numba.set_num_threads(self._threads)
+        self._ready.add(threading.get_ident())
+
+    def describe(self) -> str:
+        try:
+            layer = numba.threading_layer()
+        except ValueError:  # no parallel region ran yet
+            layer = numba.config.THREADING_LAYER
+        f16 = "f16c" if F16_NATIVE else "soft f16"
+        return f"numba {numba.__version__} ({layer} threading layer, {f16}, {self._threads} threads)"
+
+    def _tagged(self, m: QMatrix) -> np.ndarray:
+        if m.type not in SUPPORTED_TYPES:
+            raise ValueError(f"the numba kernels do not support {m.type.name} weights")
+        block, size = BLOCK[m.type], BYTES[m.type]
+        if m.type.name in ("F32", "F16"):
+            block, size = 1, size // 8
+        if m.cols % block:
+            raise ValueError(f"{m.type.name} rows must be a multiple of {block} values, got {m.cols}")
+        row_bytes = m.cols // block * size
+        data = m.data
+        if data.dtype != np.uint8 or data.ndim != 2 or data.shape != (m.rows, row_bytes) or not data.flags.c_contiguous:
+            raise ValueError(f"{m.type.name} weights must be uint8 [{m.rows}, {row_bytes}] C-contiguous, got {data.dtype} {data.shape}")
+        return data.view(tag_dtype(m.type))
+
+    def _empty_of(self, w: np.ndarray) -> np.ndarray:
+        e = self._empty.get(w.dtype)
+        if e is None:
+            e = self._empty[w.dtype] = np.empty((0, 1), w.dtype)
+        return e
+
+    def matmul_op(self, mats: Sequence[QMatrix]) -> MatmulOp:
+        mats = list(mats)
+        if not 1 <= len(mats) <= 3:
+            raise ValueError(f"matmul_op takes 1 to 3 matrices, got {len(mats)}")
+        cols = mats[0].cols
+        if cols <= 0 or any(m.cols != cols for m in mats):
+            raise ValueError("fused matrices must share a positive number of columns")
+        ws = [self._tagged(m) for m in mats]
+        # Canonical slots: sorted by type; pad with empty matrices of the last slot's type.
+        order = sorted(range(len(mats)), key=lambda i: int(mats[i].type))
+        slots = [ws[i] for i in order]
+        slots += [self._empty_of(slots[-1])] * (3 - len(slots))
+        w1, w2, w3 = slots
+        # Compile (or load from the cache) now rather than in the first token: an empty batch.
+        outs0 = [np.empty((0, m.rows), np.float32) for m in mats]
+        o0 = [outs0[i] for i in order] + [_NO_OUT] * (3 - len(mats))
+        matmul3(w1, w2, w3, np.empty((0, cols), np.float32), o0[0], o0[1], o0[2], cols)
+
+        kern, ready, get_ident, apply_threads, none = matmul3, self._ready, threading.get_ident, self._apply_threads, _NO_OUT
+        if len(mats) == 1:
+            def op(x, outs):
+                if get_ident() not in ready:
+                    apply_threads()
+                kern(w1, w2, w3, x, outs[0], none, none, cols)
+        elif len(mats) == 2:
+            a, b = order
+
+            def op(x, outs):
+                if get_ident() not in ready:
+                    apply_threads()
+                kern(w1, w2, w3, x, outs[a], outs[b], none, cols)
+        else:
+            a, b, c = order
+
+            def op(x, outs):
+                if get_ident() not in ready:
+                    apply_threads()
+                kern(w1, w2, w3, x, outs[a], outs[b], outs[c], cols)
+        return op

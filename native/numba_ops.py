@@ -1,0 +1,126 @@
+"""The per-token layer operations of the Numba set: RMSNorm, RoPE, attention over the
+KV cache, SwiGLU. The same loops as native/c/ops.c, compiled by Numba (cached on disk)."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+from numba import njit, prange
+
+
+@njit(cache=True)
+def _rms_norm(x, w, eps, out):
+    n, d = x.shape
+    for i in range(n):
+        ss = 0.0
+        for j in range(d):
+            ss += np.float64(x[i, j]) * x[i, j]
+        scale = np.float32(1.0 / math.sqrt(ss / d + eps))
+        for j in range(d):
+            out[i, j] = x[i, j] * scale * w[j]
+
+
+@njit(cache=True)
+def _rope(x, pos, cos_t, sin_t, neox):
+    n, heads, _ = x.shape
+    half = cos_t.shape[1]
+    for i in range(n):
+        p = pos[i]
+        for h in range(heads):
+            for j in range(half):
+                a = j if neox else 2 * j
+                b = j + half if neox else 2 * j + 1
+                x0, x1 = x[i, h, a], x[i, h, b]
+                x[i, h, a] = x0 * cos_t[p, j] - x1 * sin_t[p, j]
+                x[i, h, b] = x0 * sin_t[p, j] + x1 * cos_t[p, j]
+
+
+@njit(cache=True)
+def _swiglu(gate, up):
+    g, u = gate.ravel(), up.ravel()
+    for i in range(g.size):
+        g[i] = g[i] / (np.float32(1.0) + np.exp(-g[i])) * u[i]
+
+
+@njit(cache=True, inline="always")
+def _attend_one(q, keys, values, pos, out, scale, task, n_head, group, scores):
+    i, h = task // n_head, task % n_head
+    kvh = h // group
+    hd = q.shape[2]
+    t = pos[i] + 1
+    qh = q[i, h]
+    mx = -np.inf
+    for j in range(t):
+        s = np.float32(0.0)
+        for e in range(hd):
+            s += qh[e] * keys[kvh, j, e]
+        s *= scale
+        scores[j] = s
+        mx = max(mx, s)
+    total = np.float32(0.0)
+    for j in range(t):
+        scores[j] = np.exp(scores[j] - mx)
+        total += scores[j]
+    inv = np.float32(1.0) / total
+    o = out[i, h * hd : (h + 1) * hd]
+    o[:] = 0.0
+    for j in range(t):
+        p = scores[j] * inv
+        for e in range(hd):
+            o[e] += p * values[kvh, j, e]
+
+
+@njit(cache=True)
+def _store(k_new, v_new, keys, values, pos):
+    m, n_head_kv, hd = k_new.shape
+    for i in range(m):
+        for h in range(n_head_kv):
+            for e in range(hd):
+                keys[h, pos[i], e] = k_new[i, h, e]
+                values[h, pos[i], e] = v_new[i, h, e]
+
+
+@njit(cache=True)
+def _attention_serial(q, keys, values, pos, out, scale, group):
+    n_head = q.shape[1]
+    scores = np.empty(pos.max() + 1, np.float32)
+    for task in range(q.shape[0] * n_head):
+        _attend_one(q, keys, values, pos, out, scale, task, n_head, group, scores)
+
+
+@njit(cache=True, parallel=True)
+def _attention_parallel(q, keys, values, pos, out, scale, group):
+    n_head = q.shape[1]
+    longest = pos.max() + 1
+    for task in prange(q.shape[0] * n_head):
+        scores = np.empty(longest, np.float32)
+        _attend_one(q, keys, values, pos, out, scale, task, n_head, group, scores)
+
+
+class NumbaOps:
+    """Mixed into NumbaKernels."""
+
+    def rms_norm(self, x: np.ndarray, weight: np.ndarray, eps: float, out: np.ndarray) -> None:
+        _rms_norm(x, weight, np.float32(eps), out)
+
+    def rope(self, x: np.ndarray, positions: np.ndarray, cos: np.ndarray, sin: np.ndarray, neox: bool) -> None:
+        _rope(x, positions, cos, sin, neox)
+
+    def swiglu(self, gate: np.ndarray, up: np.ndarray) -> None:
+        _swiglu(gate, up)
+
+    def attention(
+        self, q: np.ndarray, k_new: np.ndarray, v_new: np.ndarray, keys: np.ndarray, values: np.ndarray,
+        positions: np.ndarray, out: np.ndarray, scale: float,
+    ) -> None:  # fmt: skip
+        if int(positions.max()) >= keys.shape[1] or int(positions.min()) < 0:
+            raise ValueError("position outside the KV cache")
+        # Round through float16, as llama.cpp's F16 cache (and its attention's F16 queries) do.
+        half = lambda a: a.astype(np.float16).astype(np.float32)  # noqa: E731
+        q = half(q)
+        _store(half(k_new), half(v_new), keys, values, positions)
+        group = q.shape[1] // keys.shape[0]
+        work = q.shape[0] * q.shape[1] * (int(positions.max()) + 1) * q.shape[2]
+        attend = _attention_parallel if work >= 1 << 18 else _attention_serial  # decode: no thread wake-up
+        attend(q, keys, values, positions, out, np.float32(scale), group)

@@ -1,0 +1,149 @@
+"""The native backend behind the runtime's interface: KV operations, batching, clear
+errors for what it does not run, memory, and the CLI's --engine native / --kernels."""
+
+from __future__ import annotations
+
+import ctypes
+from pathlib import Path
+
+import numpy as np
+import pytest
+from gguf import GGUFWriter
+
+from localinfer.backends.base import Batch, LoadParams
+from localinfer.backends.native import NativeBackend
+from localinfer.backends.native.config import UnsupportedModel
+
+from ..conftest import THREADS, run_cli
+
+
+@pytest.fixture(scope="module")
+def native(model_path: Path):
+    b = NativeBackend.load(model_path, LoadParams(n_ctx=1024, n_threads=THREADS, n_seq_max=4))
+    yield b
+    b.close()
+
+
+def last_logits(b: NativeBackend, tokens: list[int], start: int, seq: int) -> np.ndarray:
+    return b.forward(Batch.for_sequence(tokens, start, seq))[0]
+
+
+def test_batched_sequences_match_single_runs(native: NativeBackend) -> None:
+    a = native.tokenize("The sky is", add_special=False)
+    b = native.tokenize("Water boils at a temperature of", add_special=False)
+    singles = []
+    for seq, toks in ((1, a), (2, b)):
+        singles.append(last_logits(native, toks, 0, seq))
+        native.kv_clear(seq)
+    both = Batch(
+        tokens=np.array(a + b, dtype=np.int32),
+        positions=np.array(list(range(len(a))) + list(range(len(b))), dtype=np.int32),
+        seq_ids=np.array([1] * len(a) + [2] * len(b), dtype=np.int32),
+        want_logits=np.array([i == len(a) - 1 for i in range(len(a))] + [i == len(b) - 1 for i in range(len(b))]),
+    )
+    logits = native.forward(both)
+    native.kv_clear(1)
+    native.kv_clear(2)
+    for got, want in zip(logits, singles):
+        assert int(got.argmax()) == int(want.argmax())
+        assert np.abs(got - want).max() < 0.05
+
+
+def test_kv_truncate_and_copy(native: NativeBackend) -> None:
+    prefix = native.tokenize("One, two, three, four,", add_special=False)
+    tail = native.tokenize(" five, six", add_special=False)
+    full = last_logits(native, prefix + tail, 0, 1)
+    # Truncate back to the prefix and decode the tail again: the same logits.
+    native.kv_truncate(1, len(prefix))
+    again = last_logits(native, tail, len(prefix), 1)
+    assert np.abs(again - full).max() < 1e-4
+    # Share the prefix with another sequence and continue there instead.
+    native.kv_copy(1, 3, len(prefix))
+    copied = last_logits(native, tail, len(prefix), 3)
+    assert np.abs(copied - full).max() < 1e-4
+    native.kv_clear(1)
+    native.kv_clear(3)
+
+
+def test_context_overflow_is_a_clear_error(model_path: Path) -> None:
+    from localinfer.errors import ContextOverflow
+
+    b = NativeBackend.load(model_path, LoadParams(n_ctx=16, n_threads=THREADS))
+    with pytest.raises(ContextOverflow, match="raise --ctx"):
+        b.forward(Batch.for_sequence(list(range(20)), 0))
+
+
+def test_resident_memory_beyond_the_mapping_is_bounded(native: NativeBackend) -> None:
+    """Weights stay mapped: what the engine adds is the KV cache and activations, not a copy."""
+    tokens = native.tokenize("word " * 600, add_special=False)[:512]
+    native.forward(Batch.for_sequence(tokens, 0, seq_id=0))
+    for i in range(32):
+        native.forward(Batch.for_sequence([tokens[i]], len(tokens) + i, seq_id=0))
+    report = native.runtime_report()
+    native.kv_clear(0)
+    budget = 2 * report["kv_cache_used"] + report["activations"]
+    assert report["kv_cache_used"] > 0 and report["activations"] > 0
+    assert report["resident_beyond_mmap"] < budget, report
+    assert report["resident_beyond_mmap"] < report["weights_mapped"] / 2, report
+
+
+def write_gguf(path: Path, arch: str) -> Path:
+    w = GGUFWriter(str(path), arch)
+    w.add_block_count(1)
+    w.add_context_length(128)
+    w.add_embedding_length(64)
+    w.add_feed_forward_length(128)
+    w.add_head_count(4)
+    w.add_tensor("token_embd.weight", np.zeros((32, 64), dtype=np.float32))
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return path
+
+
+def test_unsupported_architecture_names_it_and_points_to_llama_cpp(tmp_path: Path) -> None:
+    path = write_gguf(tmp_path / "tiny-gemma3.gguf", "gemma3")
+    with pytest.raises(UnsupportedModel, match=r"'gemma3'.*--engine llama\.cpp"):
+        NativeBackend.load(path, LoadParams(n_ctx=64))
+    result = run_cli("run", "--engine", "native", str(path), "hi")
+    assert result.returncode == 1
+    assert result.stderr.strip().splitlines() == [
+        "error: the native engine does not run the 'gemma3' architecture (it runs llama, mistral, qwen2); use --engine llama.cpp"
+    ]
+
+
+def test_unsupported_block_type_is_named_at_load(model_path: Path, tmp_path: Path) -> None:
+    """llama.cpp's Q2_K falls back to IQ4_NL for SmolLM2's 576-wide rows: a type we do not run."""
+    import llama_cpp
+
+    out = tmp_path / "q2k.gguf"
+    params = llama_cpp.llama_model_quantize_default_params()
+    params.ftype = llama_cpp.LLAMA_FTYPE_MOSTLY_Q2_K
+    params.allow_requantize = True
+    params.nthread = THREADS
+    assert llama_cpp.llama_model_quantize(str(model_path).encode(), str(out).encode(), ctypes.byref(params)) == 0
+    with pytest.raises(UnsupportedModel, match=r"type \w+ \(tensor [\w.]+\) is not supported by the native engine; use --engine llama\.cpp"):
+        NativeBackend.load(out, LoadParams(n_ctx=64))
+
+
+@pytest.mark.parametrize("kernels", ["c", "numba"])
+def test_cli_runs_native_and_says_which_kernels_ran(kernels: str) -> None:
+    result = run_cli("run", "--engine", "native", "--kernels", kernels, "--temperature", "0", "--max-tokens", "12", "--verbose", "What is the capital of France?")
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip()
+    assert f"native kernels: {kernels} (" in result.stderr
+    assert "resident beyond the mapping" in result.stderr
+
+
+def test_kernels_from_the_environment() -> None:
+    result = run_cli("run", "--engine", "native", "--temperature", "0", "--max-tokens", "4", "--verbose", "Hi", env={"LOCALINFER_KERNELS": "numba"})
+    assert result.returncode == 0, result.stderr
+    assert "native kernels: numba (" in result.stderr
+
+
+def test_bad_kernel_set_is_a_usage_error() -> None:
+    result = run_cli("run", "--engine", "native", "--kernels", "fortran", "Hi")
+    assert result.returncode == 2
+    assert "'fortran' is not one of: auto, c, numba" in result.stderr
+    assert "Traceback" not in result.stderr
