@@ -4,6 +4,7 @@ errors for what it does not run, memory, and the CLI's --engine native / --kerne
 from __future__ import annotations
 
 import ctypes
+import re
 from pathlib import Path
 
 import numpy as np
@@ -28,7 +29,9 @@ def last_logits(b: NativeBackend, tokens: list[int], start: int, seq: int) -> np
     return b.forward(Batch.for_sequence(tokens, start, seq))[0]
 
 
-def test_batched_sequences_match_single_runs(native: NativeBackend) -> None:
+def test_batched_sequences_match_single_runs(f32_path: Path) -> None:
+    """On F32 weights, where no activation is quantized, so batching cannot move a rounding."""
+    native = NativeBackend.load(f32_path, LoadParams(n_ctx=256, n_threads=THREADS, n_seq_max=4))
     a = native.tokenize("The sky is", add_special=False)
     b = native.tokenize("Water boils at a temperature of", add_special=False)
     singles = []
@@ -44,9 +47,10 @@ def test_batched_sequences_match_single_runs(native: NativeBackend) -> None:
     logits = native.forward(both)
     native.kv_clear(1)
     native.kv_clear(2)
+    native.close()
     for got, want in zip(logits, singles):
         assert int(got.argmax()) == int(want.argmax())
-        assert np.abs(got - want).max() < 0.05
+        assert np.abs(got - want).max() < 0.01
 
 
 def test_kv_truncate_and_copy(native: NativeBackend) -> None:
@@ -73,18 +77,19 @@ def test_context_overflow_is_a_clear_error(model_path: Path) -> None:
         b.forward(Batch.for_sequence(list(range(20)), 0))
 
 
-def test_resident_memory_beyond_the_mapping_is_bounded(native: NativeBackend) -> None:
-    """Weights stay mapped: what the engine adds is the KV cache and activations, not a copy."""
-    tokens = native.tokenize("word " * 600, add_special=False)[:512]
-    native.forward(Batch.for_sequence(tokens, 0, seq_id=0))
-    for i in range(32):
-        native.forward(Batch.for_sequence([tokens[i]], len(tokens) + i, seq_id=0))
-    report = native.runtime_report()
-    native.kv_clear(0)
-    budget = 2 * report["kv_cache_used"] + report["activations"]
-    assert report["kv_cache_used"] > 0 and report["activations"] > 0
-    assert report["resident_beyond_mmap"] < budget, report
-    assert report["resident_beyond_mmap"] < report["weights_mapped"] / 2, report
+@pytest.mark.parametrize("kernels", ["c", "numba"])
+def test_resident_memory_beyond_the_mapping_is_bounded(kernels: str) -> None:
+    """Weights stay mapped: what the engine adds is the KV cache and activations, not a copy.
+    Measured by the CLI's own --verbose report, in a fresh process, on a 500-token prompt."""
+    prompt = "Summarize: " + "word " * 500
+    result = run_cli("run", "--engine", "native", "--kernels", kernels, "--verbose", "--max-tokens", "32", "--temperature", "0", prompt)
+    assert result.returncode == 0, result.stderr
+    found = re.search(r"weights ([\d.]+) MB mapped \| resident beyond the mapping ([\d.]+) MB \(KV cache ([\d.]+) MB, activations ([\d.]+) MB\)", result.stderr)
+    assert found, result.stderr
+    mapped, resident, kv, activations = map(float, found.groups())
+    assert kv > 20 and activations > 0
+    assert resident < 2 * kv + activations, result.stderr
+    assert resident < mapped / 2, result.stderr
 
 
 def write_gguf(path: Path, arch: str) -> Path:
@@ -132,14 +137,14 @@ def test_cli_runs_native_and_says_which_kernels_ran(kernels: str) -> None:
     result = run_cli("run", "--engine", "native", "--kernels", kernels, "--temperature", "0", "--max-tokens", "12", "--verbose", "What is the capital of France?")
     assert result.returncode == 0, result.stderr
     assert result.stdout.strip()
-    assert f"native kernels: {kernels} (" in result.stderr
+    assert f"native kernels: {kernels} " in result.stderr
     assert "resident beyond the mapping" in result.stderr
 
 
 def test_kernels_from_the_environment() -> None:
     result = run_cli("run", "--engine", "native", "--temperature", "0", "--max-tokens", "4", "--verbose", "Hi", env={"LOCALINFER_KERNELS": "numba"})
     assert result.returncode == 0, result.stderr
-    assert "native kernels: numba (" in result.stderr
+    assert "native kernels: numba " in result.stderr
 
 
 def test_bad_kernel_set_is_a_usage_error() -> None:

@@ -28,6 +28,7 @@ class NativeBackend(Backend):
 
     def __init__(self, path: Path, params: LoadParams) -> None:
         t0 = time.perf_counter()
+        rss_before = anon_rss_bytes()
         info = inspect(path)
         self.config = config = ModelConfig.from_gguf(info)
         threads = params.n_threads or default_threads()
@@ -36,11 +37,13 @@ class NativeBackend(Backend):
         except KernelsUnavailable as e:
             raise UserError(str(e)) from None
         self._tok = Tokenizer.load(path, params.verbose)
-        # Code and vocabulary are fixed costs; from here on, the model's own memory.
-        self._rss_at_start = anon_rss_bytes()
         self.weights = Weights.open(path, info, config)
         self.cache = KVCache(config, params.n_ctx, params.n_seq_max)
-        self.model = Transformer(config, self.weights, self.kernels, params.n_ctx)
+        self.model = Transformer(config, self.weights, self.kernels, params.n_ctx)  # compiles or loads kernels
+        # Code, vocabulary and compiled kernels are fixed costs; from here on, what the
+        # model's use adds: KV cache pages and activations.
+        self._rss_at_start = anon_rss_bytes()
+        self._rss_fixed = max(0, self._rss_at_start - rss_before)
         self._n_batch = params.n_batch
         self._facts = ModelFacts(
             path=path,
@@ -101,9 +104,10 @@ class NativeBackend(Backend):
         return {
             "kernels": self.kernels.describe(),
             "weights_mapped": self.weights.mapped_bytes,
-            "kv_cache_used": self.cache.used_bytes(),
+            "kv_cache_used": self.cache.peak_bytes,
             "activations": self.model.activation_bytes(),
             "resident_beyond_mmap": max(0, anon_rss_bytes() - self._rss_at_start),
+            "resident_at_load": self._rss_fixed,
         }
 
     def close(self) -> None:

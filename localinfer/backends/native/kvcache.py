@@ -1,17 +1,32 @@
 """Keys and values per sequence, for every layer, in float32.
 
-Each sequence gets its own [n_layer, n_head_kv, n_ctx, head_dim] arrays. np.zeros maps
-them lazily, so only the positions a sequence has reached take resident memory.
+Each sequence gets its own [n_layer, n_head_kv, n_ctx, head_dim] arrays in anonymous
+memory that the OS fills in lazily, 4 KiB at a time, so only the positions a sequence has
+reached take resident memory.
 Values are rounded to float16 on the way in, as llama.cpp's default F16 cache does, so
 both engines attend over the same numbers.
 """
 
 from __future__ import annotations
 
+import mmap
+
 import numpy as np
 
 from localinfer.backends.native.config import ModelConfig
 from localinfer.errors import BackendError, ContextOverflow
+
+
+def lazy_zeros(shape: tuple[int, ...]) -> np.ndarray:
+    """float32 zeros that take RAM only where written. Not np.zeros: numpy asks for 2 MiB
+    huge pages on big arrays, and one write per layer and head would then make 2 MiB each
+    resident (hundreds of MB for a cache that holds a few tokens)."""
+    size = int(np.prod(shape)) * 4
+    # Private, so the pages count as the process's own (RssAnon), not as shared memory.
+    buf = mmap.mmap(-1, size, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS) if hasattr(mmap, "MAP_PRIVATE") else mmap.mmap(-1, size)
+    if hasattr(mmap, "MADV_NOHUGEPAGE"):
+        buf.madvise(mmap.MADV_NOHUGEPAGE)
+    return np.frombuffer(buf, dtype=np.float32).reshape(shape)
 
 
 class KVCache:
@@ -21,13 +36,14 @@ class KVCache:
         self.keys: dict[int, np.ndarray] = {}
         self.values: dict[int, np.ndarray] = {}
         self.length: dict[int, int] = {}
+        self.peak_bytes = 0  # the most the cache has held at once
 
     def sequence(self, seq_id: int) -> tuple[np.ndarray, np.ndarray]:
         if seq_id not in self.keys:
             if not 0 <= seq_id < self.n_seq_max:
                 raise BackendError(f"sequence id {seq_id} is out of range (n_seq_max {self.n_seq_max})")
-            self.keys[seq_id] = np.zeros(self._shape, dtype=np.float32)
-            self.values[seq_id] = np.zeros(self._shape, dtype=np.float32)
+            self.keys[seq_id] = lazy_zeros(self._shape)
+            self.values[seq_id] = lazy_zeros(self._shape)
             self.length[seq_id] = 0
         return self.keys[seq_id], self.values[seq_id]
 
@@ -38,6 +54,7 @@ class KVCache:
             raise ContextOverflow(f"the KV cache is full (context {self.n_ctx} tokens); raise --ctx")
         self.sequence(seq_id)
         self.length[seq_id] = max(self.length[seq_id], end)
+        self.peak_bytes = max(self.peak_bytes, self.used_bytes())
 
     def clear(self, seq_id: int) -> None:
         self.length[seq_id] = 0
