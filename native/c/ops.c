@@ -7,7 +7,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#if defined(__F16C__)
+#if defined(__F16C__) || defined(__AVX2__)
 #include <immintrin.h>
 #endif
 #ifdef _OPENMP
@@ -100,14 +100,71 @@ static inline float exp_nonpositive(float x) {
     return p * scale;
 }
 
-/* The g query heads of one row that share a kv head, against its positions [0, t):
- * each key and value row is loaded once for all of them. qg: [g, hd] (float16-rounded),
- * scores: [g, t] scratch, out: g rows of hd. */
-static void attend_group(const float *qg, int64_t g, const float *keys, const float *values, int64_t t,
-                         int64_t hd, float scale, float *scores, float *out) {
+#if defined(__AVX2__) && defined(__FMA__)
+static inline float hsum8(__m256 v) {
+    __m128 x = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    x = _mm_add_ps(x, _mm_movehl_ps(x, x));
+    x = _mm_add_ss(x, _mm_movehdup_ps(x));
+    return _mm_cvtss_f32(x);
+}
+#endif
+
+/* scores[h * t + j] = scale * (q_h . key_j) for the g heads, j < t */
+static void group_scores(const float *qg, int64_t g, const float *keys, int64_t t, int64_t hd, float scale,
+                         float *scores) {
+#if defined(__AVX2__) && defined(__FMA__)
+    if (hd % 16 == 0) {
+        for (int64_t j = 0; j < t; j++) {
+            const float *k = keys + j * hd;
+            for (int64_t h = 0; h < g; h++) {
+                const float *qh = qg + h * hd;
+                __m256 a0 = _mm256_setzero_ps(), a1 = _mm256_setzero_ps();
+                for (int64_t e = 0; e < hd; e += 16) {
+                    a0 = _mm256_fmadd_ps(_mm256_loadu_ps(qh + e), _mm256_loadu_ps(k + e), a0);
+                    a1 = _mm256_fmadd_ps(_mm256_loadu_ps(qh + e + 8), _mm256_loadu_ps(k + e + 8), a1);
+                }
+                scores[h * t + j] = hsum8(_mm256_add_ps(a0, a1)) * scale;
+            }
+        }
+        return;
+    }
+#endif
     for (int64_t j = 0; j < t; j++)
         for (int64_t h = 0; h < g; h++) scores[h * t + j] = dot(qg + h * hd, keys + j * hd, hd) * scale;
-    float inv[64];
+}
+
+/* out = sum_j p[j] * value_j, for one head: p has t weights */
+static void weighted_values(const float *p, const float *values, int64_t t, int64_t hd, float *out) {
+#if defined(__AVX2__) && defined(__FMA__)
+    if (hd == 64) { /* the common head size: the whole output row stays in 8 registers */
+        __m256 o0 = _mm256_setzero_ps(), o1 = o0, o2 = o0, o3 = o0, o4 = o0, o5 = o0, o6 = o0, o7 = o0;
+        for (int64_t j = 0; j < t; j++) {
+            const float *v = values + j * 64;
+            const __m256 w = _mm256_broadcast_ss(p + j);
+            o0 = _mm256_fmadd_ps(w, _mm256_loadu_ps(v), o0);
+            o1 = _mm256_fmadd_ps(w, _mm256_loadu_ps(v + 8), o1);
+            o2 = _mm256_fmadd_ps(w, _mm256_loadu_ps(v + 16), o2);
+            o3 = _mm256_fmadd_ps(w, _mm256_loadu_ps(v + 24), o3);
+            o4 = _mm256_fmadd_ps(w, _mm256_loadu_ps(v + 32), o4);
+            o5 = _mm256_fmadd_ps(w, _mm256_loadu_ps(v + 40), o5);
+            o6 = _mm256_fmadd_ps(w, _mm256_loadu_ps(v + 48), o6);
+            o7 = _mm256_fmadd_ps(w, _mm256_loadu_ps(v + 56), o7);
+        }
+        _mm256_storeu_ps(out, o0), _mm256_storeu_ps(out + 8, o1), _mm256_storeu_ps(out + 16, o2), _mm256_storeu_ps(out + 24, o3);
+        _mm256_storeu_ps(out + 32, o4), _mm256_storeu_ps(out + 40, o5), _mm256_storeu_ps(out + 48, o6), _mm256_storeu_ps(out + 56, o7);
+        return;
+    }
+#endif
+    memset(out, 0, sizeof(float) * (size_t)hd);
+    for (int64_t j = 0; j < t; j++)
+        for (int64_t e = 0; e < hd; e++) out[e] += p[j] * values[j * hd + e];
+}
+
+/* The g query heads of one row that share a kv head, against its positions [0, t):
+ * qg: [g, hd] (float16-rounded), scores: [g, t] scratch, out: g rows of hd. */
+static void attend_group(const float *qg, int64_t g, const float *keys, const float *values, int64_t t,
+                         int64_t hd, float scale, float *scores, float *out) {
+    group_scores(qg, g, keys, t, hd, scale, scores);
     for (int64_t h = 0; h < g; h++) {
         float *s = scores + h * t, mx = -INFINITY;
         for (int64_t j = 0; j < t; j++) mx = s[j] > mx ? s[j] : mx;
@@ -118,16 +175,9 @@ static void attend_group(const float *qg, int64_t g, const float *keys, const fl
             for (int l = 0; l < 8; l++) partial[l] += s[j + l];
         for (int l = 0; l < 8; l++) sum += partial[l];
         for (; j < t; j++) sum += s[j];
-        inv[h] = 1.0f / sum;
-    }
-    memset(out, 0, sizeof(float) * (size_t)(g * hd));
-    for (int64_t j = 0; j < t; j++) {
-        const float *v = values + j * hd;
-        for (int64_t h = 0; h < g; h++) {
-            const float p = scores[h * t + j] * inv[h];
-            float *o = out + h * hd;
-            for (int64_t e = 0; e < hd; e++) o[e] += p * v[e];
-        }
+        const float inv = 1.0f / sum;
+        for (j = 0; j < t; j++) s[j] *= inv;
+        weighted_values(s, values, t, hd, out + h * hd);
     }
 }
 

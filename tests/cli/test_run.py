@@ -73,6 +73,9 @@ def test_doctor_reports_the_machine() -> None:
     assert report["ram"]["total_bytes"] > 0
     assert any(d["type"] == "CPU" for d in report["llama_cpp"]["devices"])
     assert report["storage"]["models_dir"]
+    kernels = report["native_kernels"]
+    assert kernels["c"].startswith("c (") and kernels["numba"].startswith("numba ")
+    assert kernels["auto"] == kernels["c"]  # this build compiled the C kernels
 
 
 def test_ctrl_c_stops_generation_cleanly() -> None:
