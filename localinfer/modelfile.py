@@ -115,6 +115,11 @@ class _HeaderScanner:
                 return [self.value(etype) for _ in range(count)]
             if etype in self.SCALARS:
                 self.pos += count * struct.calcsize(self.SCALARS[etype])
+            elif etype == self.STRING:  # vocabularies: 50k-250k strings, skipped by length
+                buf, pos, unpack = self.buf, self.pos, struct.unpack_from
+                for _ in range(count):
+                    pos += 8 + unpack("<Q", buf, pos)[0]
+                self.pos = pos
             else:
                 for _ in range(count):
                     self.value(etype)
@@ -131,8 +136,29 @@ class _LongArray:
     length: int
 
 
+_cache: dict[tuple[str, int, int], GGUFInfo] = {}
+
+
 def inspect(path: Path) -> GGUFInfo:
-    """Parse and sanity-check a GGUF; raises InvalidModelFile with what is wrong."""
+    """Parse and sanity-check a GGUF; raises InvalidModelFile with what is wrong.
+
+    The loader and then the backend both ask; the second asks a cache keyed by the
+    file's identity (path, size, modification time)."""
+    path = Path(path)
+    try:
+        st = path.stat()
+        key = (str(path.resolve()), st.st_size, st.st_mtime_ns)
+    except OSError:
+        key = None
+    if key in _cache:
+        return _cache[key]
+    info = _inspect(path)
+    if key is not None:
+        _cache[key] = info
+    return info
+
+
+def _inspect(path: Path) -> GGUFInfo:
     from gguf import GGML_QUANT_SIZES, GGUF_DEFAULT_ALIGNMENT, GGMLQuantizationType
 
     path = Path(path)
