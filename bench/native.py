@@ -7,7 +7,8 @@ Three parts, all at the same thread count:
             of the same size, float64 and float32, measured in the same rounds.
   engine    decode and prefill tokens/s on the embedded model: --engine native with the C
             kernels, with the Numba kernels, and llama.cpp; all through the same Engine
-            loop, greedy, rounds interleaved.
+            loop, greedy, rounds interleaved, each contender in a fresh process per round
+            (in one process, three spinning thread pools would fight over the cores).
   cold      wall time from starting `localinfer run --engine native` to its first byte of
             answer on stdout: C kernels, Numba with its cache warm, Numba with an empty cache.
 
@@ -108,44 +109,57 @@ def prefill_rate(backend, tokens: list[int]) -> float:
     return len(tokens) / elapsed
 
 
-def bench_engine(threads: int, rounds: int, n_tokens: int, n_prefill: int) -> dict:
+CONTENDERS = ["native c", "native numba", "llama.cpp"]
+
+
+def engine_worker(name: str, threads: int, n_tokens: int, n_prefill: int) -> None:
+    """One contender in its own process (so no two thread pools spin against each other):
+    warm up, then print one JSON line with its decode and prefill rates and its tokens."""
     path = local_path(resolve(None))
     params = LoadParams(n_ctx=2048, n_threads=threads)
-    contenders = {
-        "native c": NativeBackend.load(path, LoadParams(**{**params.__dict__, "kernels": "c"})),
-        "native numba": NativeBackend.load(path, LoadParams(**{**params.__dict__, "kernels": "numba"})),
-        "llama.cpp": LlamaCppBackend.load(path, params),
-    }
-    engines = {name: Engine(b) for name, b in contenders.items()}
-    ref = engines["llama.cpp"]
-    prompt = ref.tokenize_prompt(ref.render_chat([{"role": "user", "content": PROMPT}]))
+    if name == "llama.cpp":
+        backend = LlamaCppBackend.load(path, params)
+    else:
+        backend = NativeBackend.load(path, LoadParams(**{**params.__dict__, "kernels": name.split()[1]}))
+    engine = Engine(backend)
+    prompt = engine.tokenize_prompt(engine.render_chat([{"role": "user", "content": PROMPT}]))
     long_text = (Path(__file__).resolve().parent.parent / "README.md").read_text() * 4
-    long_prompt = contenders["llama.cpp"].tokenize(long_text, add_special=False)[:n_prefill]
-    for e in engines.values():  # warm-up: compile, page in
-        decode_rate(e, prompt, 8)
-    decode: dict[str, list[float]] = {n: [] for n in engines}
-    prefill: dict[str, list[float]] = {n: [] for n in engines}
+    long_prompt = backend.tokenize(long_text, add_special=False)[:n_prefill]
+    decode_rate(engine, prompt, 8)  # warm-up: page in, start threads
+    prefill_rate(backend, long_prompt[:32])
+    tokens, rate = decode_rate(engine, prompt, n_tokens)
+    print(json.dumps({"decode": rate, "prefill": prefill_rate(backend, long_prompt), "tokens": tokens, "n_prefill": len(long_prompt)}))
+
+
+def bench_engine(threads: int, rounds: int, n_tokens: int, n_prefill: int) -> dict:
+    decode: dict[str, list[float]] = {n: [] for n in CONTENDERS}
+    prefill: dict[str, list[float]] = {n: [] for n in CONTENDERS}
     outputs: dict[str, list[int]] = {}
-    for r in range(rounds):
-        for name, e in engines.items():
-            tokens, rate = decode_rate(e, prompt, n_tokens)
-            outputs.setdefault(name, tokens)
-            decode[name].append(rate)
-            prefill[name].append(prefill_rate(contenders[name], long_prompt))
-        print(f"round {r + 1}: " + " | ".join(f"{n} {decode[n][-1]:.1f} tok/s decode, {prefill[n][-1]:.0f} prefill" for n in engines), flush=True)
-    same = {n: outputs[n] == outputs["llama.cpp"] for n in engines}
+    n_prompt = 0
+    for r in range(rounds):  # interleaved, a fresh process per contender and round
+        for name in CONTENDERS:
+            out = subprocess.run(
+                [sys.executable, __file__, "--engine-worker", name, "--threads", str(threads), "--tokens", str(n_tokens), "--prefill", str(n_prefill)],
+                capture_output=True, text=True, check=True,
+            )  # fmt: skip
+            row = json.loads(out.stdout.strip().splitlines()[-1])
+            decode[name].append(row["decode"])
+            prefill[name].append(row["prefill"])
+            outputs.setdefault(name, row["tokens"])
+            n_prompt = row["n_prefill"]
+        print(f"round {r + 1}: " + " | ".join(f"{n} {decode[n][-1]:.1f} tok/s decode, {prefill[n][-1]:.0f} prefill" for n in CONTENDERS), flush=True)
     result = {
         "decode_tok_s": {n: statistics.median(v) for n, v in decode.items()},
         "prefill_tok_s": {n: statistics.median(v) for n, v in prefill.items()},
-        "same_greedy_tokens_as_llama_cpp": same,
+        "decode_rounds": decode,
+        "prefill_rounds": prefill,
+        "same_greedy_tokens_as_llama_cpp": {n: outputs[n] == outputs["llama.cpp"] for n in CONTENDERS},
         "n_tokens": n_tokens,
-        "n_prefill": len(long_prompt),
+        "n_prefill": n_prompt,
     }
     base_d, base_p = result["decode_tok_s"]["llama.cpp"], result["prefill_tok_s"]["llama.cpp"]
     result["decode_ratio"] = {n: v / base_d for n, v in result["decode_tok_s"].items()}
     result["prefill_ratio"] = {n: v / base_p for n, v in result["prefill_tok_s"].items()}
-    for b in contenders.values():
-        b.close()
     return result
 
 
@@ -192,7 +206,10 @@ def main() -> None:
     ap.add_argument("--prefill", type=int, default=256, help="prompt tokens per prefill round")
     ap.add_argument("--skip", action="append", default=[], choices=["kernels", "engine", "cold"])
     ap.add_argument("--json", action="store_true", help="print all results as one JSON object at the end")
+    ap.add_argument("--engine-worker", choices=CONTENDERS, help=argparse.SUPPRESS)
     args = ap.parse_args()
+    if args.engine_worker:
+        return engine_worker(args.engine_worker, args.threads, args.tokens, args.prefill)
     out: dict[str, object] = {"threads": args.threads, "kernels": {name: load_kernels(name, args.threads).describe() for name in SETS}}
     print(f"threads {args.threads}; " + "; ".join(f"{k}" for k in out["kernels"].values()), flush=True)  # type: ignore[union-attr]
     if "kernels" not in args.skip:

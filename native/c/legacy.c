@@ -138,17 +138,20 @@ static inline __m256i unpack_nibbles(const uint8_t *p) {
     return _mm256_and_si256(v, _mm256_set1_epi8(0x0F));
 }
 
-/* 16 bytes at p in the low lane, 16 bytes at q in the high lane */
+/* 16 bytes at p in the low lane, 16 bytes at q in the high lane: a load, a broadcast load
+ * and a blend (on Zen 3 a vinserti128 from memory takes a whole cycle of a shuffle pipe) */
 static inline __m256i load2x128(const uint8_t *p, const uint8_t *q) {
-    return _mm256_inserti128_si256(_mm256_castsi128_si256(_mm_loadu_si128((const __m128i *)p)),
-                                   _mm_loadu_si128((const __m128i *)q), 1);
+    return _mm256_blend_epi32(_mm256_castsi128_si256(_mm_loadu_si128((const __m128i *)p)),
+                              _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)q)), 0xF0);
 }
 
-/* bytes of v chosen by spread (per 128-bit lane), then byte i of each 8 keeps bit i: 0x10 where set */
+/* bytes of v chosen by spread (per 128-bit lane), then byte i of each 8 keeps bit i: 0x10 where set.
+ * The masked byte is 0 or 1 << i; vpsignb turns it into 0 or 0x10 (0x80 is negative: its
+ * byte of the constant is -0x10), one operation less than a compare and a mask. */
 static inline __m256i bits_to_0x10(__m256i v, __m256i spread) {
     const __m256i sel = _mm256_set1_epi64x(0x8040201008040201LL);
     v = _mm256_and_si256(_mm256_shuffle_epi8(v, spread), sel);
-    return _mm256_and_si256(_mm256_cmpeq_epi8(v, sel), _mm256_set1_epi8(0x10));
+    return _mm256_sign_epi8(_mm256_set1_epi64x((int64_t)0xF010101010101010ULL), v);
 }
 
 /* bit j of 32 bits -> byte j = 0x10 where set */
@@ -186,16 +189,21 @@ static inline float hsum8(__m256 v) {
  * AVX2 build: blocks go in pairs (2p, 2p+1), so one 256-bit register holds 16 values
  * of each block of a pair, matching how the weights' nibbles unpack:
  *   qs of a pair (64 bytes): [b0 0..15 | b1 0..15 | b0 16..31 | b1 16..31]
- *   d of a pair (8 floats):  [d0 d0 d0 d0 d1 d1 d1 d1]
- *   s of a pair (8 floats):  [s0 0 0 0 s1 0 0 0]
- * A last unpaired block keeps natural order, d = [d x8], s = [s 0 x7]. */
-int64_t li_q8a_scale_stride(int64_t k) {
-    const int64_t nb = k / QK;
+ * A last unpaired block keeps natural order. The scales (one float per block in d and
+ * in s, as in the portable build) are permuted inside each full octet of blocks
+ * (8o..8o+7) to the order the dots reduce to, blocks [0 2 4 6 1 3 5 7]: one register of
+ * 8 int32 block sums then takes one convert and one multiply-add per octet. Blocks
+ * after the last full octet keep natural order. */
+int64_t li_q8a_scale_stride(int64_t k) { return k / QK; }
+
+/* where block bl of a row of nb blocks keeps its d and s */
+static inline int64_t scale_pos(int64_t bl, int64_t nb) {
 #ifdef LI_SIMD
-    return 8 * ((nb + 1) / 2);
+    if (bl < (nb & ~(int64_t)7)) return (bl & ~(int64_t)7) + ((bl & 1) << 2) + ((bl >> 1) & 3);
 #else
-    return nb;
+    (void)nb;
 #endif
+    return bl;
 }
 
 /* One 32-block: writes qs[0..15] to lo and qs[16..31] to hi, d = amax/127 to *dout,
@@ -265,33 +273,24 @@ void li_quantize_q8a(const float *x, int64_t k, int8_t *qs, float *d, float *s, 
         const int64_t j = b / nb, bl = b - j * nb;
         int8_t *rq = qs + j * k;
         float *rd = d + j * ss, *rs = s + j * ss;
-        int64_t lo, hi, sc;
-        int lanes;
+        int64_t lo, hi;
 #ifdef LI_SIMD
         if (bl < (nb & ~(int64_t)1)) {
             lo = (bl >> 1) * 64 + (bl & 1) * 16;
             hi = lo + 32;
-            sc = (bl >> 1) * 8 + (bl & 1) * 4;
-            lanes = 4;
         } else {
             lo = bl * QK;
             hi = lo + 16;
-            sc = (bl >> 1) * 8;
-            lanes = 8;
         }
 #else
         lo = bl * QK;
         hi = lo + 16;
-        sc = bl;
-        lanes = 1;
 #endif
         float draw;
         const int sum = quantize_block(x + b * QK, rq + lo, rq + hi, &draw);
         const float dv = fp16_to_fp32(fp32_to_fp16(draw));
-        for (int i = 0; i < lanes; i++) {
-            rd[sc + i] = dv;
-            rs[sc + i] = 0.0f;
-        }
+        const int64_t sc = scale_pos(bl, nb);
+        rd[sc] = dv;
         rs[sc] = dv * (float)sum;
     }
 }
@@ -330,76 +329,90 @@ void li_quantize_row_q8_1(const float *x, void *y, int64_t k) {
 #define CORR(KIND) ((KIND) == 0 ? -8.0f : (KIND) == 2 ? -16.0f : (KIND) == 4 ? 0.0f : 1.0f)
 
 #ifdef LI_SIMD
-/* One pair of weight blocks against R activation rows; acc/accc are the accumulators
- * (products, corrections) of each row. */
-static inline __attribute__((always_inline)) void pair_legacy(const int KIND, const int R, const uint8_t *b0,
-                                                              int64_t p, const int8_t *const *aq,
-                                                              const float *const *ad, const float *const *as,
-                                                              __m256 *acc, __m256 *accc) {
+/* One pair of weight blocks (b0, b0 + BSZ) unpacked as the activations' pair layout:
+ * lo = values 0..15 of both blocks, hi = values 16..31 (bytes 0..31 / raw int8 for Q8_0). */
+static inline __attribute__((always_inline)) void unpack_pair(const int KIND, const uint8_t *b0, __m256i *lo,
+                                                              __m256i *hi) {
     const uint8_t *b1 = b0 + BSZ(KIND);
-    __m256 dx8, m8 = _mm256_setzero_ps();
-    if (HAS_M(KIND)) { /* [d0 m0 d1 m1] in one conversion */
-        const uint64_t dm = load_u32(b0) | (uint64_t)load_u32(b1) << 32;
-        const __m256 f = _mm256_castps128_ps256(_mm_cvtph_ps(_mm_cvtsi64_si128((int64_t)dm)));
-        dx8 = _mm256_permutevar8x32_ps(f, _mm256_setr_epi32(0, 0, 0, 0, 2, 2, 2, 2));
-        m8 = _mm256_permutevar8x32_ps(f, _mm256_setr_epi32(1, 1, 1, 1, 3, 3, 3, 3));
-    } else {
-        const uint32_t dd = load_u16(b0) | (uint32_t)load_u16(b1) << 16;
-        const __m256 f = _mm256_castps128_ps256(_mm_cvtph_ps(_mm_cvtsi32_si128((int)dd)));
-        dx8 = _mm256_permutevar8x32_ps(f, _mm256_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1));
-    }
-    __m256i lo, hi;
     if (KIND == 4) {
-        lo = load2x128(b0 + 2, b1 + 2);
-        hi = load2x128(b0 + 18, b1 + 18);
-    } else {
-        const __m256i v = load2x128(b0 + QOFF(KIND), b1 + QOFF(KIND));
-        const __m256i m4 = _mm256_set1_epi8(0x0F);
-        lo = _mm256_and_si256(v, m4);
-        hi = _mm256_and_si256(_mm256_srli_epi16(v, 4), m4);
-        if (HAS_QH(KIND)) {
-            const int qo = KIND == 2 ? 2 : 4;
-            const __m256i h = _mm256_set1_epi64x((int64_t)(load_u32(b0 + qo) | (uint64_t)load_u32(b1 + qo) << 32));
-            lo = _mm256_or_si256(lo, bits_to_0x10(h, _mm256_setr_epi8(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1,
-                                                                        4, 4, 4, 4, 4, 4, 4, 4, 5, 5, 5, 5, 5, 5, 5, 5)));
-            hi = _mm256_or_si256(hi, bits_to_0x10(h, _mm256_setr_epi8(2, 2, 2, 2, 2, 2, 2, 2, 3, 3, 3, 3, 3, 3, 3, 3,
-                                                                        6, 6, 6, 6, 6, 6, 6, 6, 7, 7, 7, 7, 7, 7, 7, 7)));
-        }
+        *lo = load2x128(b0 + 2, b1 + 2);
+        *hi = load2x128(b0 + 18, b1 + 18);
+        return;
     }
-    for (int r = 0; r < R; r++) {
-        const int8_t *y = aq[r] + p * 64;
-        __m256i dot;
-        if (KIND == 4) {
-            dot = _mm256_add_epi32(dot_i8_i8(lo, y), dot_i8_i8(hi, y + 32));
-        } else { /* pairs of products are <= 2*31*127: two still fit int16 */
-            dot = madd1(_mm256_add_epi16(_mm256_maddubs_epi16(lo, _mm256_loadu_si256((const __m256i *)y)),
-                                         _mm256_maddubs_epi16(hi, _mm256_loadu_si256((const __m256i *)(y + 32)))));
-        }
-        const __m256 sc = _mm256_mul_ps(dx8, _mm256_loadu_ps(ad[r] + p * 8));
-        acc[r] = _mm256_fmadd_ps(sc, _mm256_cvtepi32_ps(dot), acc[r]);
-        if (KIND != 4) accc[r] = _mm256_fmadd_ps(HAS_M(KIND) ? m8 : dx8, _mm256_loadu_ps(as[r] + p * 8), accc[r]);
+    const __m256i v = load2x128(b0 + QOFF(KIND), b1 + QOFF(KIND));
+    const __m256i m4 = _mm256_set1_epi8(0x0F);
+    __m256i l = _mm256_and_si256(v, m4);
+    __m256i h = _mm256_and_si256(_mm256_srli_epi16(v, 4), m4);
+    if (HAS_QH(KIND)) {
+        const int qo = KIND == 2 ? 2 : 4;
+        int32_t q0, q1; /* qh of b0 in the low lane, of b1 in the high lane: two broadcast loads, a blend */
+        memcpy(&q0, b0 + qo, 4);
+        memcpy(&q1, b1 + qo, 4);
+        const __m256i q = _mm256_blend_epi32(_mm256_set1_epi32(q0), _mm256_set1_epi32(q1), 0xF0);
+        l = _mm256_or_si256(l, bits_to_0x10(q, _mm256_setr_epi8(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1,
+                                                                 0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1)));
+        h = _mm256_or_si256(h, bits_to_0x10(q, _mm256_setr_epi8(2, 2, 2, 2, 2, 2, 2, 2, 3, 3, 3, 3, 3, 3, 3, 3,
+                                                                 2, 2, 2, 2, 2, 2, 2, 2, 3, 3, 3, 3, 3, 3, 3, 3)));
     }
+    *lo = l;
+    *hi = h;
 }
 
-/* the last block of a row with an odd block count (natural order) */
-static inline __attribute__((always_inline)) void tail_legacy(const int KIND, const int R, const uint8_t *b,
-                                                              int64_t qoff, int64_t soff, const int8_t *const *aq,
-                                                              const float *const *ad, const float *const *as,
-                                                              __m256 *acc, __m256 *accc) {
-    const __m256 dx8 = _mm256_set1_ps(fp16_to_fp32(load_u16(b)));
-    const __m256 m8 = _mm256_set1_ps(HAS_M(KIND) ? fp16_to_fp32(load_u16(b + 2)) : 0.0f);
-    __m256i q;
-    if (KIND == 4) {
-        q = _mm256_loadu_si256((const __m256i *)(b + 2));
-    } else {
-        q = unpack_nibbles(b + QOFF(KIND));
-        if (HAS_QH(KIND)) q = _mm256_or_si256(q, high_bits(load_u32(b + (KIND == 2 ? 2 : 4))));
+/* A pair's products with one activation pair (64 bytes at y), partly reduced: Q4/Q5 as
+ * int16 sums of 4 products (<= 4*31*128, so two of them still fit an int16), Q8_0 as
+ * int32 sums of 8. Per 128-bit lane: the block of that lane. */
+static inline __attribute__((always_inline)) __m256i pair_products(const int KIND, __m256i lo, __m256i hi,
+                                                                   const int8_t *y) {
+    if (KIND == 4) return _mm256_add_epi32(dot_i8_i8(lo, y), dot_i8_i8(hi, y + 32));
+    return _mm256_add_epi16(_mm256_maddubs_epi16(lo, _mm256_loadu_si256((const __m256i *)y)),
+                            _mm256_maddubs_epi16(hi, _mm256_loadu_si256((const __m256i *)(y + 32))));
+}
+
+/* two pairs' products (pair_products) -> per lane [sums of pair A's block | of B's]:
+ * 4 int16 sums of 8 products (<= 8*31*128) each for Q4/Q5, 2 int32 each for Q8_0.
+ * (vphadd costs 2 cycles on Zen 3; two unpacks and an add are cheaper.) */
+static inline __attribute__((always_inline)) __m256i hadd_pairs(const int KIND, __m256i a, __m256i b) {
+    const __m256i l = _mm256_unpacklo_epi64(a, b), h = _mm256_unpackhi_epi64(a, b);
+    return KIND == 4 ? _mm256_add_epi32(l, h) : _mm256_add_epi16(l, h);
+}
+
+/* the two halves of an octet (hadd_pairs of pairs 0,1 and of 2,3), as int32 [A A B B]
+ * and [C C D D] per lane -> int32 block sums in the octet order [0 2 4 6 1 3 5 7] */
+static inline __attribute__((always_inline)) __m256i octet_sums(const int KIND, __m256i h0, __m256i h1) {
+    if (KIND != 4) {
+        h0 = madd1(h0);
+        h1 = madd1(h1);
     }
-    for (int r = 0; r < R; r++) {
-        const __m256i dot = KIND == 4 ? dot_i8_i8(q, aq[r] + qoff) : dot_u8_i8(q, aq[r] + qoff);
-        const __m256 sc = _mm256_mul_ps(dx8, _mm256_loadu_ps(ad[r] + soff));
-        acc[r] = _mm256_fmadd_ps(sc, _mm256_cvtepi32_ps(dot), acc[r]);
-        if (KIND != 4) accc[r] = _mm256_fmadd_ps(HAS_M(KIND) ? m8 : dx8, _mm256_loadu_ps(as[r] + soff), accc[r]);
+    const __m256 a = _mm256_castsi256_ps(h0), b = _mm256_castsi256_ps(h1);
+    return _mm256_add_epi32(_mm256_castps_si256(_mm256_shuffle_ps(a, b, 0x88)),
+                            _mm256_castps_si256(_mm256_shuffle_ps(a, b, 0xDD)));
+}
+
+/* fp16 at p + i*stride for i = 0..3, packed in a uint64 */
+static inline uint64_t pack4_u16(const uint8_t *p, int64_t stride) {
+    uint64_t v = (uint64_t)load_u16(p) | (uint64_t)load_u16(p + stride) << 16 | (uint64_t)load_u16(p + 2 * stride) << 32 |
+                 (uint64_t)load_u16(p + 3 * stride) << 48;
+#if defined(__GNUC__)
+    __asm__("" : "+r"(v)); /* keep it scalar: gcc's vectorized packing costs more vector uops */
+#endif
+    return v;
+}
+
+/* the d (and m) of an octet of weight blocks at w, in the octet order [0 2 4 6 1 3 5 7] */
+static inline __attribute__((always_inline)) void octet_scales(const int KIND, const uint8_t *w, __m256 *d8,
+                                                               __m256 *m8) {
+    const int64_t bs = BSZ(KIND);
+    if (HAS_M(KIND)) { /* u32 d|m<<16 per block; [0 2 1 3] and [4 6 5 7] -> shufps picks d's and m's */
+        const __m128i p = _mm_set_epi64x((int64_t)(load_u32(w + bs) | (uint64_t)load_u32(w + 3 * bs) << 32),
+                                         (int64_t)(load_u32(w) | (uint64_t)load_u32(w + 2 * bs) << 32));
+        const __m128i q = _mm_set_epi64x((int64_t)(load_u32(w + 5 * bs) | (uint64_t)load_u32(w + 7 * bs) << 32),
+                                         (int64_t)(load_u32(w + 4 * bs) | (uint64_t)load_u32(w + 6 * bs) << 32));
+        const __m256 pf = _mm256_cvtph_ps(p), qf = _mm256_cvtph_ps(q);
+        *d8 = _mm256_shuffle_ps(pf, qf, 0x88);
+        *m8 = _mm256_shuffle_ps(pf, qf, 0xDD);
+    } else {
+        *d8 = _mm256_cvtph_ps(_mm_set_epi64x((int64_t)pack4_u16(w + bs, 2 * bs), (int64_t)pack4_u16(w, 2 * bs)));
+        *m8 = *d8;
     }
 }
 #endif
@@ -416,26 +429,80 @@ static inline __attribute__((always_inline)) void dot_legacy(const int KIND, con
         as[r] = a->s + r * ss;
     }
 #ifdef LI_SIMD
-    /* with one activation row, a second set of accumulators (odd pairs) hides FMA latency */
-    __m256 acc[4], accc[4], acc2[4], accc2[4];
-    for (int r = 0; r < R; r++) acc[r] = accc[r] = acc2[r] = accc2[r] = _mm256_setzero_ps();
-    const int64_t np = nb / 2;
-    const int64_t step = 2 * BSZ(KIND);
-    int64_t p = 0;
-    for (; p + 1 < np; p += 2) {
-        pair_legacy(KIND, R, w + p * step, p, aq, ad, as, acc, accc);
-        if (R == 1)
-            pair_legacy(KIND, R, w + (p + 1) * step, p + 1, aq, ad, as, acc2, accc2);
-        else
-            pair_legacy(KIND, R, w + (p + 1) * step, p + 1, aq, ad, as, acc, accc);
-    }
-    if (p < np) pair_legacy(KIND, R, w + p * step, p, aq, ad, as, acc, accc);
-    if (nb & 1) tail_legacy(KIND, R, w + (nb - 1) * BSZ(KIND), (nb - 1) * QK, np * 8, aq, ad, as, acc, accc);
+    /* acc: the products; accc: the corrections (d_w or m times s), kept apart with one
+     * activation row (two short dependency chains), folded into acc with more rows */
+    const int SPLIT = R == 1;
     const __m256 c = _mm256_set1_ps(CORR(KIND));
+    __m256 acc[4], accc[4];
+    float corr[4];
     for (int r = 0; r < R; r++) {
-        __m256 t = _mm256_add_ps(acc[r], acc2[r]);
-        if (KIND != 4) t = _mm256_fmadd_ps(c, _mm256_add_ps(accc[r], accc2[r]), t);
-        out[r] = hsum8(t);
+        acc[r] = accc[r] = _mm256_setzero_ps();
+        corr[r] = 0.0f;
+    }
+    const int64_t bs = BSZ(KIND), no = nb / 8;
+    for (int64_t o = 0; o < no; o++) {
+        const uint8_t *wo = w + o * 8 * bs;
+        __m256i h[4][2];
+        for (int half = 0; half < 2; half++) {
+            __m256i lo, hi, pa[4];
+            const int64_t p = o * 4 + half * 2;
+            unpack_pair(KIND, wo + half * 4 * bs, &lo, &hi);
+            for (int r = 0; r < R; r++) pa[r] = pair_products(KIND, lo, hi, aq[r] + p * 64);
+            unpack_pair(KIND, wo + (half * 4 + 2) * bs, &lo, &hi);
+            for (int r = 0; r < R; r++) h[r][half] = hadd_pairs(KIND, pa[r], pair_products(KIND, lo, hi, aq[r] + p * 64 + 64));
+        }
+        __m256 d8, m8;
+        octet_scales(KIND, wo, &d8, &m8);
+        const __m256 cm8 = SPLIT ? m8 : _mm256_mul_ps(c, m8);
+        for (int r = 0; r < R; r++) {
+            const __m256 sums = _mm256_cvtepi32_ps(octet_sums(KIND, h[r][0], h[r][1]));
+            acc[r] = _mm256_fmadd_ps(_mm256_mul_ps(d8, _mm256_loadu_ps(ad[r] + o * 8)), sums, acc[r]);
+            if (KIND != 4) {
+                if (SPLIT)
+                    accc[r] = _mm256_fmadd_ps(cm8, _mm256_loadu_ps(as[r] + o * 8), accc[r]);
+                else
+                    acc[r] = _mm256_fmadd_ps(cm8, _mm256_loadu_ps(as[r] + o * 8), acc[r]);
+            }
+        }
+    }
+    /* pairs after the last octet, then a last odd block; scales in natural order */
+    for (int64_t p = no * 4; p < nb / 2; p++) {
+        const uint8_t *b0 = w + p * 2 * bs;
+        __m256i lo, hi;
+        unpack_pair(KIND, b0, &lo, &hi);
+        const float d0 = fp16_to_fp32(load_u16(b0)), d1 = fp16_to_fp32(load_u16(b0 + bs));
+        const float c0 = HAS_M(KIND) ? fp16_to_fp32(load_u16(b0 + 2)) : d0;
+        const float c1 = HAS_M(KIND) ? fp16_to_fp32(load_u16(b0 + bs + 2)) : d1;
+        for (int r = 0; r < R; r++) {
+            __m256i dot = pair_products(KIND, lo, hi, aq[r] + p * 64);
+            if (KIND != 4) dot = madd1(dot);
+            const __m256 sc = _mm256_setr_m128(_mm_set1_ps(d0 * ad[r][2 * p]), _mm_set1_ps(d1 * ad[r][2 * p + 1]));
+            acc[r] = _mm256_fmadd_ps(sc, _mm256_cvtepi32_ps(dot), acc[r]);
+            corr[r] += c0 * as[r][2 * p] + c1 * as[r][2 * p + 1];
+        }
+    }
+    if (nb & 1) {
+        const uint8_t *b = w + (nb - 1) * bs;
+        const float d0 = fp16_to_fp32(load_u16(b));
+        const float c0 = HAS_M(KIND) ? fp16_to_fp32(load_u16(b + 2)) : d0;
+        __m256i q;
+        if (KIND == 4) {
+            q = _mm256_loadu_si256((const __m256i *)(b + 2));
+        } else {
+            q = unpack_nibbles(b + QOFF(KIND));
+            if (HAS_QH(KIND)) q = _mm256_or_si256(q, high_bits(load_u32(b + (KIND == 2 ? 2 : 4))));
+        }
+        for (int r = 0; r < R; r++) {
+            const int8_t *y = aq[r] + (nb - 1) * QK;
+            const __m256i dot = KIND == 4 ? dot_i8_i8(q, y) : dot_u8_i8(q, y);
+            acc[r] = _mm256_fmadd_ps(_mm256_set1_ps(d0 * ad[r][nb - 1]), _mm256_cvtepi32_ps(dot), acc[r]);
+            corr[r] += c0 * as[r][nb - 1];
+        }
+    }
+    for (int r = 0; r < R; r++) {
+        __m256 t = acc[r];
+        if (KIND != 4 && SPLIT) t = _mm256_fmadd_ps(c, accc[r], t);
+        out[r] = hsum8(t) + (KIND != 4 ? CORR(KIND) * corr[r] : 0.0f);
     }
 #else
     float acc[4] = {0, 0, 0, 0}, corr[4] = {0, 0, 0, 0};
