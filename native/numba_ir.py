@@ -6,7 +6,7 @@ fraction of memory speed. So the row dot product is written directly as portable
 vector IR (no target intrinsics: x86 gets AVX2/FMA/F16C, ARM gets NEON, from the same
 IR), exposed to Numba as one `@intrinsic`, `rowdot`:
 
-    rowdot(w, r, x, j, xs16, xs32) -> float32   # dot(row r of w, row j of x)
+    rowdot(w, r, x, j, xs16, xs32, xq, xqd, xk, xkd, xkb) -> float32   # row r of w . row j of x
 
 `w` is the uint8 [rows, row_bytes] weight array viewed as a one-byte record dtype
 whose field name is the GGUF type (`tag_dtype`), so each type is its own Numba type:
@@ -18,6 +18,12 @@ multiply per block instead of one per weight.
 Method (the float path): each block is unpacked into a vector of small integers, turned
 into float32, multiplied with x and folded to 8 lanes; one FMA per (sub-)block scales it
 into a vector accumulator. No horizontal reduction per block; one at the end of a row.
+
+The int8 paths (AVX2; INT8_TYPES), as ggml: x is quantized once per call, per 32 values
+(Q8_0 form: xq, xqd) for Q4_0..Q8_0 or per 256 (Q8_K form: xk, xkd, and int16 sums per 16
+in xkb) for the K-quants. Weights stay unsigned (vpmaddubsw); offsets (Q4_0's -8, Q6_K's
+-32) and K-quant mins go through x's integer sums; K-quant sub-block scales are applied as
+integers (vpmaddwd), leaving one float FMA per block or super-block (plus one for mins).
 """
 
 from __future__ import annotations
@@ -93,12 +99,15 @@ def _load(b, base, off, ty):
 
 
 class _Ctx:
-    def __init__(self, b, f16_native, int8=False, xq=None, xqd=None):
+    def __init__(self, b, f16_native, int8=False, xq=None, xqd=None, xk=None, xkd=None, xkb=None):
         self.b = b
         self.f16_native = f16_native
-        self.int8 = int8  # the int8 path: x quantized per 32 (xq, xqd rows)
+        self.int8 = int8  # the int8 path: x quantized per 32 (xq, xqd rows) or per 256 (xk, xkd, xkb)
         self.xq = xq
         self.xqd = xqd
+        self.xk = xk
+        self.xkd = xkd
+        self.xkb = xkb
 
     def half(self, base, off):
         """float32 from the fp16 at byte offset `off`."""
@@ -224,16 +233,17 @@ def _legacy(qtype):
         base = b.mul(i, _c(I64, size))
         d = cx.half(w, base)
         if cx.int8:
-            # x was quantized per 32 values: xq (int8), xqd = (dx, dx * sum(xq)) per block.
+            # x was quantized per 32 values: xq (int8), xqd = (dx, dx * sum(xq), sum(xq) and
+            # 2 * sum(xq) as int32) per block.
             y = _load(b, cx.xq, b.mul(i, _c(I64, 32)), V32I8)
-            dx = _load(b, cx.xqd, b.mul(i, _c(I64, 8)), F32)
+            dx = _load(b, cx.xqd, b.mul(i, _c(I64, 16)), F32)
             if qtype == Q.Q8_0:
                 q = _load(b, w, b.add(base, _c(I64, 2)), V32I8)
                 p = _dot_u8i8(b, _x86(b, "llvm.x86.avx2.psign.b", V32I8, [q, q]), _x86(b, "llvm.x86.avx2.psign.b", V32I8, [y, q]))
                 mn = None
             else:
                 if qtype in (Q.Q4_0, Q.Q5_0):
-                    mn = b.fmul(d, _c(F32, -8.0 if qtype == Q.Q4_0 else -16.0))
+                    mn = None  # the -8 / -16 offset, in integers below
                     off = 2
                 else:
                     mn = cx.half(w, b.add(base, _c(I64, 2)))
@@ -245,10 +255,13 @@ def _legacy(qtype):
                 if qtype in (Q.Q5_0, Q.Q5_1):
                     q = b.or_(q, _bits5(b, qh))
                 p = _dot_u8i8(b, q, y)
+                if mn is None:  # sum((q - 8) y) = sum(q y) - 8 sum(y): sum(y) off each of 8 lanes
+                    sy = _load(b, cx.xqd, b.add(b.mul(i, _c(I64, 16)), _c(I64, 8 if qtype == Q.Q4_0 else 12)), I32)
+                    p = b.sub(p, _splat(b, sy, 8))
             acc0 = cx.fma(_splat(b, b.fmul(d, dx), 8), b.sitofp(p, V8F), accs[0])
             ms = accs[3]
             if mn is not None:
-                ms = b.fma(mn, _load(b, cx.xqd, b.add(b.mul(i, _c(I64, 8)), _c(I64, 4)), F32), ms)
+                ms = b.fma(mn, _load(b, cx.xqd, b.add(b.mul(i, _c(I64, 16)), _c(I64, 4)), F32), ms)
             return [acc0, accs[1], accs[2], ms]
         if qtype == Q.Q8_0:
             q = _load(b, w, b.add(base, _c(I64, 2)), ir.VectorType(I8, 32))
@@ -380,11 +393,100 @@ def _q6k(cx, w, x, xs16, xs32, i, accs):
     return [acc[0], acc[1], macc, accs[3]]
 
 
+def _dup16(b, v):
+    """<8 x i16> -> <32 x i8>: the vector in both 128-bit lanes (for _splat16)."""
+    return b.bitcast(_shuf(b, v, v, list(range(8)) * 2), V32I8)
+
+
+def _splat16(b, v2, lanes):
+    """From _dup16's vector: <16 x i16>, lane lanes[0] of it in the low 8, lanes[1] in the high
+    8 (lanes[1] - 8 when >= 8). One in-lane byte shuffle (vpshufb), as ggml does."""
+    idx = [2 * (lanes[0] % 8) + t for t in range(2)] * 8 + [2 * (lanes[1] % 8) + t for t in range(2)] * 8
+    return b.bitcast(_x86(b, "llvm.x86.avx2.pshuf.b", V32I8, [v2, _vconst(I8, idx)]), V16I16)
+
+
+def _k45_int8(qtype):
+    """Q4_K/Q5_K against x in Q8_K form: integer dots per 32-value sub-block, the 6-bit
+    scales applied as integers (pmaddwd), one float FMA per super-block for the scales
+    and one for the mins (through x's 16-value sums)."""
+    size = BYTES[qtype]
+    qs_off = 16 if qtype == Q.Q4_K else 48
+
+    def body(cx, w, x, xs16, xs32, i, accs):
+        b = cx.b
+        base = b.mul(i, _c(I64, size))
+        dx = _load(b, cx.xkd, b.mul(i, _c(I64, 4)), F32)
+        d = b.fmul(cx.half(w, base), dx)
+        dmin = b.fmul(cx.half(w, b.add(base, _c(I64, 2))), dx)
+        sc, m = _kscales(b, _load(b, w, b.add(base, _c(I64, 4)), ir.VectorType(I8, 12)))
+        sc16 = _dup16(b, b.zext(sc, ir.VectorType(I16, 8)))
+        m16 = b.zext(m, ir.VectorType(I16, 8))
+        bs = _load(b, cx.xkb, b.mul(i, _c(I64, 32)), V16I16)  # 16 sums of 16 q8 values
+        mprod = _x86(b, "llvm.x86.avx2.pmadd.wd", V8I32, [_shuf(b, m16, m16, [k // 2 for k in range(16)]), bs])
+        macc = cx.fma(_splat(b, b.fneg(dmin), 8), b.sitofp(mprod, V8F), accs[2])
+        if qtype == Q.Q5_K:
+            qh = _load(b, w, b.add(base, _c(I64, 16)), V32I8)
+        xk = b.mul(i, _c(I64, 256))
+        parts = []
+        for c in range(4):
+            qs = _load(b, w, b.add(base, _c(I64, qs_off + 32 * c)), V32I8)
+            for h in range(2):
+                j = 2 * c + h
+                q = b.and_(qs, _vconst(I8, [15] * 32)) if h == 0 else b.lshr(qs, _vconst(I8, [4] * 32))
+                if qtype == Q.Q5_K:  # bit j of qh -> 16
+                    hb = b.shl(qh, _vconst(I8, [4 - j] * 32)) if j <= 4 else b.lshr(qh, _vconst(I8, [j - 4] * 32))
+                    q = b.or_(q, b.and_(hb, _vconst(I8, [16] * 32)))
+                y = _load(b, cx.xk, b.add(xk, _c(I64, 32 * j)), V32I8)
+                p16 = _x86(b, "llvm.x86.avx2.pmadd.ub.sw", V16I16, [q, y])
+                parts.append(_x86(b, "llvm.x86.avx2.pmadd.wd", V8I32, [p16, _splat16(b, sc16, [j, j])]))
+        while len(parts) > 1:  # a tree, not a chain
+            parts = [b.add(parts[k], parts[k + 1]) for k in range(0, len(parts), 2)]
+        acc0 = cx.fma(_splat(b, d, 8), b.sitofp(parts[0], V8F), accs[0])
+        return [acc0, accs[1], macc, accs[3]]
+
+    return body
+
+
+def _q6k_int8(cx, w, x, xs16, xs32, i, accs):
+    """Q6_K against x in Q8_K form: unsigned 6-bit q dotted with q8 per 16 values, times
+    the int8 scale (pmaddwd); the -32 offset as -32 * sum(scale * 16-value sum of q8)."""
+    b = cx.b
+    base = b.mul(i, _c(I64, 210))
+    dx = _load(b, cx.xkd, b.mul(i, _c(I64, 4)), F32)
+    d = b.fmul(cx.half(w, b.add(base, _c(I64, 208))), dx)
+    sc16 = b.sext(_load(b, w, b.add(base, _c(I64, 192)), ir.VectorType(I8, 16)), V16I16)
+    bs = _load(b, cx.xkb, b.mul(i, _c(I64, 32)), V16I16)
+    mprod = _x86(b, "llvm.x86.avx2.pmadd.wd", V8I32, [sc16, bs])
+    # Scales 0-7 in both lanes, and 8-15 in both lanes, for _splat16.
+    sc_lo = b.bitcast(_shuf(b, sc16, sc16, list(range(8)) * 2), V32I8)
+    sc_hi = b.bitcast(_shuf(b, sc16, sc16, list(range(8, 16)) * 2), V32I8)
+    xk = b.mul(i, _c(I64, 256))
+    parts = []
+    for h in range(2):
+        qh = _load(b, w, b.add(base, _c(I64, 128 + 32 * h)), V32I8)
+        for k in range(4):
+            ql = _load(b, w, b.add(base, _c(I64, 64 * h + 32 * (k & 1))), V32I8)
+            lo = b.and_(ql, _vconst(I8, [15] * 32)) if k < 2 else b.lshr(ql, _vconst(I8, [4] * 32))
+            # bits 2k, 2k+1 of qh -> bits 4, 5
+            hs = b.shl(qh, _vconst(I8, [4 - 2 * k] * 32)) if k < 2 else (qh if k == 2 else b.lshr(qh, _vconst(I8, [2] * 32)))
+            q = b.or_(lo, b.and_(hs, _vconst(I8, [0x30] * 32)))
+            y = _load(b, cx.xk, b.add(xk, _c(I64, 128 * h + 32 * k)), V32I8)
+            p16 = _x86(b, "llvm.x86.avx2.pmadd.ub.sw", V16I16, [q, y])
+            sub = 8 * h + 2 * k
+            parts.append(_x86(b, "llvm.x86.avx2.pmadd.wd", V8I32, [p16, _splat16(b, sc_hi if h else sc_lo, [sub, sub + 1])]))
+    while len(parts) > 1:
+        parts = [b.add(parts[k], parts[k + 1]) for k in range(0, len(parts), 2)]
+    sumi = b.sub(parts[0], b.shl(mprod, _vconst(I32, [5] * 8)))
+    acc0 = cx.fma(_splat(b, d, 8), b.sitofp(sumi, V8F), accs[0])
+    return [acc0, accs[1], accs[2], accs[3]]
+
+
 BODIES = {
     Q.Q4_0: _legacy(Q.Q4_0), Q.Q4_1: _legacy(Q.Q4_1), Q.Q5_0: _legacy(Q.Q5_0), Q.Q5_1: _legacy(Q.Q5_1),
     Q.Q8_0: _legacy(Q.Q8_0), Q.F32: _float(Q.F32), Q.F16: _float(Q.F16),
     Q.Q4_K: _k45(Q.Q4_K), Q.Q5_K: _k45(Q.Q5_K), Q.Q6_K: _q6k,
 }
+INT8_BODIES = {Q.Q4_K: _k45_int8(Q.Q4_K), Q.Q5_K: _k45_int8(Q.Q5_K), Q.Q6_K: _q6k_int8}
 
 
 def _host() -> tuple[bool, bool]:
@@ -401,9 +503,11 @@ def _host() -> tuple[bool, bool]:
 
 
 F16_NATIVE, AVX2 = _host()
-# Types whose rows are dotted with x quantized to int8 per 32 values (ggml's Q8_0 path):
-# twice as fast as the float path here. Elsewhere (no AVX2) everything runs the float path.
-INT8_TYPES = frozenset({Q.Q4_0, Q.Q4_1, Q.Q5_0, Q.Q5_1, Q.Q8_0}) if AVX2 else frozenset()
+# Types whose rows are dotted with x quantized to int8 (ggml's way, on AVX2): per 32 values
+# (Q8_0 form) for the legacy types, per 256 (Q8_K form) for the K-quants. Twice as fast as
+# the float path or more. Elsewhere (no AVX2) everything runs the float path.
+Q8K_TYPES = frozenset({Q.Q4_K, Q.Q5_K, Q.Q6_K}) if AVX2 else frozenset()
+INT8_TYPES = (frozenset({Q.Q4_0, Q.Q4_1, Q.Q5_0, Q.Q5_1, Q.Q8_0}) | Q8K_TYPES) if AVX2 else frozenset()
 
 
 def _row_ptr(context, builder, aty, val, row):
@@ -415,13 +519,39 @@ def _row_ptr(context, builder, aty, val, row):
 
 @intrinsic
 def uses_int8(typingctx, w):
-    """Compile-time constant: do rows of `w` need x quantized (xq, xqd)?"""
+    """Compile-time constant: do rows of `w` need x in Q8_0 form (xq, xqd)?"""
     qtype = _qtype_of(w)
     if qtype is None:
         return None
 
     def codegen(context, builder, signature, args):
-        return _c(I1, int(qtype in INT8_TYPES))
+        return _c(I1, int(qtype in INT8_TYPES and qtype not in Q8K_TYPES))
+
+    return types.boolean(w), codegen
+
+
+@intrinsic
+def uses_xsums(typingctx, w):
+    """Compile-time constant: do rows of `w` need x's float sums per 16/32 (xs16, xs32)?"""
+    qtype = _qtype_of(w)
+    if qtype is None:
+        return None
+
+    def codegen(context, builder, signature, args):
+        return _c(I1, int(qtype not in INT8_TYPES and qtype not in (Q.F32, Q.F16)))
+
+    return types.boolean(w), codegen
+
+
+@intrinsic
+def uses_q8k(typingctx, w):
+    """Compile-time constant: do rows of `w` need x in Q8_K form (xk, xkd, xkb)?"""
+    qtype = _qtype_of(w)
+    if qtype is None:
+        return None
+
+    def codegen(context, builder, signature, args):
+        return _c(I1, int(qtype in Q8K_TYPES))
 
     return types.boolean(w), codegen
 
@@ -437,7 +567,8 @@ def _vcall(b, name, ty, args):
 def quantize_row(typingctx, x, j, xq, xqd):
     """Row j of x to int8 per 32 values, as ggml's Q8_0: d = max|x|/127, q = rint(x/d).
 
-    xq[j] gets q; xqd[j, 2k], xqd[j, 2k+1] get d and d * sum(q) of block k.
+    xq[j] gets q; xqd[j, 4k:4k+4] get d, d * sum(q), and sum(q), 2 * sum(q) as int32 bits,
+    of block k.
     """
     if not isinstance(j, types.Integer):
         return None
@@ -471,9 +602,13 @@ def quantize_row(typingctx, x, j, xq, xqd):
             p = b.gep(qrow, [b.mul(k, _c(I64, 32))], inbounds=True)
             b.store(q, b.bitcast(p, V32I8.as_pointer()), align=1)
             tot = cx.hsum8(cx.fold8(qf, 32))
-            pd = b.bitcast(b.gep(drow, [b.mul(k, _c(I64, 8))], inbounds=True), F32.as_pointer())
+            pd = b.bitcast(b.gep(drow, [b.mul(k, _c(I64, 16))], inbounds=True), F32.as_pointer())
             b.store(d, pd, align=4)
             b.store(b.fmul(d, tot), b.gep(pd, [_c(I64, 1)]), align=4)
+            ti = b.fptosi(tot, I32)
+            pi = b.bitcast(pd, I32.as_pointer())
+            b.store(ti, b.gep(pi, [_c(I64, 2)]), align=4)
+            b.store(b.shl(ti, _c(I32, 1)), b.gep(pi, [_c(I64, 3)]), align=4)
             return vals
 
         _loop(b, b.sdiv(cols, _c(I64, 32)), [_c(I64, 0)], body, "q8")
@@ -482,16 +617,83 @@ def quantize_row(typingctx, x, j, xq, xqd):
     return types.none(x, j, xq, xqd), codegen
 
 
+def _hmax(b, v, n, op):
+    """Reduce an n-lane float vector with fcmp `op` ('>' for max, '<' for min)."""
+    while n > 1:
+        h = n // 2
+        lo, hi = _shuf(b, v, v, range(h)), _shuf(b, v, v, range(h, n))
+        v = b.select(b.fcmp_ordered(op, lo, hi), lo, hi)
+        n = h
+    return b.extract_element(v, _c(I32, 0))
+
+
 @intrinsic
-def rowdot(typingctx, w, r, x, j, xs16, xs32, xq, xqd):
-    """float32 dot(row r of tagged weights w, row j of x); x's sums and int8 form beside."""
+def quantize_row_k(typingctx, x, j, xk, xkd, xkb):
+    """Row j of x to int8 per 256 values, as ggml's quantize_row_q8_K_ref.
+
+    With m the value of largest |x| (signed): iscale = -127/m, q = min(127, rint(iscale*x)),
+    d = 1/iscale (all zero when m is). xk[j] gets q, xkd[j, k] d of super-block k, and
+    xkb[j, 16k:16k+16] (int16) the sums of q over each run of 16.
+    """
+    if not isinstance(j, types.Integer):
+        return None
+
+    def codegen(context, builder, signature, args):
+        b = builder
+        xv, jv, qv, dv, sv = args
+        jv = context.cast(b, jv, signature.args[1], types.intp)
+        xrow, xary = _row_ptr(context, b, signature.args[0], xv, jv)
+        qrow, _ = _row_ptr(context, b, signature.args[2], qv, jv)
+        drow, _ = _row_ptr(context, b, signature.args[3], dv, jv)
+        srow, _ = _row_ptr(context, b, signature.args[4], sv, jv)
+        cols = cgutils.unpack_tuple(b, xary.shape, 2)[1]
+        V32F = ir.VectorType(F32, 32)
+        cx = _Ctx(b, F16_NATIVE)
+
+        def body(k, vals):
+            xo = b.mul(k, _c(I64, 1024))
+            vs = [_load(b, xrow, b.add(xo, _c(I64, 128 * t)), V32F) for t in range(8)]
+            hi, lo = vs[0], vs[0]
+            for v in vs[1:]:
+                hi = b.select(b.fcmp_ordered(">", v, hi), v, hi)
+                lo = b.select(b.fcmp_ordered("<", v, lo), v, lo)
+            mx, mn = _hmax(b, hi, 32, ">"), _hmax(b, lo, 32, "<")
+            neg = b.fcmp_ordered(">", b.fneg(mn), mx)
+            m = b.select(neg, mn, mx)
+            nz = b.fcmp_unordered("!=", m, _c(F32, 0.0))
+            iscale = b.select(nz, b.fdiv(_c(F32, -127.0), m), _c(F32, 0.0))
+            d = b.select(nz, b.fdiv(_c(F32, 1.0), iscale), _c(F32, 0.0))
+            b.store(d, b.bitcast(b.gep(drow, [b.mul(k, _c(I64, 4))], inbounds=True), F32.as_pointer()), align=4)
+            isv = _splat(b, iscale, 32)
+            for t, v in enumerate(vs):
+                qf = _vcall(b, "llvm.rint.v32f32", V32F, [b.fmul(v, isv)])
+                qf = _vcall(b, "llvm.minnum.v32f32", V32F, [qf, ir.Constant(V32F, [127.0] * 32)])
+                q = b.fptosi(qf, V32I8)
+                p = b.gep(qrow, [b.add(b.mul(k, _c(I64, 256)), _c(I64, 32 * t))], inbounds=True)
+                b.store(q, b.bitcast(p, V32I8.as_pointer()), align=1)
+                for h in range(2):
+                    half = _shuf(b, qf, qf, range(16 * h, 16 * h + 16))
+                    tot = cx.hsum8(cx.fold8(half, 16))
+                    ps = b.gep(srow, [b.add(b.mul(k, _c(I64, 32)), _c(I64, 4 * t + 2 * h))], inbounds=True)
+                    b.store(b.fptosi(tot, I16), b.bitcast(ps, I16.as_pointer()), align=2)
+            return vals
+
+        _loop(b, b.sdiv(cols, _c(I64, 256)), [_c(I64, 0)], body, "q8k")
+        return context.get_dummy_value()
+
+    return types.none(x, j, xk, xkd, xkb), codegen
+
+
+@intrinsic
+def rowdot(typingctx, w, r, x, j, xs16, xs32, xq, xqd, xk, xkd, xkb):
+    """float32 dot(row r of tagged weights w, row j of x); x's sums and int8 forms beside."""
     qtype = _qtype_of(w)
     if qtype is None or not isinstance(r, types.Integer) or not isinstance(j, types.Integer):
         return None
-    sig = types.float32(w, r, x, j, xs16, xs32, xq, xqd)
+    sig = types.float32(w, r, x, j, xs16, xs32, xq, xqd, xk, xkd, xkb)
 
     def codegen(context, builder, signature, args):
-        wv, rv, xv, jv, s16v, s32v, qv, dv = args
+        wv, rv, xv, jv, s16v, s32v, qv, dv, kv, kdv, kbv = args
         b = builder
         rv = context.cast(b, rv, signature.args[1], types.intp)
         jv = context.cast(b, jv, signature.args[3], types.intp)
@@ -500,13 +702,18 @@ def rowdot(typingctx, w, r, x, j, xs16, xs32, xq, xqd):
         s16, _ = _row_ptr(context, b, signature.args[4], s16v, jv)
         s32, _ = _row_ptr(context, b, signature.args[5], s32v, jv)
         int8 = qtype in INT8_TYPES
-        xqrow = _row_ptr(context, b, signature.args[6], qv, jv)[0] if int8 else None
-        xqdrow = _row_ptr(context, b, signature.args[7], dv, jv)[0] if int8 else None
+        q8k = qtype in Q8K_TYPES
+        q80 = int8 and not q8k
+        xqrow = _row_ptr(context, b, signature.args[6], qv, jv)[0] if q80 else None
+        xqdrow = _row_ptr(context, b, signature.args[7], dv, jv)[0] if q80 else None
+        xkrow = _row_ptr(context, b, signature.args[8], kv, jv)[0] if q8k else None
+        xkdrow = _row_ptr(context, b, signature.args[9], kdv, jv)[0] if q8k else None
+        xkbrow = _row_ptr(context, b, signature.args[10], kbv, jv)[0] if q8k else None
         cols = cgutils.unpack_tuple(b, xary.shape, 2)[1]
-        cx = _Ctx(b, F16_NATIVE, int8, xqrow, xqdrow)
+        cx = _Ctx(b, F16_NATIVE, int8, xqrow, xqdrow, xkrow, xkdrow, xkbrow)
         zero = ir.Constant(V8F, [0.0] * 8)
         nblk = b.sdiv(cols, _c(I64, BLOCK[qtype]))
-        body = BODIES[qtype]
+        body = INT8_BODIES[qtype] if q8k else BODIES[qtype]
 
         def pair(i, a):
             # Two blocks per step with the accumulators swapped: two FMA chains, not one.
@@ -549,10 +756,12 @@ def matmul3(w1, w2, w3, x, o1, o2, o3, cols):  # pragma: no cover - jitted
     if (o1.shape[0] != n or o1.shape[1] != w1.shape[0]) or (w2.shape[0] > 0 and (o2.shape[0] != n or o2.shape[1] != w2.shape[0])) \
             or (w3.shape[0] > 0 and (o3.shape[0] != n or o3.shape[1] != w3.shape[0])):
         raise ValueError("an output has the wrong shape")
-    # Sums of x over each run of 16 and 32 values (for block offsets and minimums).
-    xs16 = np.empty((n, cols // 16), np.float32)
-    xs32 = np.empty((n, cols // 32), np.float32)
-    for j in range(n):
+    # Sums of x over each run of 16 and 32 values (for the float path's block offsets and
+    # minimums; the int8 paths have their own, in integers).
+    xsum = uses_xsums(w1) or (w2.shape[0] > 0 and uses_xsums(w2)) or (w3.shape[0] > 0 and uses_xsums(w3))
+    xs16 = np.empty((n if xsum else 0, cols // 16), np.float32)
+    xs32 = np.empty((n if xsum else 0, cols // 32), np.float32)
+    for j in range(n if xsum else 0):
         for k in range(cols // 16):
             s = np.float32(0.0)
             for t in range(16):
@@ -563,19 +772,27 @@ def matmul3(w1, w2, w3, x, o1, o2, o3, cols):  # pragma: no cover - jitted
     # x in int8 per 32 values, for the types whose rows take the int8 path.
     q8 = uses_int8(w1) or (w2.shape[0] > 0 and uses_int8(w2)) or (w3.shape[0] > 0 and uses_int8(w3))
     xq = np.empty((n, cols if q8 else 0), np.int8)
-    xqd = np.empty((n, cols // 16 if q8 else 0), np.float32)
+    xqd = np.empty((n, cols // 8 if q8 else 0), np.float32)
     if q8:
         for j in range(n):
             quantize_row(x, j, xq, xqd)
+    # x in int8 per 256 values (Q8_K: d, q, sums of q per 16), for the K-quants' int8 path.
+    qk = uses_q8k(w1) or (w2.shape[0] > 0 and uses_q8k(w2)) or (w3.shape[0] > 0 and uses_q8k(w3))
+    xk = np.empty((n, cols if qk else 0), np.int8)
+    xkd = np.empty((n, cols // 256 if qk else 0), np.float32)
+    xkb = np.empty((n, cols // 16 if qk else 0), np.int16)
+    if qk:
+        for j in range(n):
+            quantize_row_k(x, j, xk, xkd, xkb)
     for r in prange(total):
         if r < r1:
             for j in range(n):
-                o1[j, r] = rowdot(w1, r, x, j, xs16, xs32, xq, xqd)
+                o1[j, r] = rowdot(w1, r, x, j, xs16, xs32, xq, xqd, xk, xkd, xkb)
         elif r < r12:
             rr = r - r1
             for j in range(n):
-                o2[j, rr] = rowdot(w2, rr, x, j, xs16, xs32, xq, xqd)
+                o2[j, rr] = rowdot(w2, rr, x, j, xs16, xs32, xq, xqd, xk, xkd, xkb)
         else:
             rr = r - r12
             for j in range(n):
-                o3[j, rr] = rowdot(w3, rr, x, j, xs16, xs32, xq, xqd)
+                o3[j, rr] = rowdot(w3, rr, x, j, xs16, xs32, xq, xqd, xk, xkd, xkb)

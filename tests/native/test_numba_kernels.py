@@ -1,9 +1,10 @@
 """The Numba kernel set against gguf-py's dequantizer (float64 reference products).
 
-Float-path types (F32, F16, K-quants; everything without AVX2) are checked tightly
-against the plain product. Int8-path types (INT8_TYPES: Q4_0..Q8_0 on AVX2) quantize x
-to int8 per 32 values first, as ggml does; they are checked tightly against
-dequant(W) @ dequant(quantized x), and loosely against the plain product.
+Float-path types (F32, F16; everything without AVX2) are checked tightly against the
+plain product. Int8-path types (INT8_TYPES on AVX2) quantize x to int8 first, as ggml
+does: per 32 values (Q8_0 form) for Q4_0..Q8_0, per 256 (Q8_K form) for the K-quants.
+They are checked tightly against dequant(W) @ dequant(quantized x), and loosely against
+the plain product.
 
 One kernels instance for the session: each type compiles once (or loads from cache).
 """
@@ -14,7 +15,7 @@ import numpy as np
 import pytest
 from gguf import GGMLQuantizationType as Q
 
-from localinfer_native.numba_ir import INT8_TYPES
+from localinfer_native.numba_ir import INT8_TYPES, Q8K_TYPES
 from localinfer_native.numba_kernels import NumbaKernels
 from localinfer_native.types import SUPPORTED_TYPES, QMatrix
 from tests.native.blocks import dequantized, random_qmatrix, reference_matmul
@@ -41,10 +42,26 @@ def quantized_x(x: np.ndarray) -> np.ndarray:
     return (q.astype(np.float64) * d.astype(np.float64)).reshape(x.shape)
 
 
+def quantized_x_k(x: np.ndarray) -> np.ndarray:
+    """x as the K-quants' int8 path sees it: ggml's quantize_row_q8_K_ref per 256 values.
+
+    m = the value of largest |x| (signed, first), iscale = -127/m, q = min(127, rint(iscale*x)),
+    d = 1/iscale; all in float32, and zero when m is.
+    """
+    b = x.astype(np.float32).reshape(x.shape[0], -1, 256)
+    m = np.take_along_axis(b, np.abs(b).argmax(axis=-1)[..., None], -1)
+    with np.errstate(divide="ignore"):
+        iscale = np.where(m != 0, np.float32(-127) / m, np.float32(0)).astype(np.float32)
+        d = np.where(iscale != 0, np.float32(1) / iscale, np.float32(0)).astype(np.float32)
+    q = np.minimum(np.float32(127), np.rint(b * iscale))
+    assert q.min() >= -127
+    return (q.astype(np.float64) * d.astype(np.float64)).reshape(x.shape)
+
+
 def check(m: QMatrix, x: np.ndarray, out: np.ndarray) -> None:
     w = dequantized(m)
     if m.type in INT8_TYPES:
-        xq = quantized_x(x)
+        xq = quantized_x_k(x) if m.type in Q8K_TYPES else quantized_x(x)
         tight = xq @ w.T
         scale = np.abs(xq) @ np.abs(w).T + 1e-6
         assert np.all(np.abs(out - tight) <= 2e-5 * scale), np.abs(out - tight).max()
@@ -90,6 +107,49 @@ def test_fused_ops(kernels, types):
         outs = [np.full((n, m.rows), np.nan, np.float32) for m in mats]
         op(x, outs)
         for m, out in zip(mats, outs):
+            check(m, x, out)
+
+
+@pytest.mark.parametrize("qtype", [Q.Q4_K, Q.Q5_K, Q.Q6_K])
+def test_kquants_int8_edges(kernels, qtype):
+    """The Q8_K quantization of x: an all-zero super-block, one whose extreme is negative,
+    one whose extreme is positive, and huge values (the integer sums must not overflow)."""
+    cols = 1024
+    rng = np.random.default_rng(int(qtype))
+    m = random_qmatrix(qtype, 19, cols, rng)
+    x = rng.standard_normal((4, cols)).astype(np.float32)
+    x[:, :256] = 0.0
+    x[0, 300] = -40.0
+    x[1, 600] = 40.0
+    x[2] *= np.float32(1e30)
+    x[3, 768:] = np.float32(1e-30) * rng.standard_normal(256).astype(np.float32)
+    out = np.full((4, m.rows), np.nan, np.float32)
+    kernels.matmul_op([m])(x, [out])
+    assert np.all(np.isfinite(out))
+    check(m, x, out)
+
+
+def test_kquants_extreme_blocks(kernels):
+    """Weights at the ends of their ranges (every q maximal, every scale 63, Q6_K's scale
+    -128 and 127) against x at +-127 after quantization: the integer dots must not saturate."""
+    rng = np.random.default_rng(11)
+    cols = 512
+    for qtype in (Q.Q4_K, Q.Q5_K, Q.Q6_K):
+        m = random_qmatrix(qtype, 6, cols, rng)
+        data = m.data.copy().reshape(6, -1, m.data.shape[1] // (cols // 256))
+        if qtype == Q.Q6_K:
+            data[:, :, :192] = 0xFF  # q = 63 everywhere
+            data[:3, :, 192:208] = 0x80  # scale -128
+            data[3:, :, 192:208] = 0x7F  # scale 127
+        else:
+            data[:, :, 4:16] = 0xFF  # every 6-bit scale and min 63
+            data[:, :, 16:] = 0xFF  # q maximal (and Q5_K's high bits set)
+        m = QMatrix(qtype, data.reshape(6, -1), 6, cols)
+        for sign in (1.0, -1.0):
+            x = np.full((2, cols), sign, np.float32)
+            x[1, ::2] = -sign
+            out = np.full((2, 6), np.nan, np.float32)
+            kernels.matmul_op([m])(x, [out])
             check(m, x, out)
 
 
