@@ -23,7 +23,11 @@ def bind(lib: ctypes.CDLL) -> None:
     lib.li_attention.argtypes = [_P, _P, _P, _P, _P, _P, _P, _I64, _I64, _I64, _I64, _I64, _F, ctypes.c_int]
 
 
-_view = {np.dtype(np.float32): ctypes.c_float.from_buffer, np.dtype(np.int32): ctypes.c_int32.from_buffer}
+_view = {
+    np.dtype(np.float32): ctypes.c_float.from_buffer,
+    np.dtype(np.int32): ctypes.c_int32.from_buffer,
+    np.dtype(np.float16): ctypes.c_uint16.from_buffer,
+}
 _byref = ctypes.byref
 
 
@@ -70,7 +74,7 @@ class COps:
         assert k_new.shape == v_new.shape == (m, n_head_kv, head_dim) and values.shape == keys.shape
         assert out.shape == (m, n_head * head_dim) and len(positions) == m
         rc = self._lib.li_attention(
-            _ptr(q), _ptr(k_new), _ptr(v_new), _ptr(keys), _ptr(values), _ptr(positions, np.int32), _ptr(out),
+            _ptr(q), _ptr(k_new), _ptr(v_new), _ptr(keys, np.float16), _ptr(values, np.float16), _ptr(positions, np.int32), _ptr(out),
             m, n_head, n_head_kv, head_dim, n_ctx, scale, self._threads.value,
         )  # fmt: skip
         if rc:

@@ -44,7 +44,7 @@ def _swiglu(gate, up):
 
 
 @njit(cache=True, inline="always")
-def _attend_one(q, keys, values, pos, out, scale, task, n_head, group, scores):
+def _attend_one(q, keys, values, half, pos, out, scale, task, n_head, group, scores):
     i, h = task // n_head, task % n_head
     kvh = h // group
     hd = q.shape[2]
@@ -54,7 +54,7 @@ def _attend_one(q, keys, values, pos, out, scale, task, n_head, group, scores):
     for j in range(t):
         s = np.float32(0.0)
         for e in range(hd):
-            s += qh[e] * keys[kvh, j, e]
+            s += qh[e] * half[keys[kvh, j, e]]
         s *= scale
         scores[j] = s
         mx = max(mx, s)
@@ -68,7 +68,7 @@ def _attend_one(q, keys, values, pos, out, scale, task, n_head, group, scores):
     for j in range(t):
         p = scores[j] * inv
         for e in range(hd):
-            o[e] += p * values[kvh, j, e]
+            o[e] += p * half[values[kvh, j, e]]
 
 
 @njit(cache=True)
@@ -82,20 +82,24 @@ def _store(k_new, v_new, keys, values, pos):
 
 
 @njit(cache=True)
-def _attention_serial(q, keys, values, pos, out, scale, group):
+def _attention_serial(q, keys, values, half, pos, out, scale, group):
     n_head = q.shape[1]
     scores = np.empty(pos.max() + 1, np.float32)
     for task in range(q.shape[0] * n_head):
-        _attend_one(q, keys, values, pos, out, scale, task, n_head, group, scores)
+        _attend_one(q, keys, values, half, pos, out, scale, task, n_head, group, scores)
 
 
 @njit(cache=True, parallel=True)
-def _attention_parallel(q, keys, values, pos, out, scale, group):
+def _attention_parallel(q, keys, values, half, pos, out, scale, group):
     n_head = q.shape[1]
     longest = pos.max() + 1
     for task in prange(q.shape[0] * n_head):
         scores = np.empty(longest, np.float32)
-        _attend_one(q, keys, values, pos, out, scale, task, n_head, group, scores)
+        _attend_one(q, keys, values, half, pos, out, scale, task, n_head, group, scores)
+
+
+# Every float16 bit pattern as float32: one load decodes a cached key or value.
+_HALF = np.arange(1 << 16, dtype=np.uint32).astype(np.uint16).view(np.float16).astype(np.float32)
 
 
 class NumbaOps:
@@ -116,11 +120,12 @@ class NumbaOps:
     ) -> None:  # fmt: skip
         if int(positions.max()) >= keys.shape[1] or int(positions.min()) < 0:
             raise ValueError("position outside the KV cache")
-        # Round through float16, as llama.cpp's F16 cache (and its attention's F16 queries) do.
-        half = lambda a: a.astype(np.float16).astype(np.float32)  # noqa: E731
-        q = half(q)
-        _store(half(k_new), half(v_new), keys, values, positions)
+        # The cache holds float16 (read through a table); queries are rounded to float16
+        # too, as llama.cpp's flash attention takes them.
+        keys, values = keys.view(np.uint16), values.view(np.uint16)
+        q = q.astype(np.float16).astype(np.float32)
+        _store(k_new.astype(np.float16).view(np.uint16), v_new.astype(np.float16).view(np.uint16), keys, values, positions)
         group = q.shape[1] // keys.shape[0]
         work = q.shape[0] * q.shape[1] * (int(positions.max()) + 1) * q.shape[2]
         attend = _attention_parallel if work >= 1 << 18 else _attention_serial  # decode: no thread wake-up
-        attend(q, keys, values, positions, out, np.float32(scale), group)
+        attend(q, keys, values, _HALF, positions, out, np.float32(scale), group)

@@ -55,7 +55,8 @@ MatmulOp = Callable[[np.ndarray, Sequence[np.ndarray]], None]
 class Kernels(Protocol):
     """A kernel set: products over quantized weights, and the small per-token operations
     of a layer. `matmul_op` binds matrices once, so the per-token call stays cheap.
-    All arrays are C-contiguous float32 (positions int32) and owned by the caller."""
+    All arrays are C-contiguous float32 (positions int32, the KV cache float16) and owned
+    by the caller."""
 
     name: str  # "c" or "numba"
 
@@ -83,9 +84,10 @@ class Kernels(Protocol):
         positions: np.ndarray, out: np.ndarray, scale: float,
     ) -> None:  # fmt: skip
         """Store k_new/v_new [m, n_head_kv, hd] at `positions` of one sequence's layer cache
-        keys/values [n_head_kv, n_ctx, hd], rounded to float16 precision as llama.cpp's F16
-        cache does; then causal grouped-query attention of q [m, n_head, hd] over positions
-        [0, pos] into out [m, n_head * hd]. Query head h reads kv head h // (n_head / n_head_kv)."""
+        keys/values (float16 [n_head_kv, n_ctx, hd], as llama.cpp's F16 cache); then causal
+        grouped-query attention of q (rounded to float16, as llama.cpp's flash attention
+        takes it) [m, n_head, hd] over positions [0, pos] into out [m, n_head * hd].
+        Query head h reads kv head h // (n_head / n_head_kv)."""
         ...
 
     def swiglu(self, gate: np.ndarray, up: np.ndarray) -> None:

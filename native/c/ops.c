@@ -14,20 +14,54 @@
 #include <omp.h>
 #endif
 
-/* Round a float to the nearest float16 value (ties to even), kept as float: what an F16
- * KV cache stores. Exact for the normal float16 range, which activations live in. */
-static inline float li_round_half(float x) {
+/* float <-> IEEE half, round to nearest even: the KV cache stores halves, as llama.cpp's
+ * default F16 cache does (half the memory, and half the bytes attention reads). */
+static inline uint16_t f32_to_f16(float x) {
 #if defined(__F16C__)
-    return _cvtsh_ss(_cvtss_sh(x, _MM_FROUND_TO_NEAREST_INT));
+    return (uint16_t)_cvtss_sh(x, _MM_FROUND_TO_NEAREST_INT);
 #else
     uint32_t u;
     memcpy(&u, &x, 4);
-    u += 0x0FFFu + ((u >> 13) & 1u);
-    u &= ~0x1FFFu;
-    memcpy(&x, &u, 4);
-    return x;
+    const uint32_t sign = (u >> 16) & 0x8000u, ax = u & 0x7FFFFFFFu;
+    if (ax >= 0x7F800000u) return (uint16_t)(sign | (ax > 0x7F800000u ? 0x7E00u : 0x7C00u));
+    if (ax >= 0x477FF000u) return (uint16_t)(sign | 0x7C00u); /* overflows to inf */
+    if (ax < 0x38800000u) {                                   /* subnormal half, or zero */
+        if (ax < 0x33000000u) return (uint16_t)sign;
+        const uint32_t e = ax >> 23, m = (ax & 0x7FFFFFu) | 0x800000u, shift = 126 - e;
+        uint32_t h = m >> shift;
+        const uint32_t rest = m & ((1u << shift) - 1u), halfway = 1u << (shift - 1);
+        if (rest > halfway || (rest == halfway && (h & 1u))) h++;
+        return (uint16_t)(sign | h);
+    }
+    uint32_t h = ((ax - 0x38000000u) >> 13);
+    const uint32_t rest = ax & 0x1FFFu;
+    if (rest > 0x1000u || (rest == 0x1000u && (h & 1u))) h++;
+    return (uint16_t)(sign | h);
 #endif
 }
+
+static inline float f16_to_f32(uint16_t h) {
+#if defined(__F16C__)
+    return _cvtsh_ss(h);
+#else
+    const uint32_t sign = (uint32_t)(h & 0x8000u) << 16, e = (h >> 10) & 0x1Fu, m = h & 0x3FFu;
+    uint32_t u;
+    if (e == 0) {
+        float f = (float)m * 5.9604644775390625e-8f; /* 2^-24 */
+        memcpy(&u, &f, 4);
+        u |= sign;
+    } else if (e == 31) {
+        u = sign | 0x7F800000u | (m << 13);
+    } else {
+        u = sign | ((e + 112u) << 23) | (m << 13);
+    }
+    float f;
+    memcpy(&f, &u, 4);
+    return f;
+#endif
+}
+
+static inline float li_round_half(float x) { return f16_to_f32(f32_to_f16(x)); }
 
 void li_rms_norm(const float *x, const float *w, float *out, int64_t n, int64_t d, float eps) {
     for (int64_t i = 0; i < n; i++) {
@@ -67,18 +101,6 @@ void li_swiglu(float *gate, const float *up, int64_t n) {
     }
 }
 
-/* Eight partial sums: IEEE rules forbid the compiler to reorder one running sum, so
- * without them the dot would not vectorise. */
-static inline float dot(const float *a, const float *b, int64_t n) {
-    float acc[8] = {0};
-    int64_t e = 0;
-    for (; e + 8 <= n; e += 8)
-        for (int l = 0; l < 8; l++) acc[l] += a[e + l] * b[e + l];
-    float s = ((acc[0] + acc[4]) + (acc[1] + acc[5])) + ((acc[2] + acc[6]) + (acc[3] + acc[7]));
-    for (; e < n; e++) s += a[e] * b[e];
-    return s;
-}
-
 /* e^x for x <= 0, within about 1 ulp, in straight-line code the compiler vectorises
  * (libm's expf is a call per value, and the softmax makes one per cached position).
  * Cody-Waite reduction x = n ln2 + r, |r| <= ln2/2, then a degree-7 Taylor polynomial. */
@@ -110,18 +132,18 @@ static inline float hsum8(__m256 v) {
 #endif
 
 /* scores[h * t + j] = scale * (q_h . key_j) for the g heads, j < t */
-static void group_scores(const float *qg, int64_t g, const float *keys, int64_t t, int64_t hd, float scale,
+static void group_scores(const float *qg, int64_t g, const uint16_t *keys, int64_t t, int64_t hd, float scale,
                          float *scores) {
 #if defined(__AVX2__) && defined(__FMA__)
     if (hd % 16 == 0) {
         for (int64_t j = 0; j < t; j++) {
-            const float *k = keys + j * hd;
+            const uint16_t *k = keys + j * hd;
             for (int64_t h = 0; h < g; h++) {
                 const float *qh = qg + h * hd;
                 __m256 a0 = _mm256_setzero_ps(), a1 = _mm256_setzero_ps();
                 for (int64_t e = 0; e < hd; e += 16) {
-                    a0 = _mm256_fmadd_ps(_mm256_loadu_ps(qh + e), _mm256_loadu_ps(k + e), a0);
-                    a1 = _mm256_fmadd_ps(_mm256_loadu_ps(qh + e + 8), _mm256_loadu_ps(k + e + 8), a1);
+                    a0 = _mm256_fmadd_ps(_mm256_loadu_ps(qh + e), _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(k + e))), a0);
+                    a1 = _mm256_fmadd_ps(_mm256_loadu_ps(qh + e + 8), _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(k + e + 8))), a1);
                 }
                 scores[h * t + j] = hsum8(_mm256_add_ps(a0, a1)) * scale;
             }
@@ -130,25 +152,29 @@ static void group_scores(const float *qg, int64_t g, const float *keys, int64_t 
     }
 #endif
     for (int64_t j = 0; j < t; j++)
-        for (int64_t h = 0; h < g; h++) scores[h * t + j] = dot(qg + h * hd, keys + j * hd, hd) * scale;
+        for (int64_t h = 0; h < g; h++) {
+            float s = 0.0f;
+            for (int64_t e = 0; e < hd; e++) s += qg[h * hd + e] * f16_to_f32(keys[j * hd + e]);
+            scores[h * t + j] = s * scale;
+        }
 }
 
 /* out = sum_j p[j] * value_j, for one head: p has t weights */
-static void weighted_values(const float *p, const float *values, int64_t t, int64_t hd, float *out) {
+static void weighted_values(const float *p, const uint16_t *values, int64_t t, int64_t hd, float *out) {
 #if defined(__AVX2__) && defined(__FMA__)
     if (hd == 64) { /* the common head size: the whole output row stays in 8 registers */
         __m256 o0 = _mm256_setzero_ps(), o1 = o0, o2 = o0, o3 = o0, o4 = o0, o5 = o0, o6 = o0, o7 = o0;
         for (int64_t j = 0; j < t; j++) {
-            const float *v = values + j * 64;
+            const __m128i *v = (const __m128i *)(values + j * 64);
             const __m256 w = _mm256_broadcast_ss(p + j);
-            o0 = _mm256_fmadd_ps(w, _mm256_loadu_ps(v), o0);
-            o1 = _mm256_fmadd_ps(w, _mm256_loadu_ps(v + 8), o1);
-            o2 = _mm256_fmadd_ps(w, _mm256_loadu_ps(v + 16), o2);
-            o3 = _mm256_fmadd_ps(w, _mm256_loadu_ps(v + 24), o3);
-            o4 = _mm256_fmadd_ps(w, _mm256_loadu_ps(v + 32), o4);
-            o5 = _mm256_fmadd_ps(w, _mm256_loadu_ps(v + 40), o5);
-            o6 = _mm256_fmadd_ps(w, _mm256_loadu_ps(v + 48), o6);
-            o7 = _mm256_fmadd_ps(w, _mm256_loadu_ps(v + 56), o7);
+            o0 = _mm256_fmadd_ps(w, _mm256_cvtph_ps(_mm_loadu_si128(v)), o0);
+            o1 = _mm256_fmadd_ps(w, _mm256_cvtph_ps(_mm_loadu_si128(v + 1)), o1);
+            o2 = _mm256_fmadd_ps(w, _mm256_cvtph_ps(_mm_loadu_si128(v + 2)), o2);
+            o3 = _mm256_fmadd_ps(w, _mm256_cvtph_ps(_mm_loadu_si128(v + 3)), o3);
+            o4 = _mm256_fmadd_ps(w, _mm256_cvtph_ps(_mm_loadu_si128(v + 4)), o4);
+            o5 = _mm256_fmadd_ps(w, _mm256_cvtph_ps(_mm_loadu_si128(v + 5)), o5);
+            o6 = _mm256_fmadd_ps(w, _mm256_cvtph_ps(_mm_loadu_si128(v + 6)), o6);
+            o7 = _mm256_fmadd_ps(w, _mm256_cvtph_ps(_mm_loadu_si128(v + 7)), o7);
         }
         _mm256_storeu_ps(out, o0), _mm256_storeu_ps(out + 8, o1), _mm256_storeu_ps(out + 16, o2), _mm256_storeu_ps(out + 24, o3);
         _mm256_storeu_ps(out + 32, o4), _mm256_storeu_ps(out + 40, o5), _mm256_storeu_ps(out + 48, o6), _mm256_storeu_ps(out + 56, o7);
@@ -157,12 +183,12 @@ static void weighted_values(const float *p, const float *values, int64_t t, int6
 #endif
     memset(out, 0, sizeof(float) * (size_t)hd);
     for (int64_t j = 0; j < t; j++)
-        for (int64_t e = 0; e < hd; e++) out[e] += p[j] * values[j * hd + e];
+        for (int64_t e = 0; e < hd; e++) out[e] += p[j] * f16_to_f32(values[j * hd + e]);
 }
 
 /* The g query heads of one row that share a kv head, against its positions [0, t):
  * qg: [g, hd] (float16-rounded), scores: [g, t] scratch, out: g rows of hd. */
-static void attend_group(const float *qg, int64_t g, const float *keys, const float *values, int64_t t,
+static void attend_group(const float *qg, int64_t g, const uint16_t *keys, const uint16_t *values, int64_t t,
                          int64_t hd, float scale, float *scores, float *out) {
     group_scores(qg, g, keys, t, hd, scale, scores);
     for (int64_t h = 0; h < g; h++) {
@@ -181,21 +207,21 @@ static void attend_group(const float *qg, int64_t g, const float *keys, const fl
     }
 }
 
-/* Store m new keys/values ([m, n_head_kv, hd], rounded to float16 precision) at their
- * positions of one sequence's cache ([n_head_kv, n_ctx, hd] per layer), then causal
+/* Store m new keys/values ([m, n_head_kv, hd]) as float16 at their positions of one
+ * sequence's cache ([n_head_kv, n_ctx, hd] halves per layer), then causal
  * grouped-query attention of the m queries ([m, n_head, hd]) into out ([m, n_head*hd]).
  * Query head h reads kv head h / (n_head / n_head_kv), as llama.cpp broadcasts. */
-int li_attention(const float *q, const float *k_new, const float *v_new, float *keys, float *values,
+int li_attention(const float *q, const float *k_new, const float *v_new, uint16_t *keys, uint16_t *values,
                  const int32_t *pos, float *out, int64_t m, int64_t n_head, int64_t n_head_kv,
                  int64_t hd, int64_t n_ctx, float scale, int nthreads) {
     for (int64_t i = 0; i < m; i++) {
         if (pos[i] < 0 || pos[i] >= n_ctx) return 3;
         for (int64_t h = 0; h < n_head_kv; h++) {
             const float *ks = k_new + (i * n_head_kv + h) * hd, *vs = v_new + (i * n_head_kv + h) * hd;
-            float *kd = keys + (h * n_ctx + pos[i]) * hd, *vd = values + (h * n_ctx + pos[i]) * hd;
+            uint16_t *kd = keys + (h * n_ctx + pos[i]) * hd, *vd = values + (h * n_ctx + pos[i]) * hd;
             for (int64_t e = 0; e < hd; e++) {
-                kd[e] = li_round_half(ks[e]);
-                vd[e] = li_round_half(vs[e]);
+                kd[e] = f32_to_f16(ks[e]);
+                vd[e] = f32_to_f16(vs[e]);
             }
         }
     }

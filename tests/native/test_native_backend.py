@@ -87,7 +87,7 @@ def test_resident_memory_beyond_the_mapping_is_bounded(kernels: str) -> None:
     found = re.search(r"weights ([\d.]+) MB mapped \| resident beyond the mapping ([\d.]+) MB \(KV cache ([\d.]+) MB, activations ([\d.]+) MB\)", result.stderr)
     assert found, result.stderr
     mapped, resident, kv, activations = map(float, found.groups())
-    assert kv > 20 and activations > 0
+    assert kv > 10 and activations > 0  # ~530 positions x 23 KB of float16 keys and values
     assert resident < 2 * kv + activations, result.stderr
     assert resident < mapped / 2, result.stderr
 
