@@ -204,6 +204,8 @@ static void quantize_part(const li_work *wk, int t, int T) {
 
 /* below this much weight data a second thread costs more than it saves */
 #define LI_PARALLEL_MIN_BYTES (32 * 1024)
+/* each thread's share of the rows, in this many chunks */
+#define LI_CHUNKS_PER_THREAD 4
 /* activation scratch up to this size lives on the stack */
 #define LI_STACK_SCRATCH (48 * 1024)
 
@@ -255,12 +257,20 @@ int li_matmul(int nmat, const int *types, const void *const *w, const int64_t *r
     if (total_bytes * n < LI_PARALLEL_MIN_BYTES) nthreads = 1;
 #ifdef _OPENMP
     if (nthreads > 1) {
+        /* Rows go out in chunks (parts of equal estimated cost), taken in turn: on a shared
+         * machine a thread that loses its core for a while leaves its share to the other
+         * instead of holding the whole call up. */
+        int next_chunk = 0;
 #pragma omp parallel num_threads(nthreads)
         {
-            const int T = omp_get_num_threads(), t = omp_get_thread_num();
+            const int T = omp_get_num_threads(), t = omp_get_thread_num(), chunks = LI_CHUNKS_PER_THREAD * T;
             quantize_part(&wk, t, T);
 #pragma omp barrier
-            run_part(&wk, t, T);
+            for (;;) {
+                const int c = __atomic_fetch_add(&next_chunk, 1, __ATOMIC_RELAXED);
+                if (c >= chunks) break;
+                run_part(&wk, c, chunks);
+            }
         }
     } else
 #endif
