@@ -44,6 +44,22 @@ def _ptr(a: np.ndarray, dtype: type = np.float32) -> object:
     return ctypes.c_void_p(a.ctypes.data)
 
 
+_pinned: dict[int, tuple[np.ndarray, object]] = {}
+
+
+def _pinned_ptr(a: np.ndarray, dtype: type = np.float32) -> object:
+    """_ptr for arrays passed again and again (weights, buffers, cache views): made once,
+    kept with a reference to the array, so its id cannot be reused while cached."""
+    hit = _pinned.get(id(a))
+    if hit is not None and hit[0] is a:
+        return hit[1]
+    if len(_pinned) > 4096:
+        _pinned.clear()
+    ptr = _ptr(a, dtype)
+    _pinned[id(a)] = (a, ptr)
+    return ptr
+
+
 class COps:
     """Mixed into CKernels; needs `self._lib` and `self._threads` (a c_int32)."""
 
@@ -53,17 +69,17 @@ class COps:
     def rms_norm(self, x: np.ndarray, weight: np.ndarray, eps: float, out: np.ndarray) -> None:
         n, d = x.shape
         assert out.shape == x.shape and weight.shape == (d,)
-        self._lib.li_rms_norm(_ptr(x), _ptr(weight), _ptr(out), n, d, eps)
+        self._lib.li_rms_norm(_ptr(x), _pinned_ptr(weight), _pinned_ptr(out), n, d, eps)
 
     def rope(self, x: np.ndarray, positions: np.ndarray, cos: np.ndarray, sin: np.ndarray, neox: bool) -> None:
         n, heads, head_dim = x.shape
         dims = 2 * cos.shape[1]
         assert len(positions) == n and dims <= head_dim and int(positions.max()) < len(cos)
-        self._lib.li_rope(_ptr(x), n, heads, head_dim, _ptr(positions, np.int32), _ptr(cos), _ptr(sin), dims, int(neox))
+        self._lib.li_rope(_pinned_ptr(x), n, heads, head_dim, _ptr(positions, np.int32), _pinned_ptr(cos), _pinned_ptr(sin), dims, int(neox))
 
     def swiglu(self, gate: np.ndarray, up: np.ndarray) -> None:
         assert gate.shape == up.shape
-        self._lib.li_swiglu(_ptr(gate), _ptr(up), gate.size)
+        self._lib.li_swiglu(_pinned_ptr(gate), _pinned_ptr(up), gate.size)
 
     def attention(
         self, q: np.ndarray, k_new: np.ndarray, v_new: np.ndarray, keys: np.ndarray, values: np.ndarray,
@@ -74,7 +90,8 @@ class COps:
         assert k_new.shape == v_new.shape == (m, n_head_kv, head_dim) and values.shape == keys.shape
         assert out.shape == (m, n_head * head_dim) and len(positions) == m
         rc = self._lib.li_attention(
-            _ptr(q), _ptr(k_new), _ptr(v_new), _ptr(keys, np.float16), _ptr(values, np.float16), _ptr(positions, np.int32), _ptr(out),
+            _pinned_ptr(q), _pinned_ptr(k_new), _pinned_ptr(v_new), _pinned_ptr(keys, np.float16), _pinned_ptr(values, np.float16),
+            _ptr(positions, np.int32), _pinned_ptr(out),
             m, n_head, n_head_kv, head_dim, n_ctx, scale, self._threads.value,
         )  # fmt: skip
         if rc:

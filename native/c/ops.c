@@ -131,6 +131,37 @@ static inline float hsum8(__m256 v) {
 }
 #endif
 
+/* s[j] = e^(s[j] - max s), for j < t (normalised by the caller) */
+static void softmax_exp(float *s, int64_t t) {
+    float mx = -INFINITY;
+    int64_t j = 0;
+#if defined(__AVX2__) && defined(__FMA__)
+    __m256 m8 = _mm256_set1_ps(-INFINITY);
+    for (; j + 8 <= t; j += 8) m8 = _mm256_max_ps(m8, _mm256_loadu_ps(s + j));
+    float lanes[8];
+    _mm256_storeu_ps(lanes, m8);
+    for (int l = 0; l < 8; l++) mx = lanes[l] > mx ? lanes[l] : mx;
+#endif
+    for (; j < t; j++) mx = s[j] > mx ? s[j] : mx;
+    j = 0;
+#if defined(__AVX2__) && defined(__FMA__)
+    /* exp_nonpositive, eight at a time */
+    const __m256 vmx = _mm256_set1_ps(mx), lo = _mm256_set1_ps(-87.0f), log2e = _mm256_set1_ps(1.44269504f);
+    const __m256 ln2_hi = _mm256_set1_ps(0.693145752f), ln2_lo = _mm256_set1_ps(1.42860677e-6f);
+    const float c[8] = {1.0f / 5040.0f, 1.0f / 720.0f, 1.0f / 120.0f, 1.0f / 24.0f, 1.0f / 6.0f, 0.5f, 1.0f, 1.0f};
+    for (; j + 8 <= t; j += 8) {
+        __m256 x = _mm256_max_ps(_mm256_sub_ps(_mm256_loadu_ps(s + j), vmx), lo);
+        const __m256 n = _mm256_round_ps(_mm256_mul_ps(x, log2e), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+        const __m256 r = _mm256_sub_ps(_mm256_sub_ps(x, _mm256_mul_ps(n, ln2_hi)), _mm256_mul_ps(n, ln2_lo));
+        __m256 p = _mm256_set1_ps(c[0]);
+        for (int i = 1; i < 8; i++) p = _mm256_add_ps(_mm256_mul_ps(p, r), _mm256_set1_ps(c[i]));
+        const __m256i bits = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
+        _mm256_storeu_ps(s + j, _mm256_mul_ps(p, _mm256_castsi256_ps(bits)));
+    }
+#endif
+    for (; j < t; j++) s[j] = exp_nonpositive(s[j] - mx);
+}
+
 /* scores[h * t + j] = scale * (q_h . key_j) for the g heads, j < t */
 static void group_scores(const float *qg, int64_t g, const uint16_t *keys, int64_t t, int64_t hd, float scale,
                          float *scores) {
@@ -192,9 +223,8 @@ static void attend_group(const float *qg, int64_t g, const uint16_t *keys, const
                          int64_t hd, float scale, float *scores, float *out) {
     group_scores(qg, g, keys, t, hd, scale, scores);
     for (int64_t h = 0; h < g; h++) {
-        float *s = scores + h * t, mx = -INFINITY;
-        for (int64_t j = 0; j < t; j++) mx = s[j] > mx ? s[j] : mx;
-        for (int64_t j = 0; j < t; j++) s[j] = exp_nonpositive(s[j] - mx);
+        float *s = scores + h * t;
+        softmax_exp(s, t);
         float partial[8] = {0}, sum = 0.0f;
         int64_t j = 0;
         for (; j + 8 <= t; j += 8)

@@ -36,6 +36,30 @@ class Rope:
         self.neox = config.rope_layout == "neox"
 
 
+class Workspace:
+    """The activation buffers of an n-row forward, kept between calls: decode runs n = 1
+    thousands of times, and the same arrays mean no allocation and (in the C set) no new
+    ctypes pointers per call."""
+
+    def __init__(self, config: ModelConfig, n: int) -> None:
+        c = config
+        f32 = np.float32
+        self.h = np.empty((n, c.n_embd), f32)
+        self.q = np.empty((n, c.n_head * c.head_dim), f32)
+        self.k = np.empty((n, c.n_head_kv * c.head_dim), f32)
+        self.v = np.empty((n, c.n_head_kv * c.head_dim), f32)
+        self.q3 = self.q.reshape(n, c.n_head, c.head_dim)
+        self.k3 = self.k.reshape(n, c.n_head_kv, c.head_dim)
+        self.v3 = self.v.reshape(n, c.n_head_kv, c.head_dim)
+        self.attn = np.empty((n, c.n_head * c.head_dim), f32)
+        self.o = np.empty((n, c.n_embd), f32)
+        self.gate = np.empty((n, c.n_ff), f32)
+        self.up = np.empty((n, c.n_ff), f32)
+        self.qkv_out = (self.q, self.k, self.v)
+        self.o_out = (self.o,)
+        self.gate_up_out = (self.gate, self.up)
+
+
 class Transformer:
     def __init__(self, config: ModelConfig, weights: Weights, kernels: Kernels, n_ctx: int) -> None:
         self.config, self.weights, self.kernels = config, weights, kernels
@@ -48,6 +72,15 @@ class Transformer:
         self.lm_head = kernels.matmul_op([weights.output])
         self.scale = 1.0 / np.sqrt(config.head_dim)
         self.peak_activation_bytes = 0
+        self._workspaces: dict[int, Workspace] = {}
+
+    def workspace(self, n: int) -> Workspace:
+        ws = self._workspaces.get(n)
+        if ws is None:
+            if len(self._workspaces) >= 8:  # prefill chunks come in many sizes; keep a few
+                self._workspaces.clear()
+            ws = self._workspaces[n] = Workspace(self.config, n)
+        return ws
 
     def activation_bytes(self) -> int:
         """The largest working set of one forward call so far (hidden states, scores, logits)."""
@@ -75,46 +108,36 @@ class Transformer:
         self._note_activations(n, int(positions.max()) + 1, int(np.count_nonzero(want)))
 
         k_ops, rope, eps = self.kernels, self.rope, c.norm_eps
+        ws = self.workspace(n)
+        h, q3, k3, v3, attn = ws.h, ws.q3, ws.k3, ws.v3, ws.attn
         x = self.embed(tokens)
-        h = np.empty_like(x)
         for layer, lw in enumerate(self.weights.layers):
             # Attention block.
             k_ops.rms_norm(x, lw.attn_norm, eps, h)
-            q = np.empty((n, q_dim), np.float32)
-            k = np.empty((n, kv_dim), np.float32)
-            v = np.empty((n, kv_dim), np.float32)
-            self.qkv[layer](h, (q, k, v))
+            self.qkv[layer](h, ws.qkv_out)
             if lw.q_bias is not None:
-                q += lw.q_bias
-                k += lw.k_bias
-                v += lw.v_bias
-            q3 = q.reshape(n, c.n_head, c.head_dim)
-            k3 = k.reshape(n, c.n_head_kv, c.head_dim)
-            v3 = v.reshape(n, c.n_head_kv, c.head_dim)
+                ws.q += lw.q_bias
+                ws.k += lw.k_bias
+                ws.v += lw.v_bias
             k_ops.rope(q3, positions, rope.cos, rope.sin, rope.neox)
             k_ops.rope(k3, positions, rope.cos, rope.sin, rope.neox)
-            attn = np.empty((n, q_dim), np.float32)
             for seq, rows in groups:
-                keys, values = cache.sequence(seq)
+                keys, values = cache.layers(seq)
                 if rows is None:  # the whole batch is one sequence
                     k_ops.attention(q3, k3, v3, keys[layer], values[layer], positions, attn, self.scale)
                 else:
                     part = np.empty((len(rows), q_dim), np.float32)
                     k_ops.attention(q3[rows], k3[rows], v3[rows], keys[layer], values[layer], positions[rows], part, self.scale)
                     attn[rows] = part
-            o = np.empty((n, c.n_embd), np.float32)
-            self.attn_out[layer](attn, (o,))
-            x += o
+            self.attn_out[layer](attn, ws.o_out)
+            x += ws.o
 
             # Feed-forward block.
             k_ops.rms_norm(x, lw.ffn_norm, eps, h)
-            gate = np.empty((n, c.n_ff), np.float32)
-            up = np.empty((n, c.n_ff), np.float32)
-            self.gate_up[layer](h, (gate, up))
-            k_ops.swiglu(gate, up)
-            down = np.empty((n, c.n_embd), np.float32)
-            self.down[layer](gate, (down,))
-            x += down
+            self.gate_up[layer](h, ws.gate_up_out)
+            k_ops.swiglu(ws.gate, ws.up)
+            self.down[layer](ws.gate, ws.o_out)
+            x += ws.o
 
         final = x if want.all() else np.ascontiguousarray(x[want])
         out = np.empty_like(final)

@@ -37,6 +37,7 @@ class KVCache:
         self.keys: dict[int, np.ndarray] = {}
         self.values: dict[int, np.ndarray] = {}
         self.length: dict[int, int] = {}
+        self._layers: dict[int, tuple[list[np.ndarray], list[np.ndarray]]] = {}
         self.peak_bytes = 0  # the most the cache has held at once
 
     def sequence(self, seq_id: int) -> tuple[np.ndarray, np.ndarray]:
@@ -47,6 +48,14 @@ class KVCache:
             self.values[seq_id] = lazy_zeros(self._shape)
             self.length[seq_id] = 0
         return self.keys[seq_id], self.values[seq_id]
+
+    def layers(self, seq_id: int) -> tuple[list[np.ndarray], list[np.ndarray]]:
+        """Per-layer views of a sequence's keys and values, made once (kernels cache their pointers)."""
+        views = self._layers.get(seq_id)
+        if views is None:
+            keys, values = self.sequence(seq_id)
+            views = self._layers[seq_id] = (list(keys), list(values))
+        return views
 
     def reserve(self, seq_id: int, positions: np.ndarray) -> None:
         """Check that a batch's positions fit, and note how far the sequence now reaches."""
