@@ -21,7 +21,7 @@ from collections.abc import Sequence
 import numba
 import numpy as np
 
-from localinfer_native.numba_ir import BLOCK, BYTES, F16_NATIVE, INT8_TYPES, matmul3, tag_dtype
+from localinfer_native.numba_ir import BLOCK, BYTES, F16_NATIVE, matmul3, tag_dtype
 from localinfer_native.numba_ops import NumbaOps
 from localinfer_native.types import SUPPORTED_TYPES, MatmulOp, QMatrix
 

@@ -58,7 +58,29 @@ def _last_error() -> str:
     return errors[-1] if errors else ""
 
 
-class LlamaCppBackend(Backend):
+class LlamaTokenized:
+    """The tokenizer half of the Backend interface, answered by llama.cpp's vocabulary
+    (`self._tok`); both engines use it, so they always agree on token ids."""
+
+    _tok: Tokenizer
+    _facts: ModelFacts
+
+    @property
+    def vocab(self) -> VocabInfo:
+        return self._tok.info
+
+    @property
+    def facts(self) -> ModelFacts:
+        return self._facts
+
+    def tokenize(self, text: str, add_special: bool = True, parse_special: bool = True) -> list[int]:
+        return self._tok.tokenize(text, add_special, parse_special)
+
+    def token_bytes(self, token: int) -> bytes:
+        return self._tok.token_bytes(token)
+
+
+class LlamaCppBackend(LlamaTokenized, Backend):
     name = "llama.cpp"
 
     def __init__(self, path: Path, params: LoadParams) -> None:
@@ -123,21 +145,6 @@ class LlamaCppBackend(Backend):
     @classmethod
     def load(cls, path: Path, params: LoadParams) -> LlamaCppBackend:
         return cls(path, params)
-
-    # --- tokenizer -------------------------------------------------------------
-    @property
-    def vocab(self) -> VocabInfo:
-        return self._tok.info
-
-    @property
-    def facts(self) -> ModelFacts:
-        return self._facts
-
-    def tokenize(self, text: str, add_special: bool = True, parse_special: bool = True) -> list[int]:
-        return self._tok.tokenize(text, add_special, parse_special)
-
-    def token_bytes(self, token: int) -> bytes:
-        return self._tok.token_bytes(token)
 
     # --- compute ---------------------------------------------------------------
     def forward(self, batch: Batch) -> np.ndarray:

@@ -56,37 +56,6 @@ _Static_assert(sizeof(li_block_q8_K) == 292, "q8_K block size");
 
 /* ---------------------------------------------------------------- helpers */
 
-static inline float kq_half_to_float(uint16_t h) {
-#if defined(__F16C__)
-    return _cvtsh_ss(h);
-#else
-    const uint32_t sign = (uint32_t)(h & 0x8000u) << 16;
-    uint32_t exp = (h >> 10) & 0x1fu;
-    uint32_t man = h & 0x3ffu;
-    uint32_t bits;
-    if (exp == 0) {
-        if (man == 0) {
-            bits = sign;
-        } else { /* subnormal: normalise */
-            exp = 127 - 15 + 1;
-            while (!(man & 0x400u)) {
-                man <<= 1;
-                exp--;
-            }
-            man &= 0x3ffu;
-            bits = sign | (exp << 23) | (man << 13);
-        }
-    } else if (exp == 0x1f) {
-        bits = sign | 0x7f800000u | (man << 13);
-    } else {
-        bits = sign | ((exp + 127 - 15) << 23) | (man << 13);
-    }
-    float f;
-    memcpy(&f, &bits, sizeof f);
-    return f;
-#endif
-}
-
 /* Round to nearest, ties to even, for |f| < 2^22 (the same trick ggml uses). */
 static inline int kq_nearest_int(float f) {
     float v = f + 12582912.f;
@@ -227,7 +196,7 @@ KQ_UNUSED static float kq_dot_q4_K_scalar(int64_t nb, const kq_block_q4_K *x, co
             q4 += 32;
             q8 += 64;
         }
-        sumf += y[i].d * (kq_half_to_float(x[i].d) * (float)sumi - kq_half_to_float(x[i].dmin) * (float)summ);
+        sumf += y[i].d * (li_fp16_to_fp32(x[i].d) * (float)sumi - li_fp16_to_fp32(x[i].dmin) * (float)summ);
     }
     return sumf;
 }
@@ -254,7 +223,7 @@ KQ_UNUSED static float kq_dot_q5_K_scalar(int64_t nb, const kq_block_q5_K *x, co
             q4 += 32;
             q8 += 64;
         }
-        sumf += y[i].d * (kq_half_to_float(x[i].d) * (float)sumi - kq_half_to_float(x[i].dmin) * (float)summ);
+        sumf += y[i].d * (li_fp16_to_fp32(x[i].d) * (float)sumi - li_fp16_to_fp32(x[i].dmin) * (float)summ);
     }
     return sumf;
 }
@@ -286,7 +255,7 @@ KQ_UNUSED static float kq_dot_q6_K_scalar(int64_t nb, const kq_block_q6_K *x, co
             sc += 8;
             q8 += 128;
         }
-        sumf += y[i].d * kq_half_to_float(x[i].d) * (float)sumi;
+        sumf += y[i].d * li_fp16_to_fp32(x[i].d) * (float)sumi;
     }
     return sumf;
 }
@@ -295,12 +264,6 @@ KQ_UNUSED static float kq_dot_q6_K_scalar(int64_t nb, const kq_block_q6_K *x, co
 
 #if defined(__AVX2__)
 
-static inline float kq_hsum_ps256(__m256 v) {
-    __m128 r = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-    r = _mm_add_ps(r, _mm_movehl_ps(r, r));
-    r = _mm_add_ss(r, _mm_movehdup_ps(r));
-    return _mm_cvtss_f32(r);
-}
 
 static inline uint32_t kq_load_u32(const uint8_t *p) {
     uint32_t v;
@@ -387,7 +350,7 @@ static float kq_dot_q4_K_avx2(int64_t nb, const kq_block_q4_K *x, const li_block
         const __m256i sumi = _mm256_add_epi32(_mm256_add_epi32(s0, s1), _mm256_add_epi32(s2, s3));
         acc = _mm256_fmadd_ps(_mm256_broadcastss_ps(dd), _mm256_cvtepi32_ps(sumi), acc);
     }
-    return kq_hsum_ps256(acc);
+    return li_hsum8(acc);
 }
 
 /* As kq_q4_step, with the fifth bits already placed at bit 4 in hl / hh. */
@@ -439,7 +402,7 @@ static float kq_dot_q5_K_avx2(int64_t nb, const kq_block_q5_K *x, const li_block
         const __m256i sumi = _mm256_add_epi32(_mm256_add_epi32(s0, s1), _mm256_add_epi32(s2, s3));
         acc = _mm256_fmadd_ps(_mm256_broadcastss_ps(dd), _mm256_cvtepi32_ps(sumi), acc);
     }
-    return kq_hsum_ps256(acc);
+    return li_hsum8(acc);
 }
 
 static float kq_dot_q6_K_avx2(int64_t nb, const kq_block_q6_K *x, const li_block_q8_K *y) {
@@ -451,7 +414,7 @@ static float kq_dot_q6_K_avx2(int64_t nb, const kq_block_q6_K *x, const li_block
     const __m128i evens_odds = _mm_setr_epi8(0, 2, 4, 6, 8, 10, 12, 14, 1, 3, 5, 7, 9, 11, 13, 15);
     __m256 acc = _mm256_setzero_ps();
     for (int64_t i = 0; i < nb; i++) {
-        const float d = y[i].d * kq_half_to_float(x[i].d);
+        const float d = y[i].d * li_fp16_to_fp32(x[i].d);
         const __m128i sc8 = _mm_loadu_si128((const __m128i *)x[i].scales);
         const __m256i sc16 = _mm256_cvtepi8_epi16(sc8);
         const __m256i scales = _mm256_cvtepi8_epi16(_mm_shuffle_epi8(sc8, evens_odds));
@@ -487,7 +450,7 @@ static float kq_dot_q6_K_avx2(int64_t nb, const kq_block_q6_K *x, const li_block
 #undef KQ_Q6K_GROUP
         acc = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(sumi), acc);
     }
-    return kq_hsum_ps256(acc);
+    return li_hsum8(acc);
 }
 
 #endif /* __AVX2__ */

@@ -39,73 +39,6 @@ typedef struct {
     const float *s;   /* [n][k/32] */
 } li_q8a;
 
-/* ---- fp16 <-> fp32 ------------------------------------------------------------- */
-
-static inline float fp16_to_fp32_soft(uint16_t h) {
-    uint32_t sign = (uint32_t)(h & 0x8000) << 16;
-    uint32_t exp = (h >> 10) & 0x1F;
-    uint32_t man = h & 0x3FF;
-    uint32_t bits;
-    if (exp == 0) {
-        if (man == 0) {
-            bits = sign;
-        } else { /* subnormal: normalize */
-            int e = -1;
-            do { man <<= 1; e++; } while (!(man & 0x400));
-            man &= 0x3FF;
-            bits = sign | ((uint32_t)(127 - 15 - e) << 23) | (man << 13);
-        }
-    } else if (exp == 31) {
-        bits = sign | 0x7F800000u | (man << 13);
-    } else {
-        bits = sign | ((exp + 127 - 15) << 23) | (man << 13);
-    }
-    float f;
-    memcpy(&f, &bits, 4);
-    return f;
-}
-
-/* round to nearest even, as numpy's astype(float16) and F16C do */
-static inline uint16_t fp32_to_fp16_soft(float f) {
-    uint32_t x;
-    memcpy(&x, &f, 4);
-    uint32_t sign = (x >> 16) & 0x8000;
-    uint32_t ax = x & 0x7FFFFFFFu;
-    if (ax >= 0x7F800000u) return (uint16_t)(sign | 0x7C00 | (ax > 0x7F800000u ? 0x200 : 0));
-    if (ax >= 0x477FF000u) return (uint16_t)(sign | 0x7C00); /* rounds to >= 65520: inf */
-    if (ax < 0x38800000u) { /* below the smallest normal half: subnormal or zero */
-        if (ax < 0x33000000u) return (uint16_t)sign; /* < 2^-25: rounds to zero */
-        uint32_t e = ax >> 23;
-        uint32_t m = (ax & 0x7FFFFF) | 0x800000;
-        uint32_t shift = 126 - e; /* 14 + (113 - e) */
-        uint32_t half = m >> shift;
-        uint32_t rem = m & ((1u << shift) - 1);
-        uint32_t mid = 1u << (shift - 1);
-        if (rem > mid || (rem == mid && (half & 1))) half++;
-        return (uint16_t)(sign | half);
-    }
-    uint32_t h = ((ax >> 13) - (112u << 10));
-    uint32_t rem = ax & 0x1FFF;
-    if (rem > 0x1000 || (rem == 0x1000 && (h & 1))) h++;
-    return (uint16_t)(sign | h);
-}
-
-static inline float fp16_to_fp32(uint16_t h) {
-#if defined(__F16C__)
-    return _cvtsh_ss(h);
-#else
-    return fp16_to_fp32_soft(h);
-#endif
-}
-
-static inline uint16_t fp32_to_fp16(float f) {
-#if defined(__F16C__)
-    return (uint16_t)_cvtss_sh(f, _MM_FROUND_TO_NEAREST_INT);
-#else
-    return fp32_to_fp16_soft(f);
-#endif
-}
-
 static inline uint16_t load_u16(const uint8_t *p) {
     uint16_t v;
     memcpy(&v, p, 2);
@@ -174,12 +107,6 @@ static inline __m256i dot_i8_i8(__m256i w, const int8_t *a) {
     return madd1(_mm256_maddubs_epi16(_mm256_sign_epi8(w, w), _mm256_sign_epi8(av, w)));
 }
 
-static inline float hsum8(__m256 v) {
-    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-    s = _mm_add_ss(s, _mm_movehdup_ps(s));
-    return _mm_cvtss_f32(s);
-}
 #endif
 
 /* ---- activation quantization ------------------------------------------------------- */
@@ -288,7 +215,7 @@ void li_quantize_q8a(const float *x, int64_t k, int8_t *qs, float *d, float *s, 
 #endif
         float draw;
         const int sum = quantize_block(x + b * QK, rq + lo, rq + hi, &draw);
-        const float dv = fp16_to_fp32(fp32_to_fp16(draw));
+        const float dv = li_fp16_to_fp32(li_fp32_to_fp16(draw));
         const int64_t sc = scale_pos(bl, nb);
         rd[sc] = dv;
         rs[sc] = dv * (float)sum;
@@ -301,7 +228,7 @@ void li_quantize_row_q8_0(const float *x, void *y, int64_t k) {
     for (int64_t b = 0; b < k / QK; b++, out += 34) {
         float d;
         quantize_block(x + b * QK, (int8_t *)(out + 2), (int8_t *)(out + 18), &d);
-        const uint16_t d16 = fp32_to_fp16(d);
+        const uint16_t d16 = li_fp32_to_fp16(d);
         memcpy(out, &d16, 2);
     }
 }
@@ -312,7 +239,7 @@ void li_quantize_row_q8_1(const float *x, void *y, int64_t k) {
     for (int64_t b = 0; b < k / QK; b++, out += 36) {
         float d;
         const int sum = quantize_block(x + b * QK, (int8_t *)(out + 4), (int8_t *)(out + 20), &d);
-        const uint16_t d16 = fp32_to_fp16(d), s16 = fp32_to_fp16((float)sum * d);
+        const uint16_t d16 = li_fp32_to_fp16(d), s16 = li_fp32_to_fp16((float)sum * d);
         memcpy(out, &d16, 2);
         memcpy(out + 2, &s16, 2);
     }
@@ -470,9 +397,9 @@ static inline __attribute__((always_inline)) void dot_legacy(const int KIND, con
         const uint8_t *b0 = w + p * 2 * bs;
         __m256i lo, hi;
         unpack_pair(KIND, b0, &lo, &hi);
-        const float d0 = fp16_to_fp32(load_u16(b0)), d1 = fp16_to_fp32(load_u16(b0 + bs));
-        const float c0 = HAS_M(KIND) ? fp16_to_fp32(load_u16(b0 + 2)) : d0;
-        const float c1 = HAS_M(KIND) ? fp16_to_fp32(load_u16(b0 + bs + 2)) : d1;
+        const float d0 = li_fp16_to_fp32(load_u16(b0)), d1 = li_fp16_to_fp32(load_u16(b0 + bs));
+        const float c0 = HAS_M(KIND) ? li_fp16_to_fp32(load_u16(b0 + 2)) : d0;
+        const float c1 = HAS_M(KIND) ? li_fp16_to_fp32(load_u16(b0 + bs + 2)) : d1;
         for (int r = 0; r < R; r++) {
             __m256i dot = pair_products(KIND, lo, hi, aq[r] + p * 64);
             if (KIND != 4) dot = madd1(dot);
@@ -483,8 +410,8 @@ static inline __attribute__((always_inline)) void dot_legacy(const int KIND, con
     }
     if (nb & 1) {
         const uint8_t *b = w + (nb - 1) * bs;
-        const float d0 = fp16_to_fp32(load_u16(b));
-        const float c0 = HAS_M(KIND) ? fp16_to_fp32(load_u16(b + 2)) : d0;
+        const float d0 = li_fp16_to_fp32(load_u16(b));
+        const float c0 = HAS_M(KIND) ? li_fp16_to_fp32(load_u16(b + 2)) : d0;
         __m256i q;
         if (KIND == 4) {
             q = _mm256_loadu_si256((const __m256i *)(b + 2));
@@ -502,14 +429,14 @@ static inline __attribute__((always_inline)) void dot_legacy(const int KIND, con
     for (int r = 0; r < R; r++) {
         __m256 t = acc[r];
         if (KIND != 4 && SPLIT) t = _mm256_fmadd_ps(c, accc[r], t);
-        out[r] = hsum8(t) + (KIND != 4 ? CORR(KIND) * corr[r] : 0.0f);
+        out[r] = li_hsum8(t) + (KIND != 4 ? CORR(KIND) * corr[r] : 0.0f);
     }
 #else
     float acc[4] = {0, 0, 0, 0}, corr[4] = {0, 0, 0, 0};
     for (int64_t b = 0; b < nb; b++) {
         const uint8_t *blk = w + b * BSZ(KIND);
-        const float dw = fp16_to_fp32(load_u16(blk));
-        const float mw = HAS_M(KIND) ? fp16_to_fp32(load_u16(blk + 2)) : 0.0f;
+        const float dw = li_fp16_to_fp32(load_u16(blk));
+        const float mw = HAS_M(KIND) ? li_fp16_to_fp32(load_u16(blk + 2)) : 0.0f;
         int8_t q[QK];
         if (KIND == 4) {
             memcpy(q, blk + 2, QK);
@@ -596,7 +523,7 @@ static inline __attribute__((always_inline)) void dot_float(const int FP16, cons
             a3 = _mm256_fmadd_ps(LOADW(24), _mm256_loadu_ps(x + i + 24), a3);
         }
         for (; i + 8 <= k; i += 8) a0 = _mm256_fmadd_ps(LOADW(0), _mm256_loadu_ps(x + i), a0);
-        out[0] = hsum8(_mm256_add_ps(_mm256_add_ps(a0, a1), _mm256_add_ps(a2, a3)));
+        out[0] = li_hsum8(_mm256_add_ps(_mm256_add_ps(a0, a1), _mm256_add_ps(a2, a3)));
     } else {
         __m256 acc[4];
         for (int r = 0; r < R; r++) acc[r] = _mm256_setzero_ps();
@@ -604,14 +531,14 @@ static inline __attribute__((always_inline)) void dot_float(const int FP16, cons
             const __m256 wv = LOADW(0);
             for (int r = 0; r < R; r++) acc[r] = _mm256_fmadd_ps(wv, _mm256_loadu_ps(x + r * k + i), acc[r]);
         }
-        for (int r = 0; r < R; r++) out[r] = hsum8(acc[r]);
+        for (int r = 0; r < R; r++) out[r] = li_hsum8(acc[r]);
 #undef LOADW
     }
 #else
     for (int r = 0; r < R; r++) out[r] = 0.0f;
 #endif
     for (; i < k; i++) {
-        const float wv = FP16 ? fp16_to_fp32(wh[i]) : wf[i];
+        const float wv = FP16 ? li_fp16_to_fp32(wh[i]) : wf[i];
         for (int r = 0; r < R; r++) out[r] += wv * x[r * k + i];
     }
 }

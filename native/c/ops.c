@@ -1,67 +1,20 @@
 /* The small per-token operations of a llama-family layer: RMSNorm, RoPE, attention over
  * the KV cache, SwiGLU. Each is tiny on its own; as numpy calls they cost more than the
- * matmuls, so each is one C call here. Plain loops: -O3 vectorises them well enough.
+ * matmuls, so each is one C call here. Plain loops, with AVX2 for attention's inner loops.
  */
 #include <math.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 
-#if defined(__F16C__) || defined(__AVX2__)
-#include <immintrin.h>
-#endif
+#include "kernels.h"
 #ifdef _OPENMP
 #include <omp.h>
 #endif
 
-/* float <-> IEEE half, round to nearest even: the KV cache stores halves, as llama.cpp's
- * default F16 cache does (half the memory, and half the bytes attention reads). */
-static inline uint16_t f32_to_f16(float x) {
-#if defined(__F16C__)
-    return (uint16_t)_cvtss_sh(x, _MM_FROUND_TO_NEAREST_INT);
-#else
-    uint32_t u;
-    memcpy(&u, &x, 4);
-    const uint32_t sign = (u >> 16) & 0x8000u, ax = u & 0x7FFFFFFFu;
-    if (ax >= 0x7F800000u) return (uint16_t)(sign | (ax > 0x7F800000u ? 0x7E00u : 0x7C00u));
-    if (ax >= 0x477FF000u) return (uint16_t)(sign | 0x7C00u); /* overflows to inf */
-    if (ax < 0x38800000u) {                                   /* subnormal half, or zero */
-        if (ax < 0x33000000u) return (uint16_t)sign;
-        const uint32_t e = ax >> 23, m = (ax & 0x7FFFFFu) | 0x800000u, shift = 126 - e;
-        uint32_t h = m >> shift;
-        const uint32_t rest = m & ((1u << shift) - 1u), halfway = 1u << (shift - 1);
-        if (rest > halfway || (rest == halfway && (h & 1u))) h++;
-        return (uint16_t)(sign | h);
-    }
-    uint32_t h = ((ax - 0x38000000u) >> 13);
-    const uint32_t rest = ax & 0x1FFFu;
-    if (rest > 0x1000u || (rest == 0x1000u && (h & 1u))) h++;
-    return (uint16_t)(sign | h);
-#endif
-}
-
-static inline float f16_to_f32(uint16_t h) {
-#if defined(__F16C__)
-    return _cvtsh_ss(h);
-#else
-    const uint32_t sign = (uint32_t)(h & 0x8000u) << 16, e = (h >> 10) & 0x1Fu, m = h & 0x3FFu;
-    uint32_t u;
-    if (e == 0) {
-        float f = (float)m * 5.9604644775390625e-8f; /* 2^-24 */
-        memcpy(&u, &f, 4);
-        u |= sign;
-    } else if (e == 31) {
-        u = sign | 0x7F800000u | (m << 13);
-    } else {
-        u = sign | ((e + 112u) << 23) | (m << 13);
-    }
-    float f;
-    memcpy(&f, &u, 4);
-    return f;
-#endif
-}
-
-static inline float li_round_half(float x) { return f16_to_f32(f32_to_f16(x)); }
+/* The KV cache stores IEEE halves, as llama.cpp's default F16 cache does: half the memory,
+ * and half the bytes attention reads. */
+static inline float li_round_half(float x) { return li_fp16_to_fp32(li_fp32_to_fp16(x)); }
 
 void li_rms_norm(const float *x, const float *w, float *out, int64_t n, int64_t d, float eps) {
     for (int64_t i = 0; i < n; i++) {
@@ -122,14 +75,6 @@ static inline float exp_nonpositive(float x) {
     return p * scale;
 }
 
-#if defined(__AVX2__) && defined(__FMA__)
-static inline float hsum8(__m256 v) {
-    __m128 x = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-    x = _mm_add_ps(x, _mm_movehl_ps(x, x));
-    x = _mm_add_ss(x, _mm_movehdup_ps(x));
-    return _mm_cvtss_f32(x);
-}
-#endif
 
 /* s[j] = e^(s[j] - max s), for j < t (normalised by the caller) */
 static void softmax_exp(float *s, int64_t t) {
@@ -176,7 +121,7 @@ static void group_scores(const float *qg, int64_t g, const uint16_t *keys, int64
                     a0 = _mm256_fmadd_ps(_mm256_loadu_ps(qh + e), _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(k + e))), a0);
                     a1 = _mm256_fmadd_ps(_mm256_loadu_ps(qh + e + 8), _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(k + e + 8))), a1);
                 }
-                scores[h * t + j] = hsum8(_mm256_add_ps(a0, a1)) * scale;
+                scores[h * t + j] = li_hsum8(_mm256_add_ps(a0, a1)) * scale;
             }
         }
         return;
@@ -185,7 +130,7 @@ static void group_scores(const float *qg, int64_t g, const uint16_t *keys, int64
     for (int64_t j = 0; j < t; j++)
         for (int64_t h = 0; h < g; h++) {
             float s = 0.0f;
-            for (int64_t e = 0; e < hd; e++) s += qg[h * hd + e] * f16_to_f32(keys[j * hd + e]);
+            for (int64_t e = 0; e < hd; e++) s += qg[h * hd + e] * li_fp16_to_fp32(keys[j * hd + e]);
             scores[h * t + j] = s * scale;
         }
 }
@@ -214,7 +159,7 @@ static void weighted_values(const float *p, const uint16_t *values, int64_t t, i
 #endif
     memset(out, 0, sizeof(float) * (size_t)hd);
     for (int64_t j = 0; j < t; j++)
-        for (int64_t e = 0; e < hd; e++) out[e] += p[j] * f16_to_f32(values[j * hd + e]);
+        for (int64_t e = 0; e < hd; e++) out[e] += p[j] * li_fp16_to_fp32(values[j * hd + e]);
 }
 
 /* The g query heads of one row that share a kv head, against its positions [0, t):
@@ -250,8 +195,8 @@ int li_attention(const float *q, const float *k_new, const float *v_new, uint16_
             const float *ks = k_new + (i * n_head_kv + h) * hd, *vs = v_new + (i * n_head_kv + h) * hd;
             uint16_t *kd = keys + (h * n_ctx + pos[i]) * hd, *vd = values + (h * n_ctx + pos[i]) * hd;
             for (int64_t e = 0; e < hd; e++) {
-                kd[e] = f32_to_f16(ks[e]);
-                vd[e] = f32_to_f16(vs[e]);
+                kd[e] = li_fp32_to_fp16(ks[e]);
+                vd[e] = li_fp32_to_fp16(vs[e]);
             }
         }
     }

@@ -11,8 +11,8 @@ from pathlib import Path
 
 import numpy as np
 
-from localinfer.backends.base import Backend, Batch, LoadParams, ModelFacts, VocabInfo
-from localinfer.backends.llamacpp import Tokenizer, default_threads
+from localinfer.backends.base import Backend, Batch, LoadParams, ModelFacts
+from localinfer.backends.llamacpp import LlamaTokenized, Tokenizer, default_threads
 from localinfer.backends.native.config import ModelConfig
 from localinfer.backends.native.forward import Transformer
 from localinfer.backends.native.kvcache import KVCache
@@ -23,7 +23,7 @@ from localinfer.modelfile import inspect
 from localinfer_native import KernelsUnavailable, load_kernels
 
 
-class NativeBackend(Backend):
+class NativeBackend(LlamaTokenized, Backend):
     name = "native"
 
     def __init__(self, path: Path, params: LoadParams) -> None:
@@ -62,20 +62,6 @@ class NativeBackend(Backend):
     @classmethod
     def load(cls, path: Path, params: LoadParams) -> NativeBackend:
         return cls(path, params)
-
-    @property
-    def vocab(self) -> VocabInfo:
-        return self._tok.info
-
-    @property
-    def facts(self) -> ModelFacts:
-        return self._facts
-
-    def tokenize(self, text: str, add_special: bool = True, parse_special: bool = True) -> list[int]:
-        return self._tok.tokenize(text, add_special, parse_special)
-
-    def token_bytes(self, token: int) -> bytes:
-        return self._tok.token_bytes(token)
 
     def forward(self, batch: Batch) -> np.ndarray:
         if len(batch) == 0:

@@ -104,7 +104,7 @@ class Transformer:
         groups = [(int(seqs[0]), None)] if len(seqs) == 1 else [(int(s), np.flatnonzero(seq_ids == s)) for s in seqs]
         for seq, rows in groups:
             cache.reserve(seq, positions if rows is None else positions[rows])
-        q_dim, kv_dim = c.n_head * c.head_dim, c.n_head_kv * c.head_dim
+        q_dim = c.n_head * c.head_dim
         self._note_activations(n, int(positions.max()) + 1, int(np.count_nonzero(want)))
 
         k_ops, rope, eps = self.kernels, self.rope, c.norm_eps
