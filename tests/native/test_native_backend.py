@@ -114,7 +114,7 @@ def test_unsupported_architecture_names_it_and_points_to_llama_cpp(tmp_path: Pat
     result = run_cli("run", "--engine", "native", str(path), "hi")
     assert result.returncode == 1
     assert result.stderr.strip().splitlines() == [
-        "error: the native engine does not run the 'gemma3' architecture (it runs llama, mistral, qwen2); use --engine llama.cpp"
+        "error: the native engine does not run the 'gemma3' architecture (it runs llama, qwen2); use --engine llama.cpp"
     ]
 
 

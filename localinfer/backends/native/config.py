@@ -12,8 +12,8 @@ from localinfer.modelfile import GGUFInfo
 
 # GGUF architecture -> RoPE layout. llama.cpp's converter permutes q/k for "llama"-style
 # models so that rotated pairs are adjacent (ggml's NORM mode); qwen2 keeps NeoX halves.
-# SmolLM and SmolLM2 GGUFs are written as "llama"; Mistral 7B is "llama" too.
-ROPE_LAYOUT = {"llama": "normal", "mistral": "normal", "qwen2": "neox"}
+# SmolLM, SmolLM2 and Mistral GGUFs are all written as "llama".
+ROPE_LAYOUT = {"llama": "normal", "qwen2": "neox"}
 
 
 class UnsupportedModel(UserError):
