@@ -39,6 +39,7 @@ class NumbaKernels(NumbaOps):
         # Numba's thread count is per calling thread: remember which threads have ours.
         self._ready: set[int] = set()
         self._empty: dict = {}
+        self.warm_up()  # the layer ops: compiled or loaded from cache now, not on the first token
 
     def set_threads(self, n: int) -> None:
         self._threads = max(1, min(int(n), numba.config.NUMBA_NUM_THREADS))

@@ -105,6 +105,24 @@ _HALF = np.arange(1 << 16, dtype=np.uint32).astype(np.uint16).view(np.float16).a
 class NumbaOps:
     """Mixed into NumbaKernels."""
 
+    def warm_up(self) -> None:
+        """Compile (or load from Numba's cache) every op now, at load time, on tiny arrays of
+        the types the forward pass uses: the first token should not pay for it, and the
+        memory the compiler takes is a load-time cost, not the model's."""
+        f32 = np.float32
+        x, out = np.ones((1, 8), f32), np.empty((1, 8), f32)
+        self.rms_norm(x, np.ones(8, f32), 1e-5, out)
+        self.swiglu(x, out)
+        q, kv = np.ones((1, 2, 4), f32), np.ones((1, 1, 4), f32)
+        table = np.ones((4, 2), f32)
+        for neox in (False, True):
+            self.rope(q, np.zeros(1, np.int32), table, table, neox)
+        cache = np.zeros((1, 4, 4), np.float16)
+        attn = np.empty((1, 8), f32)
+        self.attention(q, kv, kv, cache, cache.copy(), np.zeros(1, np.int32), attn, 0.5)
+        half = _HALF
+        _attention_parallel(q, cache.view(np.uint16), cache.view(np.uint16), half, np.zeros(1, np.int32), attn, f32(0.5), 2)
+
     def rms_norm(self, x: np.ndarray, weight: np.ndarray, eps: float, out: np.ndarray) -> None:
         _rms_norm(x, weight, np.float32(eps), out)
 
