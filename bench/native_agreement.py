@@ -33,7 +33,7 @@ from localinfer.engine.engine import Engine  # noqa: E402
 from localinfer.engine.types import SamplingParams  # noqa: E402
 from localinfer.store.pull import local_path  # noqa: E402
 from localinfer.store.refs import resolve  # noqa: E402
-from tests.native.conftest import llama_quantize  # noqa: E402
+from tests.conftest import llama_quantize  # noqa: E402
 from tests.native.test_native_vs_llamacpp import N_CTX, N_FORCED, N_GREEDY, PROMPTS, TEXT  # noqa: E402
 
 THREADS = 2
