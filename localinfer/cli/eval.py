@@ -1,0 +1,76 @@
+"""`localinfer eval MODEL`: perplexity over a text and, with --ref, the KL divergence
+from a reference model: what a quantization cost, measured like llama.cpp's perplexity."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Annotated, Optional
+
+import typer
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TimeRemainingColumn
+
+from localinfer.cli import options as opt
+from localinfer.errors import UserError
+
+err = Console(stderr=True)
+
+
+def read_text(path: Path) -> str:
+    try:
+        return path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise UserError(f"no such text file: {path}") from None
+    except (OSError, UnicodeDecodeError) as e:
+        raise UserError(f"cannot read {path} as UTF-8 text ({e})") from None
+
+
+def eval_command(
+    model: Annotated[str, typer.Argument(help="The model to measure: catalog alias, .gguf path, or owner/repo[:QUANT].", show_default=False)],
+    text: Annotated[Path, typer.Option("--text", help="UTF-8 text to score (at least one chunk of --ctx tokens).", show_default=False)],
+    ref: Annotated[Optional[str], typer.Option("--ref", help="Reference model (e.g. the F16 source) for KL divergence and top-1 agreement.", show_default=False)] = None,
+    ctx: Annotated[int, typer.Option("--ctx", help="Tokens per chunk; the second half of each chunk is scored.", callback=opt.at_least(8))] = 512,
+    max_chunks: Annotated[Optional[int], typer.Option("--chunks", help="Score at most this many chunks. [default: all]", callback=opt.at_least(1), show_default=False)] = None,
+    engine_name: Annotated[str, typer.Option("--engine", help="Inference engine for both models: llama.cpp or native.", callback=opt.engine_name)] = "llama.cpp",
+    kernels: Annotated[Optional[str], typer.Option("--kernels", envvar="LOCALINFER_KERNELS", help="Native engine kernels: auto, c or numba.", callback=opt.kernel_set, show_default=False)] = None,
+    threads: Annotated[Optional[int], typer.Option(help="CPU threads. [default: physical cores]", callback=opt.at_least(1))] = None,
+    json_out: Annotated[bool, typer.Option("--json", help='Print {"perplexity", "tokens", "kld": {"mean", "p99", "max"}, "top1_agreement"} (kld and top1_agreement with --ref).')] = False,
+) -> None:
+    """Measure perplexity over a text, and with --ref the KL divergence from a reference model."""
+    from localinfer.engine.loader import LoadOptions, open_engine
+    from localinfer.quality.evaluate import chunks_of, evaluate
+
+    content = read_text(text)
+    load = LoadOptions(engine=engine_name, ctx=ctx, threads=threads, gpu_layers=0 if engine_name == "native" else "auto", kernels=kernels)
+    subject = open_engine(model, load)
+    reference = open_engine(ref, load) if ref else None
+    try:
+        tokens = subject.backend.tokenize(content, add_special=False)
+        if reference is not None and reference.backend.tokenize(content, add_special=False) != tokens:
+            raise UserError("the reference model tokenizes the text differently; KL divergence needs the same tokenizer")
+        chunks_of(tokens, ctx)  # a too-short text is an error before any progress bar
+        bar = Progress("scoring", BarColumn(), MofNCompleteColumn(), "[dim]{task.fields[ppl]}[/dim]", TimeRemainingColumn(), console=err, transient=True, disable=json_out)
+        with bar:
+            task = bar.add_task("chunks", total=None, ppl="")
+
+            def progress(done: int, total: int, ppl: float) -> None:
+                bar.update(task, completed=done, total=total, ppl=f"perplexity {ppl:.3f}")
+
+            result = evaluate(subject.backend, tokens, ctx, reference.backend if reference else None, max_chunks, progress)
+    finally:
+        subject.close()
+        if reference is not None:
+            reference.close()
+    if json_out:
+        print(json.dumps(result.as_dict()))
+        return
+    print(f"perplexity {result.perplexity:.4f} over {result.tokens} tokens ({result.chunks} chunks of {ctx})")
+    if result.kld is not None:
+        k = result.kld
+        print(f"KL divergence from {ref}: mean {k['mean']:.6f}, p99 {k['p99']:.6f}, max {k['max']:.6f}")
+        print(f"top-1 agreement with {ref}: {100 * result.top1_agreement:.2f} %")
+
+
+def register(app: typer.Typer) -> None:
+    app.command("eval")(eval_command)
