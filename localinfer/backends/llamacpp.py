@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import ctypes
 import os
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import numpy as np
@@ -19,6 +21,7 @@ from localinfer.errors import BackendError, ContextOverflow
 import llama_cpp as C  # noqa: E402  (after our imports: its import loads the shared library)
 
 _log_lines: list[str] = []
+_listeners: list[Callable[[str], None]] = []
 _verbose = False
 
 
@@ -28,6 +31,8 @@ def _on_log(level: int, text: bytes, user_data: ctypes.c_void_p) -> None:
     line = text.decode("utf-8", errors="replace")
     _log_lines.append(line)
     del _log_lines[:-50]
+    for listener in _listeners:
+        listener(line)
     if _verbose:
         os.write(2, text)
 
@@ -51,6 +56,23 @@ def system_info() -> str:
 
 def supports_gpu_offload() -> bool:
     return bool(C.llama_supports_gpu_offload())
+
+
+@contextmanager
+def log_listener(listener: Callable[[str], None]) -> Iterator[None]:
+    """Also hand every llama.cpp log line to `listener` (the quantizer's progress)."""
+    _init_once(False)
+    _log_lines.clear()
+    _listeners.append(listener)
+    try:
+        yield
+    finally:
+        _listeners.remove(listener)
+
+
+def last_error() -> str:
+    """The last line of llama.cpp's log that reports an error, for a one-line message."""
+    return _last_error()
 
 
 def _last_error() -> str:

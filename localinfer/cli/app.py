@@ -26,9 +26,9 @@ app = typer.Typer(
 
 
 def _register() -> None:
-    from localinfer.cli import doctor, eval, list, pull, rm, run, show
+    from localinfer.cli import doctor, eval, list, pull, quantize, rm, run, show
 
-    for module in (run, pull, list, show, rm, eval, doctor):
+    for module in (run, pull, list, show, rm, quantize, eval, doctor):
         module.register(app)
 
 

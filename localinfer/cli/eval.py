@@ -8,13 +8,9 @@ from pathlib import Path
 from typing import Annotated, Optional
 
 import typer
-from rich.console import Console
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TimeRemainingColumn
-
 from localinfer.cli import options as opt
+from localinfer.cli.progress import work_bar
 from localinfer.errors import UserError
-
-err = Console(stderr=True)
 
 
 def read_text(path: Path) -> str:
@@ -39,7 +35,7 @@ def eval_command(
 ) -> None:
     """Measure perplexity over a text, and with --ref the KL divergence from a reference model."""
     from localinfer.engine.loader import LoadOptions, open_engine
-    from localinfer.quality.evaluate import chunks_of, evaluate
+    from localinfer.quality.evaluate import evaluate
 
     content = read_text(text)
     load = LoadOptions(engine=engine_name, ctx=ctx, threads=threads, gpu_layers=0 if engine_name == "native" else "auto", kernels=kernels)
@@ -49,15 +45,11 @@ def eval_command(
         tokens = subject.backend.tokenize(content, add_special=False)
         if reference is not None and reference.backend.tokenize(content, add_special=False) != tokens:
             raise UserError("the reference model tokenizes the text differently; KL divergence needs the same tokenizer")
-        chunks_of(tokens, ctx)  # a too-short text is an error before any progress bar
-        bar = Progress("scoring", BarColumn(), MofNCompleteColumn(), "[dim]{task.fields[ppl]}[/dim]", TimeRemainingColumn(), console=err, transient=True, disable=json_out)
-        with bar:
-            task = bar.add_task("chunks", total=None, ppl="")
-
-            def progress(done: int, total: int, ppl: float) -> None:
-                bar.update(task, completed=done, total=total, ppl=f"perplexity {ppl:.3f}")
-
-            result = evaluate(subject.backend, tokens, ctx, reference.backend if reference else None, max_chunks, progress)
+        with work_bar("scoring", enabled=not json_out) as update:
+            result = evaluate(
+                subject.backend, tokens, ctx, reference.backend if reference else None, max_chunks,
+                progress=lambda done, total, ppl: update(done, total, f"perplexity {ppl:.3f}"),
+            )  # fmt: skip
     finally:
         subject.close()
         if reference is not None:

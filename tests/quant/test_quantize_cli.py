@@ -1,0 +1,93 @@
+"""`localinfer quantize` as a user runs it: llama.cpp's quantizer on real models, an
+atomic output that runs at once, and one-line errors that leave nothing behind."""
+
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+
+from localinfer.modelfile import inspect
+
+from ..conftest import run_cli, start_cli
+
+
+def model_files(folder: Path) -> list[Path]:
+    return sorted(p for p in folder.iterdir() if p.name.endswith(".gguf") or ".partial" in p.name)
+
+
+def test_f32_to_q4_k_m_runs_at_once(f32_path: Path, tmp_path: Path) -> None:
+    out = tmp_path / "small.gguf"
+    result = run_cli("quantize", str(f32_path), "Q4_K_M", "-o", str(out), "--json")
+    assert result.returncode == 0, result.stderr
+    summary = json.loads(result.stdout)
+    assert summary["output_bytes"] == out.stat().st_size < summary["source_bytes"] / 4
+    assert summary["source_tensor_types"] == {"F32": 272}
+    assert {"Q4_K", "Q6_K"} <= set(inspect(out).tensor_types)
+    assert model_files(tmp_path) == [out]
+    answer = run_cli("run", str(out), "--max-tokens", "8", "--temperature", "0", "Hi")
+    assert answer.returncode == 0 and answer.stdout.strip(), answer.stderr
+
+
+def test_table_and_tensor_type_override(f32_path: Path, tmp_path: Path) -> None:
+    out = tmp_path / "q4_0-v8.gguf"
+    result = run_cli("quantize", str(f32_path), "Q4_0", "-o", str(out), "--tensor-type", "attn_v=Q8_0")
+    assert result.returncode == 0, result.stderr
+    assert "before" in result.stdout and "after" in result.stdout and f"wrote {out}" in result.stdout
+    from gguf import GGUFReader
+
+    types = {t.name: t.tensor_type.name for t in GGUFReader(out).tensors}
+    assert types["blk.0.attn_v.weight"] == "Q8_0" and types["blk.0.attn_q.weight"] == "Q4_0"
+
+
+def test_requantizing_needs_a_flag_and_warns(model_path: Path, tmp_path: Path) -> None:
+    out = tmp_path / "requant.gguf"
+    refused = run_cli("quantize", str(model_path), "Q8_0", "-o", str(out))
+    assert refused.returncode == 1
+    assert refused.stderr.strip().splitlines() == [
+        f"error: {model_path.name} is already quantized (Q4_1, Q8_0); quantize from an F16/BF16/F32 source, or pass --allow-requantize"
+    ]
+    assert model_files(tmp_path) == []
+    allowed = run_cli("quantize", str(model_path), "Q8_0", "-o", str(out), "--allow-requantize", "--json")
+    assert allowed.returncode == 0, allowed.stderr
+    assert "warning:" in allowed.stderr and "already quantized" in allowed.stderr
+    assert inspect(out).tensor_types == {"Q8_0": 211, "F32": 61}
+
+
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["{f32}", "Q9_X"], "error: unknown quantization type 'Q9_X'; choose one of: "),
+        (["{readme}", "Q4_0"], "is not a GGUF model file"),
+        (["{tmp}", "Q4_0"], "is a folder without config.json: not a Hugging Face model"),
+        (["{f32}", "Q4_0", "-o", "{tmp}/no/such/dir/out.gguf"], "cannot write"),
+        (["no-such-model:1b", "Q4_0"], "error: no such file, folder or downloaded model: no-such-model:1b"),
+        (["{f32}", "Q4_0", "--tensor-type", "attn_v"], "'attn_v' is not PATTERN=TYPE"),
+    ],
+)
+def test_bad_input_is_one_line_and_leaves_nothing(args: list[str], message: str, f32_path: Path, tmp_path: Path) -> None:
+    readme = tmp_path / "README.md"
+    readme.write_text("# not a model\n")
+    filled = [a.format(f32=f32_path, readme=readme, tmp=tmp_path) for a in args]
+    result = run_cli("quantize", *filled, "-o", str(tmp_path / "out.gguf")) if "-o" not in args else run_cli("quantize", *filled)
+    assert result.returncode in (1, 2)
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and message in lines[0], result.stderr
+    assert "Traceback" not in result.stderr
+    assert model_files(tmp_path) == []
+
+
+def test_ctrl_c_leaves_no_model(f32_path: Path, tmp_path: Path) -> None:
+    proc = start_cli("quantize", str(f32_path), "Q6_K", "-o", str(tmp_path / "out.gguf"), stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    deadline = time.monotonic() + 60
+    while not any(".partial" in p.name for p in tmp_path.iterdir()) and time.monotonic() < deadline:
+        time.sleep(0.02)  # wait until llama.cpp is writing
+    proc.send_signal(signal.SIGINT)
+    _, stderr = proc.communicate(timeout=60)
+    assert proc.returncode == 130, stderr
+    assert b"Traceback" not in stderr
+    assert model_files(tmp_path) == []
