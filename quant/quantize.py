@@ -12,12 +12,15 @@ from __future__ import annotations
 import ctypes
 import os
 import re
+import struct
 import tempfile
 import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+
+import numpy as np
 
 from localinfer.errors import InvalidModelFile, UserError
 from localinfer.modelfile import GGUFInfo, inspect
@@ -78,6 +81,71 @@ def writable_temp(out: Path) -> Path:
     return Path(name)
 
 
+def load_imatrix(path: Path) -> dict[str, np.ndarray]:
+    """An importance matrix (mean squared activation per input column, per weight matrix),
+    from llama-imatrix's GGUF files (`NAME.in_sum2` / `NAME.counts`) or its legacy .dat."""
+    path = Path(path)
+    try:
+        with open(path, "rb") as f:
+            magic = f.read(4)
+    except OSError as e:
+        raise UserError(f"cannot read the importance matrix {path}: {e.strerror or e}") from None
+    try:
+        return _imatrix_gguf(path) if magic == b"GGUF" else _imatrix_dat(path)
+    except (ValueError, KeyError, IndexError, UnicodeDecodeError, struct.error):
+        raise UserError(f"{path} is not an importance matrix (neither llama-imatrix's GGUF nor its .dat format)") from None
+
+
+def _imatrix_gguf(path: Path) -> dict[str, np.ndarray]:
+    from gguf import GGUFReader
+
+    tensors = {t.name: np.asarray(t.data, dtype=np.float32) for t in GGUFReader(path).tensors}
+    out = {}
+    for name, sums in tensors.items():
+        if name.endswith(".in_sum2"):
+            base = name.removesuffix(".in_sum2")
+            counts = tensors[base + ".counts"].reshape(-1)
+            rows = sums.reshape(len(counts), -1)
+            out[base] = (rows / np.maximum(counts, 1)[:, None]).reshape(-1).astype(np.float32)
+    if not out:
+        raise ValueError("no .in_sum2 tensors")
+    return out
+
+
+def _imatrix_dat(path: Path) -> dict[str, np.ndarray]:
+    data = path.read_bytes()
+    pos, out = 4, {}
+    (n,) = struct.unpack_from("<i", data, 0)
+    for _ in range(n):
+        (length,) = struct.unpack_from("<i", data, pos)
+        name = data[pos + 4 : pos + 4 + length].decode()
+        ncall, nval = struct.unpack_from("<ii", data, pos + 4 + length)
+        pos += 12 + length
+        values = np.frombuffer(data, dtype=np.float32, count=nval, offset=pos).copy()
+        pos += 4 * nval
+        out[name] = values / ncall if ncall > 0 else values
+    if not out:
+        raise ValueError("no entries")
+    return out
+
+
+def _imatrix_array(imatrix: dict[str, np.ndarray]) -> tuple[ctypes.Array, list[object]]:
+    """llama_model_imatrix_data[], ending with a null name; the second value keeps the
+    buffers alive while llama.cpp reads them."""
+    import llama_cpp
+
+    keep: list[object] = []
+    arr = (llama_cpp.llama_model_imatrix_data * (len(imatrix) + 1))()
+    for i, (name, values) in enumerate(imatrix.items()):
+        values = np.ascontiguousarray(values, dtype=np.float32)
+        keep += [values, name.encode()]
+        arr[i].name = keep[-1]
+        arr[i].data = values.ctypes.data_as(ctypes.POINTER(ctypes.c_float))
+        arr[i].size = values.size
+    arr[len(imatrix)].name = None
+    return arr, keep
+
+
 def _overrides(tensor_types: dict[str, str]) -> ctypes.Array | None:
     import llama_cpp
 
@@ -99,6 +167,7 @@ def quantize(
     allow_requantize: bool = False,
     leave_output_tensor: bool = False,
     tensor_types: dict[str, str] | None = None,
+    imatrix: Path | None = None,
     threads: int | None = None,
     progress: Callable[[int, int, str], None] | None = None,
     warn: Callable[[str], None] | None = None,
@@ -132,6 +201,9 @@ def quantize(
         overrides = _overrides(tensor_types or {})
         if overrides is not None:
             params.tt_overrides = ctypes.cast(overrides, ctypes.POINTER(llama_cpp.llama_model_tensor_override))
+        if imatrix is not None:
+            importance, _keep = _imatrix_array(load_imatrix(imatrix))
+            params.imatrix = ctypes.cast(importance, ctypes.POINTER(llama_cpp.llama_model_imatrix_data))
         tmp = writable_temp(out)
         try:
             rc = _run_with_progress(lambda: llama_cpp.llama_model_quantize(str(src_gguf).encode(), str(tmp).encode(), ctypes.byref(params)), progress, backend)

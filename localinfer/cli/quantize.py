@@ -41,6 +41,7 @@ def quantize_command(
     allow_requantize: Annotated[bool, typer.Option("--allow-requantize", help="Accept an already-quantized source (worse than quantizing from F16).")] = False,
     leave_output_tensor: Annotated[bool, typer.Option("--leave-output-tensor", help="Keep output.weight unquantized.")] = False,
     tensor_type: Annotated[Optional[list[str]], typer.Option("--tensor-type", help="Override the type of tensors matching a pattern: PATTERN=TYPE (repeatable).", show_default=False)] = None,
+    imatrix: Annotated[Optional[Path], typer.Option("--imatrix", help="Importance matrix from llama-imatrix (GGUF or legacy .dat): better low-bit quants.", show_default=False)] = None,
     threads: Annotated[Optional[int], typer.Option(help="Threads. [default: all cores]", callback=opt.at_least(1))] = None,
     json_out: Annotated[bool, typer.Option("--json", help="Print a JSON summary instead of the table.")] = False,
 ) -> None:
@@ -53,7 +54,7 @@ def quantize_command(
     with work_bar("quantizing", enabled=not json_out) as progress:
         result = quantize(
             source, out, type_name,
-            allow_requantize=allow_requantize, leave_output_tensor=leave_output_tensor, tensor_types=overrides, threads=threads,
+            allow_requantize=allow_requantize, leave_output_tensor=leave_output_tensor, tensor_types=overrides, imatrix=imatrix, threads=threads,
             progress=progress, warn=lambda warning: err.print(f"[yellow]warning:[/yellow] {warning}"),
         )  # fmt: skip
     before, after = result.source_info, result.output_info

@@ -91,3 +91,46 @@ def test_ctrl_c_leaves_no_model(f32_path: Path, tmp_path: Path) -> None:
     assert proc.returncode == 130, stderr
     assert b"Traceback" not in stderr
     assert model_files(tmp_path) == []
+
+
+def write_imatrix(model: Path, out: Path) -> Path:
+    """An importance matrix in llama-imatrix's GGUF layout (NAME.in_sum2, NAME.counts),
+    with made-up statistics: enough to see the quantizer take it."""
+    import numpy as np
+    from gguf import GGUFReader, GGUFWriter
+
+    rng = np.random.default_rng(0)
+    w = GGUFWriter(str(out), "llama")
+    w.add_type("imatrix")
+    for t in GGUFReader(model).tensors:
+        if len(t.shape) == 2 and t.name != "token_embd.weight":
+            cols = int(t.shape[0])
+            w.add_tensor(t.name + ".in_sum2", (rng.random(cols) * 10).astype(np.float32).reshape(1, cols))
+            w.add_tensor(t.name + ".counts", np.array([[5.0]], dtype=np.float32))
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return out
+
+
+def test_imatrix_changes_the_quantization(f32_path: Path, tmp_path: Path) -> None:
+    from gguf import GGUFReader
+
+    imatrix = write_imatrix(f32_path, tmp_path / "imatrix.gguf")
+    plain, weighted = tmp_path / "plain.gguf", tmp_path / "weighted.gguf"
+    assert run_cli("quantize", str(f32_path), "Q4_K_M", "-o", str(plain), "--json").returncode == 0
+    result = run_cli("quantize", str(f32_path), "Q4_K_M", "-o", str(weighted), "--imatrix", str(imatrix), "--json")
+    assert result.returncode == 0, result.stderr
+    a = {t.name: bytes(t.data) for t in GGUFReader(plain).tensors}
+    b = {t.name: bytes(t.data) for t in GGUFReader(weighted).tensors}
+    assert sum(a[name] != b[name] for name in a) > len(a) // 2
+
+
+def test_types_that_need_an_imatrix_say_so(f32_path: Path, tmp_path: Path) -> None:
+    result = run_cli("quantize", str(f32_path), "IQ2_XS", "-o", str(tmp_path / "iq.gguf"))
+    assert result.returncode == 1
+    assert result.stderr.strip().splitlines() == ["error: llama.cpp could not quantize smollm2-135m-f32.gguf: llama_model_quantize: failed to quantize: this quantization requires an imatrix!"]
+    assert model_files(tmp_path) == []
+    bad = run_cli("quantize", str(f32_path), "Q4_K_M", "-o", str(tmp_path / "q.gguf"), "--imatrix", str(f32_path.parent / "missing.dat"))
+    assert bad.returncode == 1 and bad.stderr.startswith("error: cannot read the importance matrix")
