@@ -82,26 +82,48 @@ def evaluate(
     progress: Callable[[int, int, float], None] | None = None,
 ) -> EvalResult:
     """`progress(done, total, perplexity so far)` is called after every chunk."""
+    return evaluate_many({"model": backend}, tokens, ctx, reference, max_chunks, progress)["model"]
+
+
+def evaluate_many(
+    backends: dict[str, Backend],
+    tokens: list[int],
+    ctx: int,
+    reference: Backend | None = None,
+    max_chunks: int | None = None,
+    progress: Callable[[int, int, float], None] | None = None,
+) -> dict[str, EvalResult]:
+    """Several models over the same chunks, the reference run once per chunk for all of
+    them (a quantization table scores five quants against one F16 source)."""
     chunks = chunks_of(tokens, ctx)[:max_chunks]
-    if reference is not None and reference.vocab.n_vocab != backend.vocab.n_vocab:
-        raise UserError(f"the reference has a vocabulary of {reference.vocab.n_vocab} tokens and the model {backend.vocab.n_vocab}; KL divergence needs the same tokenizer")
-    nll, klds, agree, per_chunk = [], [], [], []
+    for backend in backends.values():
+        if reference is not None and reference.vocab.n_vocab != backend.vocab.n_vocab:
+            raise UserError(f"the reference has a vocabulary of {reference.vocab.n_vocab} tokens and the model {backend.vocab.n_vocab}; KL divergence needs the same tokenizer")
+    nll: dict[str, list[np.ndarray]] = {name: [] for name in backends}
+    klds: dict[str, list[np.ndarray]] = {name: [] for name in backends}
+    agree: dict[str, list[np.ndarray]] = {name: [] for name in backends}
     for i, chunk in enumerate(chunks):
-        logp = scored_logprobs(backend, chunk)
+        ref = scored_logprobs(reference, chunk) if reference is not None else None
         targets = np.asarray(chunk[len(chunk) // 2 + 1 :])
-        chunk_nll = -logp[np.arange(len(targets)), targets]
-        nll.append(chunk_nll)
-        per_chunk.append(float(chunk_nll.mean()))
-        if reference is not None:
-            ref = scored_logprobs(reference, chunk)
-            klds.append(np.sum(np.exp(ref) * (ref - logp), axis=-1))
-            agree.append(ref.argmax(axis=-1) == logp.argmax(axis=-1))
+        for name, backend in backends.items():
+            logp = scored_logprobs(backend, chunk)
+            nll[name].append(-logp[np.arange(len(targets)), targets])
+            if ref is not None:
+                klds[name].append(np.sum(np.exp(ref) * (ref - logp), axis=-1))
+                agree[name].append(ref.argmax(axis=-1) == logp.argmax(axis=-1))
         if progress:
-            progress(i + 1, len(chunks), float(np.exp(np.concatenate(nll).mean())))
-    all_nll = np.concatenate(nll)
-    result = EvalResult(perplexity=float(np.exp(all_nll.mean())), tokens=len(all_nll), chunks=len(chunks), ctx=ctx, nll_per_chunk=per_chunk)
-    if reference is not None:
-        kld = np.maximum(np.concatenate(klds), 0.0)  # tiny negatives are rounding
-        result.kld = {"mean": float(kld.mean()), "p99": float(np.percentile(kld, 99)), "max": float(kld.max())}
-        result.top1_agreement = float(np.concatenate(agree).mean())
-    return result
+            first = next(iter(backends))
+            progress(i + 1, len(chunks), float(np.exp(np.concatenate(nll[first]).mean())))
+    results = {}
+    for name in backends:
+        all_nll = np.concatenate(nll[name])
+        result = EvalResult(
+            perplexity=float(np.exp(all_nll.mean())), tokens=len(all_nll), chunks=len(chunks), ctx=ctx,
+            nll_per_chunk=[float(c.mean()) for c in nll[name]],
+        )  # fmt: skip
+        if reference is not None:
+            kld = np.maximum(np.concatenate(klds[name]), 0.0)  # tiny negatives are rounding
+            result.kld = {"mean": float(kld.mean()), "p99": float(np.percentile(kld, 99)), "max": float(kld.max())}
+            result.top1_agreement = float(np.concatenate(agree[name]).mean())
+        results[name] = result
+    return results

@@ -134,3 +134,27 @@ def test_types_that_need_an_imatrix_say_so(f32_path: Path, tmp_path: Path) -> No
     assert model_files(tmp_path) == []
     bad = run_cli("quantize", str(f32_path), "Q4_K_M", "-o", str(tmp_path / "q.gguf"), "--imatrix", str(f32_path.parent / "missing.dat"))
     assert bad.returncode == 1 and bad.stderr.startswith("error: cannot read the importance matrix")
+
+
+def test_hugging_face_folder_is_converted_then_quantized(hf_folder: Path, tmp_path: Path) -> None:
+    out = tmp_path / "from-hf.gguf"
+    result = run_cli("quantize", str(hf_folder), "Q8_0", "-o", str(out), "--json")
+    assert result.returncode == 0, result.stderr
+    assert set(inspect(out).tensor_types) == {"Q8_0", "F32"}
+    answer = run_cli("run", str(out), "--max-tokens", "8", "--temperature", "0", "Hi")
+    assert answer.returncode == 0 and answer.stdout.strip(), answer.stderr
+
+
+def test_unsupported_architecture_in_a_folder_is_one_line(hf_folder: Path, tmp_path: Path) -> None:
+    import shutil
+
+    folder = tmp_path / "neox"
+    shutil.copytree(hf_folder, folder)
+    config = json.loads((folder / "config.json").read_text())
+    config.update(model_type="gpt_neox", architectures=["GPTNeoXForCausalLM"])
+    (folder / "config.json").write_text(json.dumps(config))
+    result = run_cli("quantize", str(folder), "Q8_0", "-o", str(tmp_path / "out.gguf"))
+    assert result.returncode == 1
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: ") and "gpt_neox" in lines[0].lower() or "GPTNeoX" in lines[0], result.stderr
+    assert model_files(tmp_path) == []
