@@ -1,0 +1,330 @@
+"""Our numpy codecs (localinfer_quant.codecs) against ggml, byte for byte.
+
+* dequantize == gguf-py's dequantizer, exactly, on the embedded model (Q4_1, Q8_0) and on
+  models llama.cpp made of every other type;
+* quantize == llama.cpp's own quantizer (llama_model_quantize, no imatrix, `pure`), byte for
+  byte, on the real weights of an F32 model made from the embedded one;
+* quantize == ggml_quantize_chunk (the function llama_model_quantize calls) on random and
+  edge-case data: zeros, signed zeros, constants, ties, tiny and huge values;
+* round trips on random data with bounded error, and clear errors for bad input.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+from gguf import GGML_QUANT_SIZES, GGMLQuantizationType as Q, GGUFReader
+from gguf.quants import dequantize as gguf_dequantize
+
+from localinfer.modelfile import inspect
+from localinfer_quant import codecs
+from ..conftest import THREADS
+
+LEGACY = [Q.Q8_0, Q.Q4_0, Q.Q4_1, Q.Q5_0, Q.Q5_1]
+K_TYPES = [Q.Q4_K, Q.Q5_K, Q.Q6_K]
+ALL = LEGACY + K_TYPES
+
+# qtype -> the llama.cpp ftype that (with params.pure) asks for it
+FTYPES = {
+    Q.Q8_0: "LLAMA_FTYPE_MOSTLY_Q8_0",
+    Q.Q4_0: "LLAMA_FTYPE_MOSTLY_Q4_0",
+    Q.Q4_1: "LLAMA_FTYPE_MOSTLY_Q4_1",
+    Q.Q5_0: "LLAMA_FTYPE_MOSTLY_Q5_0",
+    Q.Q5_1: "LLAMA_FTYPE_MOSTLY_Q5_1",
+    Q.Q4_K: "LLAMA_FTYPE_MOSTLY_Q4_K_S",
+    Q.Q5_K: "LLAMA_FTYPE_MOSTLY_Q5_K_S",
+    Q.Q6_K: "LLAMA_FTYPE_MOSTLY_Q6_K",
+}
+
+
+def _bits(a: np.ndarray) -> np.ndarray:
+    return np.ascontiguousarray(a, dtype=np.float32).view(np.uint32)
+
+
+def _rows(t) -> np.ndarray:
+    """A GGUFReader tensor's data as [rows, last-dim] (bytes for quantized types)."""
+    data = np.asarray(t.data)
+    return data.reshape(-1, data.shape[-1])
+
+
+class _Tensor:
+    """One tensor of a llama.cpp-made model, read through the header offsets that
+    localinfer.modelfile finds (GGUFReader spends seconds per model on the tokenizer
+    metadata; the embedded model is read with GGUFReader below)."""
+
+    def __init__(self, path: Path, info) -> None:
+        self.name, self.tensor_type = info.name, Q(info.type)
+        self._path, self._info = path, info
+
+    @property
+    def rows(self) -> np.ndarray:
+        block, size = GGML_QUANT_SIZES[self.tensor_type]
+        cols = self._info.shape[0]
+        if self.tensor_type == Q.F32:
+            dtype, width = np.float32, cols
+        else:
+            dtype, width = np.uint8, cols // block * size
+        data = np.fromfile(self._path, dtype=dtype, count=self._info.nbytes // np.dtype(dtype).itemsize, offset=self._info.offset)
+        return data.reshape(-1, width)
+
+
+def _read(path: Path) -> list[_Tensor]:
+    return [_Tensor(path, info) for info in inspect(path).tensors]
+
+
+# --- models made by llama.cpp ------------------------------------------------------------
+
+
+def _quantize_pure(src: Path, dst: Path, ftype: int) -> Path:
+    """llama_model_quantize with `pure`: every tensor the requested type where its rows allow."""
+    import llama_cpp
+
+    params = llama_cpp.llama_model_quantize_default_params()
+    params.ftype = ftype
+    params.pure = True
+    params.allow_requantize = True
+    params.nthread = THREADS
+    assert llama_cpp.llama_model_quantize(str(src).encode(), str(dst).encode(), ctypes.byref(params)) == 0
+    return dst
+
+
+@pytest.fixture(scope="session")
+def codecs_f32_path(f32_path: Path) -> Path:
+    """The embedded model widened to F32 by llama.cpp (tests/conftest.py)."""
+    return f32_path
+
+
+@pytest.fixture(scope="session")
+def f32_model(codecs_f32_path: Path) -> dict[str, np.ndarray]:
+    """name -> float32 [rows, cols] for every matrix of the F32 model."""
+    tensors = {}
+    for t in _read(codecs_f32_path):
+        assert t.tensor_type == Q.F32, t.name
+        if len(t._info.shape) == 2:
+            tensors[t.name] = t.rows
+    return tensors
+
+
+@pytest.fixture(scope="session")
+def pure_models(codecs_f32_path: Path, tmp_path_factory: pytest.TempPathFactory):
+    """qtype -> the tensors of the F32 model quantized by llama.cpp to that type (made on first use)."""
+    import llama_cpp
+
+    folder = tmp_path_factory.mktemp("codecs-pure")
+    cache: dict[Q, list[_Tensor]] = {}
+
+    def get(qtype: Q) -> list[_Tensor]:
+        if qtype not in cache:
+            dst = _quantize_pure(codecs_f32_path, folder / f"{qtype.name}.gguf", getattr(llama_cpp, FTYPES[qtype]))
+            cache[qtype] = _read(dst)
+        return cache[qtype]
+
+    return get
+
+
+def _sample(tensors: list, qtype: Q) -> list:
+    """The tensors our quantizer is compared on: all 30 K-quant ones (the ffn_down matrices);
+    for the 32-blocks, to keep the suite fast, the token embeddings (49152 x 576) and every
+    matrix of every third layer (0, 3, ..., 27: 71 of the 211)."""
+    if qtype in K_TYPES:
+        return tensors
+    return [t for t in tensors if t.name == "token_embd.weight" or (t.name.startswith("blk.") and int(t.name.split(".")[1]) % 3 == 0)]
+
+
+def _in_sample_layers(name: str) -> bool:
+    return name == "token_embd.weight" or name.split(".")[:2] in (["blk", "0"], ["blk", "15"], ["blk", "29"])
+
+
+# --- dequantize == gguf-py ---------------------------------------------------------------
+
+
+def test_dequantize_embedded_model_matches_gguf(model_path: Path):
+    seen = set()
+    for t in GGUFReader(model_path).tensors:
+        if t.tensor_type not in codecs.SUPPORTED or not _in_sample_layers(t.name):
+            continue
+        data = _rows(t)
+        ours = codecs.dequantize(data, t.tensor_type)
+        ref = gguf_dequantize(data, t.tensor_type).reshape(ours.shape)
+        assert ours.dtype == np.float32
+        assert np.array_equal(_bits(ours), _bits(ref)), t.name
+        seen.add(t.tensor_type)
+    assert seen == {Q.Q4_1, Q.Q8_0}
+
+
+@pytest.mark.parametrize("qtype", ALL, ids=lambda q: q.name)
+def test_dequantize_llamacpp_models_match_gguf(qtype: Q, pure_models):
+    tensors = [t for t in pure_models(qtype) if t.tensor_type == qtype and t.name != "token_embd.weight"]
+    assert tensors
+    for t in tensors[:: max(1, len(tensors) // 6)]:
+        data = t.rows
+        ours = codecs.dequantize(data, qtype)
+        ref = gguf_dequantize(data, qtype).reshape(ours.shape)
+        assert np.array_equal(_bits(ours), _bits(ref)), t.name
+
+
+# --- quantize == llama.cpp ---------------------------------------------------------------
+
+
+@pytest.mark.parametrize("qtype", ALL, ids=lambda q: q.name)
+def test_quantize_matches_llamacpp_on_model_weights(qtype: Q, f32_model, pure_models):
+    got = [t for t in pure_models(qtype) if t.tensor_type == qtype]
+    if qtype in K_TYPES:
+        # SmolLM2's 576-wide rows are no multiple of 256: llama.cpp falls back there, so the
+        # K-quant tensors are exactly the 30 ffn_down matrices (rows of 1536)
+        assert sorted(t.name for t in got) == sorted(f"blk.{i}.ffn_down.weight" for i in range(30))
+    else:
+        assert {t.name for t in got} == set(f32_model)  # pure: every matrix has the type
+    sample = _sample(got, qtype)
+    assert sample
+    for t in sample:
+        ref = t.rows
+        ours = codecs.quantize(f32_model[t.name], qtype)
+        assert ours.shape == ref.shape and ours.dtype == np.uint8, t.name
+        if not np.array_equal(ours, ref):
+            block = GGML_QUANT_SIZES[qtype][1]
+            bad = np.flatnonzero((ours.reshape(-1, block) != ref.reshape(-1, block)).any(axis=1))
+            pytest.fail(f"{t.name}: {bad.size} of {ours.size // block} {qtype.name} blocks differ (first {bad[:5]})")
+
+
+# --- quantize == ggml_quantize_chunk on synthetic data -----------------------------------
+
+
+@pytest.fixture(scope="module")
+def ggml_quantize_chunk():
+    import llama_cpp
+
+    lib = ctypes.CDLL(os.path.join(os.path.dirname(llama_cpp.__file__), "lib", "libggml-base.so"))
+    fn = lib.ggml_quantize_chunk
+    fn.argtypes = [ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64, ctypes.c_int64, ctypes.c_void_p]
+    fn.restype = ctypes.c_size_t
+
+    def run(x: np.ndarray, qtype: Q) -> np.ndarray:
+        x = np.ascontiguousarray(x, dtype=np.float32)
+        rows, cols = x.shape
+        out = np.zeros((rows, codecs.row_bytes(cols, qtype)), np.uint8)
+        assert fn(int(qtype), x.ctypes.data, out.ctypes.data, 0, rows, cols, None) == out.size
+        return out
+
+    return run
+
+
+def _synthetic(rng: np.random.Generator, rows: int, cols: int):
+    shape = (rows, cols)
+    yield "normal", rng.standard_normal(shape)
+    yield "scaled rows", rng.standard_normal(shape) * 10.0 ** rng.uniform(-8, 4, (rows, 1))
+    yield "all positive", rng.uniform(0, 1, shape)
+    yield "all negative", -rng.uniform(0, 1, shape)
+    yield "heavy tails", rng.standard_cauchy(shape)
+    yield "grid (ties)", rng.integers(-8, 8, shape) * 0.25
+    sparse = rng.standard_normal(shape)
+    sparse[rng.random(shape) < 0.7] = 0.0
+    yield "sparse", sparse
+    negzero = sparse.copy()
+    negzero[negzero == 0] = -0.0
+    yield "sparse, negative zeros", negzero
+    yield "zeros", np.zeros(shape)
+    yield "negative zeros", np.full(shape, -0.0)
+    yield "constant", np.full(shape, 0.37)
+    yield "negative constant", np.full(shape, -1.5)
+    yield "tiny", rng.standard_normal(shape) * 1e-30
+    yield "fp16-subnormal scales", rng.standard_normal(shape) * 1e-6
+    yield "huge", rng.standard_normal(shape) * 1e4
+    outliers = rng.standard_normal(shape)
+    outliers[:, ::37] *= 1000
+    yield "outliers", outliers
+
+
+@pytest.mark.parametrize("qtype", ALL, ids=lambda q: q.name)
+def test_quantize_matches_ggml_on_synthetic_data(qtype: Q, ggml_quantize_chunk):
+    rng = np.random.default_rng(int(qtype))
+    for name, x in _synthetic(rng, 32, 512):
+        x = np.asarray(x, dtype=np.float32)
+        ours = codecs.quantize(x, qtype)
+        ref = ggml_quantize_chunk(x, qtype)
+        assert np.array_equal(ours, ref), f"{qtype.name}: {name}"
+        # and what we decode from them is what gguf-py decodes
+        assert np.array_equal(_bits(codecs.dequantize(ours, qtype)), _bits(gguf_dequantize(ref, qtype).reshape(x.shape))), name
+
+
+# --- round trips -------------------------------------------------------------------------
+
+# relative RMS error bound for standard-normal data (measured: about 80% of these)
+RMS_BOUND = {Q.Q8_0: 0.007, Q.Q4_0: 0.105, Q.Q4_1: 0.095, Q.Q5_0: 0.052, Q.Q5_1: 0.046, Q.Q4_K: 0.087, Q.Q5_K: 0.044, Q.Q6_K: 0.022}
+
+
+@pytest.mark.parametrize("qtype", ALL, ids=lambda q: q.name)
+def test_round_trip_error_is_bounded(qtype: Q):
+    rng = np.random.default_rng(7)
+    x = rng.standard_normal((64, 1024)).astype(np.float32)
+    q = codecs.quantize(x, qtype)
+    assert q.dtype == np.uint8 and q.shape == (64, 1024 // GGML_QUANT_SIZES[qtype][0] * GGML_QUANT_SIZES[qtype][1])
+    y = codecs.dequantize(q, qtype)
+    assert y.dtype == np.float32 and y.shape == x.shape
+    assert np.sqrt(np.mean((y - x) ** 2)) < RMS_BOUND[qtype]
+    if qtype in LEGACY:
+        # per block: at most one quantization step (plus float16 rounding of d and m)
+        b = x.reshape(-1, 32)
+        err = np.abs(y.reshape(-1, 32) - b).max(axis=1)
+        amax = np.abs(b).max(axis=1)
+        span = b.max(axis=1) - b.min(axis=1)
+        step = {Q.Q8_0: amax / 127 / 2, Q.Q4_0: amax / 8, Q.Q5_0: amax / 16, Q.Q4_1: span / 15 / 2, Q.Q5_1: span / 31 / 2}[qtype]
+        assert np.all(err <= step * 1.01 + amax * 2e-3)
+
+
+@pytest.mark.parametrize("qtype", ALL, ids=lambda q: q.name)
+def test_zeros_round_trip_exactly(qtype: Q):
+    x = np.zeros((2, 512), np.float32)
+    assert np.array_equal(codecs.dequantize(codecs.quantize(x, qtype), qtype), x)
+
+
+def test_large_tensor_is_fast():
+    x = np.random.default_rng(1).standard_normal((49152, 576)).astype(np.float32)
+    t0 = time.perf_counter()
+    q = codecs.quantize(x, Q.Q8_0)
+    y = codecs.dequantize(q, Q.Q8_0)
+    assert time.perf_counter() - t0 < 10
+    assert np.abs(y - x).max() < 0.05
+
+
+# --- bad input ---------------------------------------------------------------------------
+
+
+def test_supported_types():
+    assert codecs.SUPPORTED == frozenset(ALL)
+
+
+@pytest.mark.parametrize("qtype", [Q.F16, Q.F32, Q.Q2_K, Q.Q3_K, Q.IQ4_NL, 9999])
+def test_unsupported_type_is_a_clear_error(qtype):
+    with pytest.raises(ValueError, match="unsupported|unknown"):
+        codecs.quantize(np.zeros((1, 256), np.float32), qtype)
+    with pytest.raises(ValueError, match="unsupported|unknown"):
+        codecs.dequantize(np.zeros((1, 256), np.uint8), qtype)
+
+
+@pytest.mark.parametrize(
+    "qtype, shape",
+    [(Q.Q8_0, (64,)), (Q.Q8_0, (2, 2, 32)), (Q.Q4_0, (4, 48)), (Q.Q4_K, (4, 576)), (Q.Q6_K, (1, 128)), (Q.Q5_1, (3, 0))],
+)
+def test_bad_quantize_shape_is_a_clear_error(qtype, shape):
+    with pytest.raises(ValueError, match="2-D|multiple"):
+        codecs.quantize(np.zeros(shape, np.float32), qtype)
+
+
+def test_bad_quantize_dtype_is_a_clear_error():
+    with pytest.raises(ValueError, match="float"):
+        codecs.quantize(np.zeros((1, 32), np.int32), Q.Q8_0)
+
+
+def test_bad_dequantize_input_is_a_clear_error():
+    with pytest.raises(ValueError, match="multiple"):
+        codecs.dequantize(np.zeros((2, 35), np.uint8), Q.Q8_0)  # Q8_0 blocks are 34 bytes
+    with pytest.raises(ValueError, match="2-D"):
+        codecs.dequantize(np.zeros(34, np.uint8), Q.Q8_0)
+    with pytest.raises(ValueError, match="uint8"):
+        codecs.dequantize(np.zeros((1, 34), np.float32), Q.Q8_0)
