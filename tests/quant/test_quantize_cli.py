@@ -158,3 +158,23 @@ def test_unsupported_architecture_in_a_folder_is_one_line(hf_folder: Path, tmp_p
     lines = result.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("error: ") and "gpt_neox" in lines[0].lower() or "GPTNeoX" in lines[0], result.stderr
     assert model_files(tmp_path) == []
+
+
+def test_leave_output_tensor(model_path: Path, tmp_path: Path) -> None:
+    """On an untied model (a tiny random qwen2 with the embedded vocabulary), output.weight
+    keeps its F32 with --leave-output-tensor and is quantized without it."""
+    import numpy as np
+    from gguf import GGUFReader
+
+    from ..native.test_architectures import tiny_model
+
+    fields = GGUFReader(model_path).fields
+    vocab = {key: fields[key].contents() for key in ("tokenizer.ggml.tokens", "tokenizer.ggml.token_type", "tokenizer.ggml.merges")}
+    src = tiny_model(tmp_path / "tiny-qwen2.gguf", "qwen2", vocab, 4, 2, np.random.default_rng(0))
+    types = {}
+    for flag in ([], ["--leave-output-tensor"]):
+        out = tmp_path / f"q8{len(flag)}.gguf"
+        result = run_cli("quantize", str(src), "Q8_0", "-o", str(out), "--json", *flag)
+        assert result.returncode == 0, result.stderr
+        types[bool(flag)] = {t.name: t.tensor_type.name for t in GGUFReader(out).tensors}["output.weight"]
+    assert types == {False: "Q8_0", True: "F32"}
