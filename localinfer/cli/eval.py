@@ -22,9 +22,16 @@ def read_text(path: Path) -> str:
         raise UserError(f"cannot read {path} as UTF-8 text ({e})") from None
 
 
+def default_text() -> Path:
+    """The public-domain text shipped with localinfer (tests/data/README.md says where from)."""
+    from importlib.resources import files
+
+    return Path(str(files("localinfer_quant") / "data" / "alice_in_wonderland.txt"))
+
+
 def eval_command(
     model: Annotated[str, typer.Argument(help="The model to measure: catalog alias, .gguf path, or owner/repo[:QUANT].", show_default=False)],
-    text: Annotated[Path, typer.Option("--text", help="UTF-8 text to score (at least one chunk of --ctx tokens).", show_default=False)],
+    text: Annotated[Optional[Path], typer.Option("--text", help="UTF-8 text to score (at least one chunk of --ctx tokens). [default: Alice's Adventures in Wonderland, 39k tokens, public domain]", show_default=False)] = None,
     ref: Annotated[Optional[str], typer.Option("--ref", help="Reference model (e.g. the F16 source) for KL divergence and top-1 agreement.", show_default=False)] = None,
     ctx: Annotated[int, typer.Option("--ctx", help="Tokens per chunk; the second half of each chunk is scored.", callback=opt.at_least(8))] = 512,
     max_chunks: Annotated[Optional[int], typer.Option("--chunks", help="Score at most this many chunks. [default: all]", callback=opt.at_least(1), show_default=False)] = None,
@@ -37,7 +44,7 @@ def eval_command(
     from localinfer.engine.loader import LoadOptions, open_engine
     from localinfer.quality.evaluate import evaluate
 
-    content = read_text(text)
+    content = read_text(text or default_text())
     load = LoadOptions(engine=engine_name, ctx=ctx, threads=threads, gpu_layers=0 if engine_name == "native" else "auto", kernels=kernels)
     subject = open_engine(model, load)
     reference = open_engine(ref, load) if ref else None

@@ -105,3 +105,12 @@ def test_cli_errors_are_one_line(args: list[str], message: str, text_file: Path)
     assert result.returncode == 1
     lines = result.stderr.strip().splitlines()
     assert len(lines) == 1 and message in lines[0], result.stderr
+
+
+def test_default_text_is_the_shipped_public_domain_book() -> None:
+    result = run_cli("eval", "--ctx", str(CTX), "--chunks", "2", "--json", "smollm2:135m")
+    assert result.returncode == 0, result.stderr
+    assert json.loads(result.stdout)["tokens"] == 2 * (CTX // 2 - 1)
+    from localinfer.cli.eval import default_text
+
+    assert default_text().read_text().startswith("ALICE'S ADVENTURES IN WONDERLAND")

@@ -178,3 +178,14 @@ def test_leave_output_tensor(model_path: Path, tmp_path: Path) -> None:
         assert result.returncode == 0, result.stderr
         types[bool(flag)] = {t.name: t.tensor_type.name for t in GGUFReader(out).tensors}["output.weight"]
     assert types == {False: "Q8_0", True: "F32"}
+
+
+def test_bf16_source(f32_path: Path, tmp_path: Path) -> None:
+    import llama_cpp
+
+    from ..conftest import llama_quantize
+
+    bf16 = llama_quantize(f32_path, tmp_path / "bf16.gguf", llama_cpp.LLAMA_FTYPE_MOSTLY_BF16)
+    assert "BF16" in inspect(bf16).tensor_types
+    result = run_cli("quantize", str(bf16), "Q8_0", "-o", str(tmp_path / "q8.gguf"), "--json")
+    assert result.returncode == 0 and not result.stderr.strip(), result.stderr  # a float source: no warning
