@@ -516,21 +516,46 @@ def _import_plan(name: str, w: np.ndarray, heads: int | None) -> TensorPlan:
 
 
 def add_tokenizer(writer: gguf.GGUFWriter, folder: Path, n_vocab: int) -> None:
-    """Byte-level BPE vocabulary, merges, special ids and chat template from the tokenizer files."""
+    """The vocabulary, special ids and chat template from the tokenizer files: a
+    SentencePiece model (tokenizer.model: Llama 2, Mistral 7B) or byte-level BPE
+    (tokenizer.json: Llama 3, Qwen2, SmolLM)."""
+    if (folder / "tokenizer.model").is_file():
+        return add_sentencepiece(writer, folder, n_vocab)
     path = folder / "tokenizer.json"
     if not path.is_file():
-        raise UnsupportedSource(f"{folder} has no tokenizer.json (only fast byte-level BPE tokenizers are supported)")
+        raise UnsupportedSource(f"{folder} has neither tokenizer.model (SentencePiece) nor tokenizer.json (byte-level BPE)")
     tokenizer = json.loads(path.read_text(encoding="utf-8"))
     model = tokenizer.get("model") or {}
     if model.get("type") != "BPE" or model.get("byte_fallback"):
         kind = "SentencePiece-style BPE (byte_fallback)" if model.get("byte_fallback") else str(model.get("type"))
-        raise UnsupportedSource(f"tokenizer model '{kind}' is not supported (only byte-level BPE)")
+        raise UnsupportedSource(f"tokenizer.json holds a '{kind}' tokenizer; byte-level BPE is read from tokenizer.json, SentencePiece from tokenizer.model (missing here)")
     tokens, types = token_table(model["vocab"], tokenizer.get("added_tokens") or [], n_vocab)
     writer.add_tokenizer_model("gpt2")
     writer.add_tokenizer_pre(pre_name(tokenizer.get("pre_tokenizer")))
     writer.add_token_list(tokens)
     writer.add_token_types(types)
     gguf.SpecialVocab(folder, load_merges=True, n_vocab=n_vocab).add_to_gguf(writer, quiet=True)
+
+
+def add_sentencepiece(writer: gguf.GGUFWriter, folder: Path, n_vocab: int) -> None:
+    """tokenizer.model through gguf-py's SentencePieceVocab (pieces, scores, types), as
+    llama.cpp's converter writes it: tokenizer model "llama"."""
+    try:
+        vocab = gguf.SentencePieceVocab(folder)
+    except (RuntimeError, ValueError, OSError) as e:
+        raise UnsupportedSource(f"cannot read {folder / 'tokenizer.model'} ({e})") from None
+    entries = list(vocab.all_tokens())
+    if len(entries) > n_vocab:
+        raise UnsupportedSource(f"tokenizer.model has {len(entries)} tokens, more than the embedding's {n_vocab} rows")
+    tokens = [text for text, _, _ in entries] + [f"[PAD{i}]".encode() for i in range(len(entries), n_vocab)]
+    scores = [score for _, score, _ in entries] + [-1000.0] * (n_vocab - len(entries))
+    types = [int(kind) for _, _, kind in entries] + [int(TT.UNUSED)] * (n_vocab - len(entries))
+    writer.add_tokenizer_model("llama")
+    writer.add_tokenizer_pre("default")
+    writer.add_token_list(tokens)
+    writer.add_token_scores(scores)
+    writer.add_token_types(types)
+    gguf.SpecialVocab(folder, load_merges=False, n_vocab=n_vocab).add_to_gguf(writer, quiet=True)
 
 
 def token_table(vocab: dict[str, int], added: Iterable[dict[str, Any]], n_vocab: int) -> tuple[list[str], list[int]]:
