@@ -6,6 +6,7 @@ own asserts being cheap: shapes come from the forward pass, which owns every buf
 from __future__ import annotations
 
 import ctypes
+import weakref
 
 import numpy as np
 
@@ -44,19 +45,21 @@ def _ptr(a: np.ndarray, dtype: type = np.float32) -> object:
     return ctypes.c_void_p(a.ctypes.data)
 
 
-_pinned: dict[int, tuple[np.ndarray, object]] = {}
+_pinned: dict[int, tuple[weakref.ref, ctypes.c_void_p]] = {}
 
 
 def _pinned_ptr(a: np.ndarray, dtype: type = np.float32) -> object:
-    """_ptr for arrays passed again and again (weights, buffers, cache views): made once,
-    kept with a reference to the array, so its id cannot be reused while cached."""
+    """_ptr for arrays passed again and again (weights, buffers, cache views), made once.
+    The cache holds the address and a weak reference, never the array: a closed model's
+    cache must not stay alive here, and a dead entry never matches a new array."""
     hit = _pinned.get(id(a))
-    if hit is not None and hit[0] is a:
+    if hit is not None and hit[0]() is a:
         return hit[1]
+    _ptr(a, dtype)  # the checks
     if len(_pinned) > 4096:
         _pinned.clear()
-    ptr = _ptr(a, dtype)
-    _pinned[id(a)] = (a, ptr)
+    ptr = ctypes.c_void_p(a.ctypes.data)
+    _pinned[id(a)] = (weakref.ref(a), ptr)
     return ptr
 
 

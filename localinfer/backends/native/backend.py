@@ -6,7 +6,6 @@ engines see the same token ids and the runtime above cannot tell them apart.
 
 from __future__ import annotations
 
-import time
 from pathlib import Path
 
 import numpy as np
@@ -27,7 +26,6 @@ class NativeBackend(LlamaTokenized, Backend):
     name = "native"
 
     def __init__(self, path: Path, params: LoadParams) -> None:
-        t0 = time.perf_counter()
         rss_before = anon_rss_bytes()
         info = inspect(path)
         self.config = config = ModelConfig.from_gguf(info)
@@ -57,7 +55,6 @@ class NativeBackend(LlamaTokenized, Backend):
             chat_template=self._tok.chat_template,
             extra={"threads": str(threads), "kernels": self.kernels.describe()},
         )
-        self.load_ms = (time.perf_counter() - t0) * 1e3
 
     @classmethod
     def load(cls, path: Path, params: LoadParams) -> NativeBackend:

@@ -86,7 +86,3 @@ class KVCache:
     def used_bytes(self) -> int:
         per_position = 2 * self._shape[0] * self._shape[1] * self._shape[3] * 2
         return sum(self.length.values()) * per_position
-
-    def reserved_bytes(self) -> int:
-        """What a full cache of every allocated sequence would take."""
-        return 2 * len(self.keys) * int(np.prod(self._shape)) * 2
