@@ -75,6 +75,37 @@ def run_cli(*args: str, input: str | None = None, env: dict[str, str] | None = N
     )
 
 
+# --- checks every backend must pass ----------------------------------------------------
+
+
+def check_batched_sequences_match_single_runs(backend) -> None:
+    """Two sequences in one forward give the logits each gives alone: the server's
+    batching relies on it."""
+    import numpy as np
+
+    from localinfer.backends.base import Batch
+
+    a = backend.tokenize("The sky is", add_special=False)
+    b = backend.tokenize("Water boils at a temperature of", add_special=False)
+    singles = []
+    for seq, toks in ((1, a), (2, b)):
+        singles.append(backend.forward(Batch.for_sequence(toks, 0, seq))[0])
+        backend.kv_clear(seq)
+    both = Batch(
+        tokens=np.array(a + b, dtype=np.int32),
+        positions=np.array(list(range(len(a))) + list(range(len(b))), dtype=np.int32),
+        seq_ids=np.array([1] * len(a) + [2] * len(b), dtype=np.int32),
+        want_logits=np.array([i == len(a) - 1 for i in range(len(a))] + [i == len(b) - 1 for i in range(len(b))]),
+    )
+    logits = backend.forward(both)
+    backend.kv_clear(1)
+    backend.kv_clear(2)
+    assert logits.shape == (2, backend.vocab.n_vocab)
+    for got, want in zip(logits, singles):
+        assert int(np.argmax(got)) == int(np.argmax(want))
+        assert np.abs(got - want).max() < 1e-2
+
+
 # --- models made from the embedded one by llama.cpp's own quantizer ---------------------
 
 def llama_quantize(src: Path, dst: Path, ftype: int) -> Path:

@@ -15,7 +15,7 @@ from localinfer.backends.base import Batch, LoadParams
 from localinfer.backends.native import NativeBackend
 from localinfer.backends.native.config import UnsupportedModel
 
-from ..conftest import THREADS, run_cli
+from ..conftest import THREADS, check_batched_sequences_match_single_runs, run_cli
 
 
 @pytest.fixture(scope="module")
@@ -32,25 +32,10 @@ def last_logits(b: NativeBackend, tokens: list[int], start: int, seq: int) -> np
 def test_batched_sequences_match_single_runs(f32_path: Path) -> None:
     """On F32 weights, where no activation is quantized, so batching cannot move a rounding."""
     native = NativeBackend.load(f32_path, LoadParams(n_ctx=256, n_threads=THREADS, n_seq_max=4))
-    a = native.tokenize("The sky is", add_special=False)
-    b = native.tokenize("Water boils at a temperature of", add_special=False)
-    singles = []
-    for seq, toks in ((1, a), (2, b)):
-        singles.append(last_logits(native, toks, 0, seq))
-        native.kv_clear(seq)
-    both = Batch(
-        tokens=np.array(a + b, dtype=np.int32),
-        positions=np.array(list(range(len(a))) + list(range(len(b))), dtype=np.int32),
-        seq_ids=np.array([1] * len(a) + [2] * len(b), dtype=np.int32),
-        want_logits=np.array([i == len(a) - 1 for i in range(len(a))] + [i == len(b) - 1 for i in range(len(b))]),
-    )
-    logits = native.forward(both)
-    native.kv_clear(1)
-    native.kv_clear(2)
-    native.close()
-    for got, want in zip(logits, singles):
-        assert int(got.argmax()) == int(want.argmax())
-        assert np.abs(got - want).max() < 0.01
+    try:
+        check_batched_sequences_match_single_runs(native)
+    finally:
+        native.close()
 
 
 def test_kv_truncate_and_copy(native: NativeBackend) -> None:
