@@ -17,11 +17,12 @@ import tempfile
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
+from localinfer.backends.llamacpp import last_error, log_listener
 from localinfer.errors import InvalidModelFile, UserError
 from localinfer.modelfile import GGUFInfo, inspect
 
@@ -55,7 +56,6 @@ class QuantizeResult:
     source_info: GGUFInfo
     output_info: GGUFInfo
     seconds: float
-    warnings: list[str] = field(default_factory=list)
 
 
 def check_source(info: GGUFInfo, allow_requantize: bool) -> list[str]:
@@ -175,8 +175,6 @@ def quantize(
     """Quantize `src` (a GGUF, or an HF folder) to `type_name` at `out`."""
     import llama_cpp
 
-    from localinfer.backends import llamacpp as backend
-
     targets = ftypes()
     key = type_name.upper()
     if key not in targets:
@@ -189,8 +187,7 @@ def quantize(
         else:
             src_gguf = src
         info = inspect(src_gguf)
-        warnings = check_source(info, allow_requantize)
-        for warning in warnings:
+        for warning in check_source(info, allow_requantize):
             if warn:
                 warn(warning)
         params = llama_cpp.llama_model_quantize_default_params()
@@ -206,9 +203,9 @@ def quantize(
             params.imatrix = ctypes.cast(importance, ctypes.POINTER(llama_cpp.llama_model_imatrix_data))
         tmp = writable_temp(out)
         try:
-            rc = _run_with_progress(lambda: llama_cpp.llama_model_quantize(str(src_gguf).encode(), str(tmp).encode(), ctypes.byref(params)), progress, backend)
+            rc = _run_with_progress(lambda: llama_cpp.llama_model_quantize(str(src_gguf).encode(), str(tmp).encode(), ctypes.byref(params)), progress)
             if rc != 0:
-                raise UserError(f"llama.cpp could not quantize {src.name}: {backend.last_error() or f'error {rc}'}")
+                raise UserError(f"llama.cpp could not quantize {src.name}: {last_error() or f'error {rc}'}")
             try:
                 out_info = inspect(tmp)
             except InvalidModelFile as e:
@@ -220,10 +217,10 @@ def quantize(
         finally:
             tmp.unlink(missing_ok=True)
     out_info.path = out
-    return QuantizeResult(src, out, key, info, out_info, time.perf_counter() - started, warnings)
+    return QuantizeResult(src, out, key, info, out_info, time.perf_counter() - started)
 
 
-def _run_with_progress(call: Callable[[], int], progress: Callable[[int, int, str], None] | None, backend) -> int:
+def _run_with_progress(call: Callable[[], int], progress: Callable[[int, int, str], None] | None) -> int:
     """Run the quantizer on a worker thread; report its per-tensor log lines as progress.
     Ctrl-C on the main thread abandons the (daemon) worker: the caller deletes its file."""
     result: list[int] = []
@@ -233,7 +230,7 @@ def _run_with_progress(call: Callable[[], int], progress: Callable[[int, int, st
         if m and progress:
             progress(int(m.group(1)), int(m.group(2)), m.group(3))
 
-    with backend.log_listener(on_line):
+    with log_listener(on_line):
         worker = threading.Thread(target=lambda: result.append(call()), daemon=True, name="llama-quantize")
         worker.start()
         while worker.is_alive():

@@ -72,10 +72,6 @@ def log_listener(listener: Callable[[str], None]) -> Iterator[None]:
 
 def last_error() -> str:
     """The last line of llama.cpp's log that reports an error, for a one-line message."""
-    return _last_error()
-
-
-def _last_error() -> str:
     errors = [line.strip() for line in _log_lines if "error" in line.lower() or "failed" in line.lower()]
     return errors[-1] if errors else ""
 
@@ -122,7 +118,7 @@ class LlamaCppBackend(LlamaTokenized, Backend):
         _log_lines.clear()
         self._model = C.llama_model_load_from_file(str(path).encode(), mparams)
         if not self._model:
-            raise BackendError(f"llama.cpp could not load {path}: {_last_error() or 'unknown error'}")
+            raise BackendError(f"llama.cpp could not load {path}: {last_error() or 'unknown error'}")
 
         cparams = C.llama_context_default_params()
         cparams.n_ctx = params.n_ctx
@@ -136,7 +132,7 @@ class LlamaCppBackend(LlamaTokenized, Backend):
         cparams.n_threads_batch = threads
         self._ctx = C.llama_init_from_model(self._model, cparams)
         if not self._ctx:
-            raise BackendError(f"llama.cpp could not create a context of {params.n_ctx} tokens: {_last_error()}")
+            raise BackendError(f"llama.cpp could not create a context of {params.n_ctx} tokens: {last_error()}")
         self._mem = C.llama_get_memory(self._ctx)
         self._n_batch = C.llama_n_batch(self._ctx)  # llama.cpp clamps it to n_ctx
         self._batch = C.llama_batch_init(self._n_batch, 0, 1)
@@ -187,7 +183,7 @@ class LlamaCppBackend(LlamaTokenized, Backend):
             if rc == 1:
                 raise ContextOverflow(f"the KV cache is full (context {self._facts.n_ctx} tokens); raise --ctx")
             if rc != 0:
-                raise BackendError(f"llama_decode failed with code {rc}: {_last_error()}")
+                raise BackendError(f"llama_decode failed with code {rc}: {last_error()}")
             for i in np.flatnonzero(want).tolist():
                 logits[row] = self._logits_view(C.llama_get_logits_ith(self._ctx, i))
                 row += 1
@@ -262,7 +258,7 @@ class Tokenizer:
         _log_lines.clear()
         model = C.llama_model_load_from_file(str(path).encode(), mparams)
         if not model:
-            raise BackendError(f"llama.cpp could not read the vocabulary of {path}: {_last_error() or 'unknown error'}")
+            raise BackendError(f"llama.cpp could not read the vocabulary of {path}: {last_error() or 'unknown error'}")
         return cls(model, owned=True)
 
     def meta(self, key: str) -> str | None:

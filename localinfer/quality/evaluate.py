@@ -13,7 +13,7 @@ interface, so the same numbers are measured on llama.cpp and on the native engin
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -26,10 +26,8 @@ class EvalResult:
     perplexity: float
     tokens: int  # scored tokens
     chunks: int
-    ctx: int
     kld: dict[str, float] | None = None  # mean, p99, max (with a reference)
     top1_agreement: float | None = None
-    nll_per_chunk: list[float] = field(default_factory=list)
 
     def as_dict(self) -> dict[str, object]:
         out: dict[str, object] = {"perplexity": self.perplexity, "tokens": self.tokens}
@@ -117,10 +115,7 @@ def evaluate_many(
     results = {}
     for name in backends:
         all_nll = np.concatenate(nll[name])
-        result = EvalResult(
-            perplexity=float(np.exp(all_nll.mean())), tokens=len(all_nll), chunks=len(chunks), ctx=ctx,
-            nll_per_chunk=[float(c.mean()) for c in nll[name]],
-        )  # fmt: skip
+        result = EvalResult(perplexity=float(np.exp(all_nll.mean())), tokens=len(all_nll), chunks=len(chunks))
         if reference is not None:
             kld = np.maximum(np.concatenate(klds[name]), 0.0)  # tiny negatives are rounding
             result.kld = {"mean": float(kld.mean()), "p99": float(np.percentile(kld, 99)), "max": float(kld.max())}

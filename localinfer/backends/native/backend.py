@@ -88,7 +88,7 @@ class NativeBackend(LlamaTokenized, Backend):
             "kernels": self.kernels.describe(),
             "weights_mapped": self.weights.mapped_bytes,
             "kv_cache_used": self.cache.peak_bytes,
-            "activations": self.model.activation_bytes(),
+            "activations": self.model.peak_activation_bytes,
             "resident_beyond_mmap": max(0, anon_rss_bytes() - self._rss_at_start),
             "resident_at_load": self._rss_fixed,
         }

@@ -71,7 +71,7 @@ class Transformer:
         self.down = [kernels.matmul_op([lw.w_down]) for lw in weights.layers]
         self.lm_head = kernels.matmul_op([weights.output])
         self.scale = 1.0 / np.sqrt(config.head_dim)
-        self.peak_activation_bytes = 0
+        self.peak_activation_bytes = 0  # the largest working set of one forward call so far
         self._workspaces: dict[int, Workspace] = {}
 
     def workspace(self, n: int) -> Workspace:
@@ -81,10 +81,6 @@ class Transformer:
                 self._workspaces.clear()
             ws = self._workspaces[n] = Workspace(self.config, n)
         return ws
-
-    def activation_bytes(self) -> int:
-        """The largest working set of one forward call so far (hidden states, scores, logits)."""
-        return self.peak_activation_bytes
 
     def _note_activations(self, n: int, longest: int, n_wanted: int) -> None:
         c = self.config
