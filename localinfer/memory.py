@@ -6,10 +6,12 @@ The estimate is the same arithmetic the seeds give for the KV cache:
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Sequence
+from dataclasses import dataclass, field
 
 import psutil
 
+from localinfer.backends.devices import Device
 from localinfer.errors import OutOfMemory
 from localinfer.modelfile import GGUFInfo
 
@@ -24,7 +26,8 @@ class MemoryPlan:
     compute: int
     n_gpu_layers: int
     ram_free: int
-    vram_free: int
+    vram_free: int  # free memory on the devices the layers go to
+    warnings: list[str] = field(default_factory=list)
 
     @property
     def total(self) -> int:
@@ -47,20 +50,34 @@ def compute_bytes(info: GGUFInfo, n_ctx: int, n_ubatch: int = 512) -> int:
     return 4 * n_ubatch * (info.n_vocab + n_ctx * info.n_head // 4 + 8 * info.n_embd)
 
 
-def plan(info: GGUFInfo, n_ctx: int, gpu_layers: int | str, vram_free: int = 0) -> MemoryPlan:
-    """Choose GPU layers (for "auto") and check that the rest fits in RAM; raises OutOfMemory."""
+def plan(info: GGUFInfo, n_ctx: int, gpu_layers: int | str, devices: Sequence[Device] = (), ram_free: int | None = None) -> MemoryPlan:
+    """Choose GPU layers (for "auto") and check that the rest fits in RAM; raises OutOfMemory.
+
+    `devices` are the ones this llama.cpp build can offload to (none on a CPU-only build).
+    Layers go to the discrete GPUs if there are any, else to an integrated GPU; an
+    integrated GPU's memory is the system's RAM, so its layers still count against RAM.
+    llama.cpp counts the output layer as one more, so "all layers" is n_layer + 1.
+    """
     weights, kv, compute = info.tensor_bytes, kv_cache_bytes(info, n_ctx), compute_bytes(info, n_ctx)
-    ram_free = psutil.virtual_memory().available
+    ram_free = psutil.virtual_memory().available if ram_free is None else ram_free
     n_layer = max(1, info.n_layer)
-    if gpu_layers == "auto":
+    discrete = [d for d in devices if d.kind == "GPU"]
+    targets = discrete or [d for d in devices if d.kind == "iGPU"]
+    shared = bool(targets) and not discrete
+    vram_free = sum(d.free_bytes for d in targets)
+    warnings = []
+    if not targets:
+        if gpu_layers not in ("auto", 0):
+            warnings.append("this llama.cpp build cannot offload to a GPU, so --gpu-layers is ignored and every layer runs on the CPU")
+        n_gpu = 0
+    elif gpu_layers == "auto":
         per_layer = (weights + kv) / n_layer
-        room = vram_free - compute
-        n_gpu = 0 if vram_free <= 0 else max(0, min(n_layer + 1, int(room // per_layer)))
+        n_gpu = max(0, min(n_layer + 1, int((vram_free - compute) // per_layer)))
     else:
         n_gpu = int(gpu_layers)
-    on_gpu_fraction = min(n_gpu, n_layer) / n_layer
-    needed_ram = (weights + kv) * (1 - on_gpu_fraction) + (compute if n_gpu == 0 else 0)
-    result = MemoryPlan(weights, kv, compute, n_gpu, ram_free, vram_free)
+    on_gpu_fraction = 0.0 if shared else min(n_gpu, n_layer) / n_layer
+    needed_ram = (weights + kv) * (1 - on_gpu_fraction) + (compute if n_gpu == 0 or shared else 0)
+    result = MemoryPlan(weights, kv, compute, n_gpu, ram_free, vram_free, warnings)
     if needed_ram > ram_free:
         raise OutOfMemory(
             f"the model needs {needed_ram / GiB:.2f} GiB of RAM ({result.describe()}) "

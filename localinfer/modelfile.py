@@ -17,6 +17,7 @@ from typing import Any
 from localinfer.errors import InvalidModelFile, ModelNotFound
 
 GGUF_MAGIC = b"GGUF"
+MAX_DIMS = 4  # GGML_MAX_DIMS
 
 
 @dataclass(frozen=True)
@@ -166,11 +167,14 @@ def _inspect(path: Path) -> GGUFInfo:
         raise ModelNotFound(f"no such file: {path}")
     if not path.is_file():
         raise InvalidModelFile(f"{path} is not a file")
-    size = path.stat().st_size
-    with open(path, "rb") as f:
-        if f.read(4) != GGUF_MAGIC:
-            raise InvalidModelFile(f"{path} is not a GGUF model file (it does not start with 'GGUF')")
-        buf = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
+    try:
+        size = path.stat().st_size
+        with open(path, "rb") as f:
+            if f.read(4) != GGUF_MAGIC:
+                raise InvalidModelFile(f"{path} is not a GGUF model file (it does not start with 'GGUF')")
+            buf = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
+    except (OSError, ValueError) as e:  # permissions, an I/O error, a special file mmap refuses
+        raise InvalidModelFile(f"cannot read {path}: {getattr(e, 'strerror', None) or e}") from None
     try:
         scan = _HeaderScanner(buf)
         scan.pos = 4
@@ -187,10 +191,15 @@ def _inspect(path: Path) -> GGUFInfo:
         tensors = []  # (name, dims, type, offset)
         for _ in range(n_tensors):
             name = scan.string()
-            dims = tuple(scan.take("<Q") for _ in range(scan.take("<I")))
+            n_dims = scan.take("<I")
+            if not 1 <= n_dims <= MAX_DIMS:
+                raise InvalidModelFile(f"{path} is corrupt (tensor '{name}' has {n_dims} dimensions)")
+            dims = tuple(scan.take("<Q") for _ in range(n_dims))
             ttype, offset = scan.take("<I"), scan.take("<Q")
             tensors.append((name, dims, ttype, offset))
-        alignment = int(fields.get("general.alignment", GGUF_DEFAULT_ALIGNMENT))
+        alignment = fields.get("general.alignment", GGUF_DEFAULT_ALIGNMENT)
+        if type(alignment) is not int or alignment <= 0 or alignment & (alignment - 1):  # as llama.cpp checks it
+            raise InvalidModelFile(f"{path} is corrupt (general.alignment is {alignment!r}, not a power of two)")
         data_start = -(-scan.pos // alignment) * alignment
     except _Truncated:
         raise InvalidModelFile(f"{path} is truncated (its header ends early)") from None

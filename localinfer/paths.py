@@ -1,31 +1,43 @@
-"""Where localinfer keeps its files. LOCALINFER_HOME overrides everything (tests use it)."""
+"""Where localinfer keeps its files. LOCALINFER_HOME overrides everything (tests use it).
+
+Asking where a folder is never creates it: `run ./model.gguf` and `list` work even where
+the data folder cannot be written. Only code about to write calls `ensure_dir`.
+"""
 
 import os
 from pathlib import Path
 
 import platformdirs
 
+from localinfer.errors import UserError
+
 
 def data_dir() -> Path:
     home = os.environ.get("LOCALINFER_HOME")
-    path = Path(home) if home else Path(platformdirs.user_data_dir("localinfer", appauthor=False))
-    path.mkdir(parents=True, exist_ok=True)
-    return path
+    return Path(home).expanduser() if home else Path(platformdirs.user_data_dir("localinfer", appauthor=False))
 
 
 def models_dir() -> Path:
     """Downloaded GGUF files, one folder per hub repo."""
-    path = data_dir() / "models"
-    path.mkdir(parents=True, exist_ok=True)
-    return path
+    return data_dir() / "models"
 
 
 def manifests_dir() -> Path:
     """One JSON file per pulled model: what `list` shows and `rm` removes."""
-    path = data_dir() / "manifests"
-    path.mkdir(parents=True, exist_ok=True)
-    return path
+    return data_dir() / "manifests"
 
 
 def history_file() -> Path:
     return data_dir() / "history"
+
+
+def ensure_dir(path: Path) -> Path:
+    """Create `path` (and its parents) for writing, or say in one line why it cannot be."""
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        hint = " (set LOCALINFER_HOME to a folder you can write)" if path.is_relative_to(data_dir()) else ""
+        raise UserError(f"cannot create the folder {path}: {e.strerror or e}{hint}") from None
+    if not os.access(path, os.W_OK | os.X_OK):
+        raise UserError(f"cannot write to the folder {path}: permission denied (set LOCALINFER_HOME to a folder you can write)")
+    return path

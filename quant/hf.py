@@ -448,7 +448,15 @@ def read_config(folder: Path) -> dict[str, Any]:
     path = folder / "config.json"
     if not path.is_file():
         raise UnsupportedSource(f"{folder} has no config.json; not a Hugging Face checkpoint folder")
-    config = json.loads(path.read_text(encoding="utf-8"))
+    try:
+        config = json.loads(path.read_text(encoding="utf-8"))
+    except json.JSONDecodeError as e:
+        raise UnsupportedSource(f"{path} is not valid JSON ({e.msg} at line {e.lineno}, column {e.colno})") from None
+    except (OSError, UnicodeDecodeError) as e:
+        raise UnsupportedSource(f"cannot read {path}: {getattr(e, 'strerror', None) or e}") from None
+    if not isinstance(config, dict):
+        raise UnsupportedSource(f"{path} is not a model configuration (a JSON object)")
+    check_config_types(config, path)
     model_type = config.get("model_type")
     if model_type not in FAMILIES:
         raise UnsupportedSource(f"unsupported model_type '{model_type}' in {path}; supported: {', '.join(FAMILIES)}")
@@ -463,6 +471,28 @@ def read_config(folder: Path) -> dict[str, Any]:
     return config
 
 
+# The keys the import reads, and what each must be. A config.json from a real checkpoint
+# has them all; a hand-made or damaged one gets one line that names the first bad key.
+REQUIRED_INTS = ("hidden_size", "num_attention_heads", "num_hidden_layers", "intermediate_size", "max_position_embeddings")
+OPTIONAL_TYPES: dict[str, tuple[type, ...]] = {
+    "num_key_value_heads": (int,), "head_dim": (int,), "rms_norm_eps": (int, float), "rope_theta": (int, float),
+    "tie_word_embeddings": (bool,), "rope_scaling": (dict,), "architectures": (list,), "model_type": (str,),
+}  # fmt: skip
+
+
+def check_config_types(config: dict[str, Any], path: Path) -> None:
+    for key in REQUIRED_INTS:
+        value = config.get(key)
+        if value is None:
+            raise UnsupportedSource(f"{path} lacks '{key}', which a llama-family model needs")
+        if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+            raise UnsupportedSource(f"{path}: '{key}' is {value!r}, not a positive whole number")
+    for key, kinds in OPTIONAL_TYPES.items():
+        value = config.get(key)
+        if value is not None and (not isinstance(value, kinds) or (bool not in kinds and isinstance(value, bool))):
+            raise UnsupportedSource(f"{path}: '{key}' is {value!r}, which is not a {' or '.join(k.__name__ for k in kinds)}")
+
+
 def add_hparams(writer: gguf.GGUFWriter, arch: str, config: dict[str, Any], n_vocab: int) -> None:
     """The architecture's hyperparameter keys, as llama.cpp's converter writes them."""
     n_embd, n_head = config["hidden_size"], config["num_attention_heads"]
@@ -474,7 +504,7 @@ def add_hparams(writer: gguf.GGUFWriter, arch: str, config: dict[str, Any], n_vo
     writer.add_block_count(config["num_hidden_layers"])
     writer.add_head_count(n_head)
     writer.add_head_count_kv(config.get("num_key_value_heads") or n_head)
-    writer.add_layer_norm_rms_eps(config["rms_norm_eps"])
+    writer.add_layer_norm_rms_eps(config.get("rms_norm_eps", 1e-6))
     writer.add_rope_freq_base(config.get("rope_theta", 10000.0))
     writer.add_rope_dimension_count(head_dim)
     if head_dim != n_embd // n_head:

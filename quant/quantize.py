@@ -180,29 +180,31 @@ def quantize(
     if key not in targets:
         raise UserError(f"unknown quantization type '{type_name}'; choose one of: {', '.join(targets)}")
     src, out = Path(src), Path(out)
+    # Everything that can be refused is refused here, before minutes of work.
+    if out.is_dir():
+        raise UserError(f"{out} is a folder; give the output file's name")
+    if out.exists() and src.exists() and out.resolve() == src.resolve():
+        raise UserError(f"the output {out} is the source itself; choose another name")
+    overrides = _overrides(tensor_types or {})
+    importance = _imatrix_array(load_imatrix(imatrix)) if imatrix is not None else None
     started = time.perf_counter()
-    with tempfile.TemporaryDirectory(prefix="localinfer-quantize-") as scratch:
-        if src.is_dir():
-            src_gguf = convert_folder(src, Path(scratch))
-        else:
-            src_gguf = src
-        info = inspect(src_gguf)
-        for warning in check_source(info, allow_requantize):
-            if warn:
-                warn(warning)
-        params = llama_cpp.llama_model_quantize_default_params()
-        params.ftype = targets[key]
-        params.nthread = threads or 0
-        params.allow_requantize = allow_requantize
-        params.quantize_output_tensor = not leave_output_tensor
-        overrides = _overrides(tensor_types or {})
-        if overrides is not None:
-            params.tt_overrides = ctypes.cast(overrides, ctypes.POINTER(llama_cpp.llama_model_tensor_override))
-        if imatrix is not None:
-            importance, _keep = _imatrix_array(load_imatrix(imatrix))
-            params.imatrix = ctypes.cast(importance, ctypes.POINTER(llama_cpp.llama_model_imatrix_data))
-        tmp = writable_temp(out)
-        try:
+    tmp = writable_temp(out)
+    try:
+        with tempfile.TemporaryDirectory(prefix="localinfer-quantize-") as scratch:
+            src_gguf = convert_folder(src, Path(scratch)) if src.is_dir() else src
+            info = inspect(src_gguf)
+            for warning in check_source(info, allow_requantize):
+                if warn:
+                    warn(warning)
+            params = llama_cpp.llama_model_quantize_default_params()
+            params.ftype = targets[key]
+            params.nthread = threads or 0
+            params.allow_requantize = allow_requantize
+            params.quantize_output_tensor = not leave_output_tensor
+            if overrides is not None:
+                params.tt_overrides = ctypes.cast(overrides, ctypes.POINTER(llama_cpp.llama_model_tensor_override))
+            if importance is not None:
+                params.imatrix = ctypes.cast(importance[0], ctypes.POINTER(llama_cpp.llama_model_imatrix_data))
             rc = _run_with_progress(lambda: llama_cpp.llama_model_quantize(str(src_gguf).encode(), str(tmp).encode(), ctypes.byref(params)), progress)
             if rc != 0:
                 raise UserError(f"llama.cpp could not quantize {src.name}: {last_error() or f'error {rc}'}")
@@ -214,8 +216,8 @@ def quantize(
             os.umask(umask)
             os.chmod(tmp, 0o666 & ~umask)  # mkstemp made it private; a model is an ordinary file
             os.replace(tmp, out)
-        finally:
-            tmp.unlink(missing_ok=True)
+    finally:
+        tmp.unlink(missing_ok=True)
     out_info.path = out
     return QuantizeResult(src, out, key, info, out_info, time.perf_counter() - started)
 
@@ -248,3 +250,6 @@ def convert_folder(folder: Path, scratch: Path) -> Path:
         return import_hf(folder, scratch / f"{folder.name}-F16.gguf")
     except UnsupportedSource as e:
         raise UserError(str(e)) from None
+    except (OSError, ValueError, KeyError, IndexError, struct.error) as e:  # damaged weights or tokenizer files
+        detail = getattr(e, "strerror", None) or (str(e).splitlines() or [type(e).__name__])[0]
+        raise UserError(f"cannot read the Hugging Face model in {folder}: {detail}") from None

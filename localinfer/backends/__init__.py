@@ -6,7 +6,7 @@ from __future__ import annotations
 from importlib import import_module
 
 from localinfer.backends.base import Backend
-from localinfer.errors import UserError
+from localinfer.errors import BackendError, UserError
 
 BACKENDS = {
     "llama.cpp": "localinfer.backends.llamacpp:LlamaCppBackend",
@@ -18,4 +18,13 @@ def get_backend(name: str) -> type[Backend]:
     if name not in BACKENDS:
         raise UserError(f"unknown engine '{name}'; choose one of: {', '.join(BACKENDS)}")
     module, cls = BACKENDS[name].split(":")
-    return getattr(import_module(module), cls)
+    try:
+        return getattr(import_module(module), cls)
+    except (ImportError, OSError, RuntimeError) as e:  # e.g. a CUDA build on a machine without the driver
+        raise BackendError(f"the {name} engine cannot start: {import_failure(e)}; 'localinfer doctor' says more") from None
+
+
+def import_failure(e: BaseException) -> str:
+    """One line for why a compiled library did not import (its messages run over several)."""
+    text = " ".join(str(e).split())
+    return text or type(e).__name__

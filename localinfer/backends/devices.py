@@ -61,7 +61,3 @@ def list_devices() -> list[Device]:
         )
     return devices
 
-
-def gpu_free_bytes() -> int:
-    """Free memory on the GPUs llama.cpp would offload to; 0 on a CPU-only build."""
-    return sum(d.free_bytes for d in list_devices() if d.kind in ("GPU", "iGPU"))

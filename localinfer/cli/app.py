@@ -57,10 +57,18 @@ def main(argv: list[str] | None = None) -> None:
             raise
         print(f"error: {e}", file=sys.stderr)
         sys.exit(e.exit_code)
-    except BrokenPipeError:  # `localinfer run ... | head`
-        sys.stderr.close()
+    except BrokenPipeError:  # `localinfer run ... | head`: the reader has all it wanted
+        _discard_stdout()
         sys.exit(0)
     sys.exit(result if isinstance(result, int) else 0)
+
+
+def _discard_stdout() -> None:
+    """Point stdout at /dev/null, so the interpreter's last flush at exit does not hit the
+    closed pipe again and print 'Exception ignored ... BrokenPipeError' (Python's own advice)."""
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, sys.stdout.fileno())
+    os.close(devnull)
 
 
 if __name__ == "__main__":

@@ -6,6 +6,7 @@ import json
 import platform
 import shutil
 import subprocess
+from pathlib import Path
 from typing import Annotated
 
 import psutil
@@ -53,28 +54,50 @@ def native_kernels() -> dict[str, str]:
     return sets
 
 
+def llama_cpp_report() -> dict[str, object]:
+    """llama.cpp's build: version, GPU offload, devices, CPU features; or why it does not
+    load at all (a CUDA build without the driver, a library built for another CPU)."""
+    try:
+        from localinfer.backends.devices import list_devices
+        from localinfer.backends.llamacpp import supports_gpu_offload, system_info
+
+        import llama_cpp
+
+        devices = list_devices()
+        info = system_info()
+    except (ImportError, OSError, RuntimeError) as e:
+        from localinfer.backends import import_failure
+
+        return {"error": import_failure(e)}
+    return {
+        "llama_cpp_python": llama_cpp.__version__,
+        "gpu_offload": supports_gpu_offload(),
+        "devices": [{"name": d.name, "description": d.description, "type": d.kind, "free_bytes": d.free_bytes, "total_bytes": d.total_bytes} for d in devices],
+        "system_info": info.strip(),
+    }
+
+
+def _free_disk(path: Path) -> int:
+    """Free bytes where `path` is or will be (it need not exist yet)."""
+    while not path.exists() and path != path.parent:
+        path = path.parent
+    try:
+        return shutil.disk_usage(path).free
+    except OSError:
+        return 0
+
+
 def collect() -> dict[str, object]:
-    from localinfer.backends.devices import list_devices
-    from localinfer.backends.llamacpp import supports_gpu_offload, system_info
-
-    import llama_cpp
-
     vm = psutil.virtual_memory()
-    features = [part.strip() for part in system_info().split("|") if "= 1" in part]
-    devices = list_devices()
-    disk = shutil.disk_usage(models_dir())
+    lc = llama_cpp_report()
+    features = [part.strip() for part in str(lc.get("system_info", "")).split("|") if "= 1" in part]
     return {
         "cpu": {"name": _cpu_name(), "cores": psutil.cpu_count(logical=False), "threads": psutil.cpu_count(), "features": [f.split("=")[0].strip().split(":")[-1].strip() for f in features]},
         "ram": {"total_bytes": vm.total, "available_bytes": vm.available},
-        "llama_cpp": {
-            "llama_cpp_python": llama_cpp.__version__,
-            "gpu_offload": supports_gpu_offload(),
-            "devices": [{"name": d.name, "description": d.description, "type": d.kind, "free_bytes": d.free_bytes, "total_bytes": d.total_bytes} for d in devices],
-            "system_info": system_info().strip(),
-        },
+        "llama_cpp": lc,
         "native_kernels": native_kernels(),
         "gpus_seen_by_os": _system_gpus(),
-        "storage": {"data_dir": str(data_dir()), "models_dir": str(models_dir()), "disk_free_bytes": disk.free},
+        "storage": {"data_dir": str(data_dir()), "models_dir": str(models_dir()), "disk_free_bytes": _free_disk(models_dir())},
     }
 
 
@@ -91,8 +114,12 @@ def doctor(json_out: Annotated[bool, typer.Option("--json", help="Print JSON.")]
     t.add_row("CPU", f"{cpu['name']} ({cpu['cores']} cores, {cpu['threads']} threads)")
     t.add_row("CPU features", " ".join(cpu["features"]) or "-")
     t.add_row("RAM", f"{ram['available_bytes'] / 2**30:.1f} GiB free of {ram['total_bytes'] / 2**30:.1f} GiB")
-    t.add_row("llama.cpp", f"llama-cpp-python {lc['llama_cpp_python']}, GPU offload: {'yes' if lc['gpu_offload'] else 'no'}")
-    for d in lc["devices"]:
+    if "error" in lc:
+        t.add_row("llama.cpp", f"[red]cannot load:[/red] {lc['error']}")
+        t.add_row("", "[yellow]reinstall it for this machine with ./install.sh (LOCALINFER_BACKEND=cpu for a CPU-only build); both engines need it, the native one for its tokenizer[/yellow]")
+    else:
+        t.add_row("llama.cpp", f"llama-cpp-python {lc['llama_cpp_python']}, GPU offload: {'yes' if lc['gpu_offload'] else 'no'}")
+    for d in lc.get("devices", []):
         mem = f", {d['free_bytes'] / 2**30:.1f} GiB free" if d["type"] != "CPU" and d["total_bytes"] else ""
         t.add_row("  device", f"{d['name']} ({d['type']}: {d['description']}{mem})")
     kernels = report["native_kernels"]
@@ -101,7 +128,7 @@ def doctor(json_out: Annotated[bool, typer.Option("--json", help="Print JSON.")]
         t.add_row("", f"{name}: {kernels[name]}")  # type: ignore[index]
     gpus = report["gpus_seen_by_os"]
     t.add_row("GPUs", ", ".join(gpus) if gpus else "none found")  # type: ignore[arg-type]
-    if gpus and not lc["gpu_offload"]:
+    if gpus and lc.get("gpu_offload") is False:
         t.add_row("", "[yellow]this llama.cpp build cannot use them; reinstall with LOCALINFER_BACKEND=cuda ./install.sh (or metal, vulkan)[/yellow]")
     t.add_row("models", f"{st['models_dir']} ({st['disk_free_bytes'] / 2**30:.0f} GiB free)")
     Console().print(t)

@@ -19,7 +19,7 @@ def gpu_layers(value: str) -> int | str:
 
 def at_least(minimum: float):
     def check(value: float | None) -> float | None:
-        if value is not None and value < minimum:
+        if value is not None and not value >= minimum:  # `not >=` also refuses NaN
             raise typer.BadParameter(f"must be at least {minimum:g}, not {value:g}")
         return value
 
@@ -33,6 +33,30 @@ def between(low: float, high: float):
         return value
 
     return check
+
+
+# What each sampling option accepts: its type and its check. The command-line options and
+# interactive `/set` both use this table, so they refuse the same values.
+SAMPLING = {
+    "temperature": (float, at_least(0)),
+    "top_k": (int, at_least(0)),
+    "top_p": (float, between(0, 1)),
+    "min_p": (float, between(0, 1)),
+    "repeat_penalty": (float, at_least(0.01)),
+    "repeat_last_n": (int, at_least(-1)),
+    "seed": (int, at_least(-1)),
+    "max_tokens": (int, at_least(1)),
+}
+
+
+def sampling_value(name: str, text: str) -> float | int:
+    """Parse and check one sampling option given as text (`/set top_p 0.9`); BadParameter says why not."""
+    kind, check = SAMPLING[name]
+    try:
+        value = kind(text)
+    except ValueError:
+        raise typer.BadParameter(f"'{text}' is not {'a whole number' if kind is int else 'a number'}") from None
+    return check(value)
 
 
 def engine_name(value: str) -> str:

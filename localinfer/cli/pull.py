@@ -51,18 +51,20 @@ def pull(
     """Download a model from the Hugging Face hub. An interrupted pull resumes where it stopped."""
     src = resolve(model)
     with progress_bar(enabled=not json_out) as progress:
-        path = pull_model(src, progress)
+        path = pull_model(src, progress, warn=lambda w: err.print(f"[yellow]warning:[/yellow] {w}", soft_wrap=True))
     local = manifests.find(src.name)
     info = {
         "name": src.name,
         "path": str(path),
         "size": path.stat().st_size,
         "sha256": local.sha256 if local else (src.sha256 or sha256_of(path)),  # pull() verified src.sha256
+        "verified": local.verified if local else True,
     }
     if json_out:
         print(json.dumps(info))
     else:
-        err.print(f"pulled [bold]{src.name}[/bold] ({info['size'] / 1e6:.1f} MB, sha256 {info['sha256'][:12]}…) → {path}")
+        check = "" if info["verified"] else ", not verified"
+        err.print(f"pulled [bold]{src.name}[/bold] ({info['size'] / 1e6:.1f} MB, sha256 {info['sha256'][:12]}…{check}) → {path}")
 
 
 def register(app: typer.Typer) -> None:

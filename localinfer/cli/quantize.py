@@ -4,6 +4,7 @@ progress bar per tensor and a before/after summary."""
 from __future__ import annotations
 
 import json
+import os
 import re
 from pathlib import Path
 from typing import Annotated, Optional
@@ -37,7 +38,7 @@ def default_output(src: Path, type_name: str) -> Path:
 def quantize_command(
     src: Annotated[str, typer.Argument(help="A GGUF in F32/F16/BF16 (a path or a model reference), or a Hugging Face model folder.", show_default=False)],
     type_name: Annotated[str, typer.Argument(metavar="TYPE", help="Q4_K_M, Q5_K_M, Q6_K, Q8_0, Q4_0, ... (every type llama.cpp's quantizer takes).", show_default=False)],
-    output: Annotated[Optional[Path], typer.Option("-o", "--output", help="Output file. [default: ./NAME-TYPE.gguf]", show_default=False)] = None,
+    output: Annotated[Optional[str], typer.Option("-o", "--output", help="Output file, or a folder to write NAME-TYPE.gguf into. [default: ./NAME-TYPE.gguf]", show_default=False)] = None,
     allow_requantize: Annotated[bool, typer.Option("--allow-requantize", help="Accept an already-quantized source (worse than quantizing from F16).")] = False,
     leave_output_tensor: Annotated[bool, typer.Option("--leave-output-tensor", help="Keep output.weight unquantized.")] = False,
     tensor_type: Annotated[Optional[list[str]], typer.Option("--tensor-type", help="Override the type of tensors matching a pattern: PATTERN=TYPE (repeatable).", show_default=False)] = None,
@@ -46,10 +47,13 @@ def quantize_command(
     json_out: Annotated[bool, typer.Option("--json", help="Print a JSON summary instead of the table.")] = False,
 ) -> None:
     """Quantize a model to a GGUF k-quant (or any llama.cpp type), through llama.cpp's quantizer."""
+    from localinfer.backends import get_backend
+
+    get_backend("llama.cpp")  # the quantizer is llama.cpp's: say now, in one line, if it cannot load
     from localinfer_quant.quantize import quantize
 
     source = resolve_source(src)
-    out = output or default_output(source, type_name)
+    out = output_path(output, source, type_name)
     overrides = tensor_type_overrides(tensor_type)
     with work_bar("quantizing", enabled=not json_out) as progress:
         result = quantize(
@@ -74,6 +78,20 @@ def quantize_command(
         table.add_row(label, f"{info.file_size / 1e6:,.1f} MB", f"{bpw:.2f}", types)
     Console().print(table)
     print(f"wrote {result.output} in {result.seconds:.1f} s")
+
+
+def output_path(output: str | None, source: Path, type_name: str) -> Path:
+    """-o FILE as given; -o FOLDER (existing, or written with a trailing slash) means the
+    default file name inside it, as `cp` and llama-quantize's users expect."""
+    name = default_output(source, type_name)
+    if output is None:
+        return name
+    path = Path(output).expanduser()
+    if path.is_dir():
+        return path / name
+    if output.endswith(("/", os.sep)):
+        raise UserError(f"cannot write into {output}: no such folder")
+    return path
 
 
 def resolve_source(src: str) -> Path:

@@ -17,13 +17,19 @@ def rm(model: Annotated[str, typer.Argument(help="The name it was pulled as (see
     """Delete a downloaded model and free its disk space."""
     pulled = manifests.find(model)
     if pulled is None:
+        if manifests.remove(model):  # a damaged record: nothing to trust in it but its name
+            Console(stderr=True).print(f"deleted the damaged record of {model}")
+            return
         entry = load_catalog().get(model)
         if entry is not None and entry.package:
             raise UserError(f"{model} ships inside the Python package '{entry.package}'; remove it with pip")
         raise ModelNotFound(f"'{model}' is not a pulled model; see 'localinfer list'")
     path = Path(pulled.path)
     for part in [path, *sorted(path.parent.glob(path.name.replace("-00001-of-", "-*-of-")))]:
-        part.unlink(missing_ok=True)
+        try:
+            part.unlink(missing_ok=True)
+        except OSError as e:
+            raise UserError(f"cannot delete {part}: {e.strerror or e}") from None
     manifests.remove(model)
     Console(stderr=True).print(f"deleted {model} ({pulled.size / 1e6:.0f} MB)")
 

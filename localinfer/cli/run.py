@@ -4,19 +4,19 @@ from __future__ import annotations
 
 import json
 import os
-import shlex
 import sys
-from dataclasses import fields
 from typing import Annotated, Optional
 
 import typer
 from rich.console import Console
 
 from localinfer.cli import options as opt
+from localinfer.engine.conversation import answer_room, fit_conversation
 from localinfer.engine.engine import Engine
 from localinfer.engine.loader import LoadOptions, open_engine
+from localinfer.engine.templates import Message
 from localinfer.engine.types import CompletionOutput, SamplingParams
-from localinfer.errors import ModelNotFound
+from localinfer.errors import ContextOverflow, ModelNotFound, UserError
 from localinfer.store.refs import resolve
 
 err = Console(stderr=True, highlight=False)
@@ -25,7 +25,8 @@ DEBUG = os.environ.get("LOCALINFER_DEBUG") == "1"  # also shows the backend's ow
 HELP_INTERACTIVE = """Commands:
   /set system TEXT        set the system prompt
   /set NAME VALUE         set a sampling option (temperature, top_k, top_p, min_p,
-                          repeat_penalty, seed, max_tokens); '/set parameter NAME VALUE' works too
+                          repeat_penalty, repeat_last_n, seed, max_tokens);
+                          '/set parameter NAME VALUE' works too
   /clear                  forget the conversation
   /bye                    leave (or Ctrl-D)
 Ctrl-C stops an answer."""
@@ -46,9 +47,8 @@ def split_model_and_prompt(model: str | None, prompt: str | None) -> tuple[str |
         return None, model
 
 
-def stream_answer(engine: Engine, messages: list[dict[str, str]] | None, prompt: str, params: SamplingParams, raw: bool) -> CompletionOutput | None:
+def stream_answer(engine: Engine, tokens: list[int], params: SamplingParams) -> CompletionOutput | None:
     """Print an answer as it is generated; returns None if Ctrl-C stopped it."""
-    tokens = engine.tokenize_prompt(prompt if raw else engine.render_chat(messages or []))
     events = engine.generate(tokens, params)
     try:
         for event in events:
@@ -60,10 +60,11 @@ def stream_answer(engine: Engine, messages: list[dict[str, str]] | None, prompt:
                 sys.stdout.write(event.text)
                 sys.stdout.flush()
     except KeyboardInterrupt:
-        events.close()  # aborts the request and frees its KV cache
         sys.stdout.write("\n")
         sys.stdout.flush()
         return None
+    finally:
+        events.close()  # on Ctrl-C or a closed pipe: abort the request and free its KV cache now
     return None
 
 
@@ -73,7 +74,7 @@ def print_timings(engine: Engine, result: CompletionOutput) -> None:
         f"[dim]load {t.load_ms:.0f} ms | prompt {result.prompt_tokens} tokens, {t.prompt_ms:.0f} ms "
         f"({t.prompt_tokens_per_s:.1f} tok/s) | TTFT {t.ttft_ms:.0f} ms | "
         f"{result.completion_tokens} tokens, TPOT {t.tpot_ms:.2f} ms ({t.tokens_per_s:.1f} tok/s) | "
-        f"finish: {result.finish_reason}[/dim]",
+        f"seed {result.seed} | finish: {result.finish_reason}[/dim]",
         soft_wrap=True,
     )
     report = engine.backend.runtime_report()
@@ -94,6 +95,7 @@ def as_json(engine: Engine, result: CompletionOutput) -> str:
             "model": engine.name,
             "text": result.text,
             "finish_reason": result.finish_reason,
+            "seed": result.seed,
             "usage": result.usage(),
             "timings": {k: round(v, 3) for k, v in result.timings.as_dict().items() if k in ("load_ms", "ttft_ms", "tpot_ms", "tokens_per_s", "prompt_ms", "prompt_tokens_per_s")},
         },
@@ -104,13 +106,13 @@ def as_json(engine: Engine, result: CompletionOutput) -> str:
 def interactive(engine: Engine, system: str | None, params: SamplingParams, verbose: bool) -> None:
     import readline
 
-    from localinfer.paths import history_file
+    from localinfer.paths import ensure_dir, history_file
 
     try:
         readline.read_history_file(history_file())
     except OSError:
         pass
-    history: list[dict[str, str]] = []
+    history: list[Message] = []
     err.print(f"[dim]{engine.name} — /? for help, /bye to leave[/dim]")
     while True:
         try:
@@ -123,10 +125,12 @@ def interactive(engine: Engine, system: str | None, params: SamplingParams, verb
             continue
         if not line.strip():
             continue
-        readline.write_history_file(history_file())
+        try:
+            readline.write_history_file(ensure_dir(history_file().parent) / history_file().name)
+        except (OSError, UserError):
+            pass  # history is a convenience; an unwritable folder must not end the chat
         if line.startswith("/"):
-            words = shlex.split(line) if line.count('"') % 2 == 0 else line.split()
-            cmd = words[0]
+            cmd, _, rest = line.strip().partition(" ")
             if cmd in ("/bye", "/exit", "/quit"):
                 break
             if cmd == "/clear":
@@ -135,13 +139,22 @@ def interactive(engine: Engine, system: str | None, params: SamplingParams, verb
             elif cmd in ("/?", "/help"):
                 print(HELP_INTERACTIVE)
             elif cmd == "/set":
-                system, params = _set(words[1:], system, params)
+                system, params = _set(rest.strip(), system, params)
             else:
                 err.print(f"Unknown command '{cmd}'. Type /? for help.")
             continue
         history.append({"role": "user", "content": line})
         messages = ([{"role": "system", "content": system}] if system else []) + history
-        result = stream_answer(engine, messages, line, params, raw=False)
+        try:
+            fitted = fit_conversation(engine, messages, answer_room(engine.n_ctx, params.max_tokens))
+        except ContextOverflow as e:
+            history.pop()
+            err.print(f"[red]error:[/red] {e}", soft_wrap=True)
+            continue
+        if fitted.dropped:
+            del history[: fitted.dropped]
+            err.print(f"[dim]The conversation outgrew the {engine.n_ctx}-token context: dropped the {fitted.dropped} oldest messages (the system prompt stays).[/dim]", soft_wrap=True)
+        result = stream_answer(engine, fitted.tokens, params)
         if result is None:
             history.pop()  # an interrupted answer is not part of the conversation
             continue
@@ -150,24 +163,28 @@ def interactive(engine: Engine, system: str | None, params: SamplingParams, verb
             print_timings(engine, result)
 
 
-def _set(words: list[str], system: str | None, params: SamplingParams) -> tuple[str | None, SamplingParams]:
-    if words and words[0] == "parameter":
-        words = words[1:]
-    if len(words) < 2:
+def _set(args: str, system: str | None, params: SamplingParams) -> tuple[str | None, SamplingParams]:
+    """`/set system TEXT` takes the rest of the line as it is (apostrophes and all);
+    `/set NAME VALUE` is checked exactly as the matching command-line option is."""
+    name, _, value = args.partition(" ")
+    if name == "parameter":
+        name, _, value = value.strip().partition(" ")
+    value = value.strip()
+    if not name or not value:
         err.print("Usage: /set system TEXT | /set NAME VALUE")
         return system, params
-    name, value = words[0], " ".join(words[1:])
     if name == "system":
+        if len(value) >= 2 and value[0] == value[-1] and value[0] in "\"'":
+            value = value[1:-1]  # /set system "Be terse." as Ollama takes it
         err.print("[dim]Set the system prompt.[/dim]")
         return value, params
-    kinds = {f.name: f.type for f in fields(SamplingParams)}
-    if name not in kinds or name == "stop":
-        err.print(f"Unknown option '{name}'. Options: {', '.join(k for k in kinds if k != 'stop')}")
+    if name not in opt.SAMPLING:
+        err.print(f"Unknown option '{name}'. Options: system, {', '.join(opt.SAMPLING)}")
         return system, params
     try:
-        parsed: object = float(value) if "float" in str(kinds[name]) else int(value)
-    except ValueError:
-        err.print(f"'{value}' is not a valid value for {name}")
+        parsed = opt.sampling_value(name, value)
+    except typer.BadParameter as e:
+        err.print(f"{name}: {e.format_message()}")
         return system, params
     err.print(f"[dim]Set {name} to {parsed}.[/dim]")
     return system, params.with_overrides(**{name: parsed})
@@ -182,7 +199,7 @@ def run(
     top_p: Annotated[Optional[float], typer.Option(help="Nucleus sampling mass; 1 disables.", callback=opt.between(0, 1))] = None,
     min_p: Annotated[Optional[float], typer.Option(help="Drop tokens below this fraction of the top probability.", callback=opt.between(0, 1))] = None,
     repeat_penalty: Annotated[Optional[float], typer.Option(help="Penalty for recently seen tokens; 1 disables.", callback=opt.at_least(0.01))] = None,
-    seed: Annotated[Optional[int], typer.Option(help="Random seed, for reproducible sampling.")] = None,
+    seed: Annotated[Optional[int], typer.Option(help="Random seed, for reproducible sampling; -1 picks one (reported by --verbose and --json).", callback=opt.at_least(-1))] = None,
     max_tokens: Annotated[Optional[int], typer.Option(help="Stop after this many tokens. [default: until the model stops or the context is full]", callback=opt.at_least(1))] = None,
     ctx: Annotated[Optional[int], typer.Option(help="Context window in tokens. [default: the model's, at most 4096]", callback=opt.at_least(16))] = None,
     threads: Annotated[Optional[int], typer.Option(help="CPU threads. [default: physical cores]", callback=opt.at_least(1))] = None,
@@ -208,6 +225,8 @@ def run(
         engine = open_engine(model, LoadOptions(engine=engine_name, ctx=ctx, threads=threads, gpu_layers=gpu_layers, kernels=kernels, verbose=DEBUG), progress)
     if verbose and engine.memory is not None:
         err.print(f"[dim]{engine.name}: {engine.memory.describe()}, {engine.memory.n_gpu_layers} layers on GPU[/dim]", soft_wrap=True)
+    for warning in engine.memory.warnings if engine.memory is not None else []:
+        err.print(f"[yellow]warning:[/yellow] {warning}", soft_wrap=True)
     params = engine.defaults.with_overrides(
         temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p,
         repeat_penalty=repeat_penalty, seed=seed, max_tokens=max_tokens,
@@ -217,11 +236,11 @@ def run(
             interactive(engine, system, params, verbose)
             return
         messages = ([{"role": "system", "content": system}] if system else []) + [{"role": "user", "content": prompt}]
+        tokens = engine.tokenize_prompt(prompt if raw else engine.render_chat(messages))
         if json_out:
-            tokens = engine.tokenize_prompt(prompt if raw else engine.render_chat(messages))
             print(as_json(engine, engine.complete(tokens, params)))
             return
-        result = stream_answer(engine, messages, prompt, params, raw)
+        result = stream_answer(engine, tokens, params)
         if result is None:
             raise typer.Exit(130)
         if verbose:

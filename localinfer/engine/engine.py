@@ -7,9 +7,10 @@ The CLI, the TUI and the server are thin clients of this object.
 
 from __future__ import annotations
 
+import secrets
 import time
 from collections import deque
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Iterator
 
 import numpy as np
@@ -91,6 +92,8 @@ class Engine:
     def submit(self, prompt_tokens: list[int], params: SamplingParams | None = None) -> int:
         """Queue a request; its events come out of step()."""
         params = params or self.defaults
+        if params.seed is None or params.seed < 0:  # -1 is llama.cpp's and Ollama's "random"
+            params = replace(params, seed=secrets.randbits(32))
         if not prompt_tokens:
             raise UserError("the prompt is empty")
         if len(prompt_tokens) >= self.n_ctx:
@@ -194,6 +197,7 @@ class Engine:
                 completion_tokens=len(seq.generated),
                 timings=self._timings(seq),
                 tokens=list(seq.generated),
+                seed=int(seq.params.seed or 0),
             )
         )
 

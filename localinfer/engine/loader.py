@@ -42,13 +42,13 @@ def open_engine(ref: str | None, options: LoadOptions | None = None, progress: P
     t0 = time.perf_counter()
     info = inspect(path)
     n_ctx = options.ctx or int(src.defaults.get("ctx", 0)) or min(DEFAULT_CTX, info.context_length or DEFAULT_CTX)
-    vram = 0
-    if options.gpu_layers == "auto" and options.engine == "llama.cpp":
-        from localinfer.backends.devices import gpu_free_bytes
+    devices = []
+    if options.engine == "llama.cpp":
+        from localinfer.backends.devices import list_devices
         from localinfer.backends.llamacpp import supports_gpu_offload
 
-        vram = gpu_free_bytes() if supports_gpu_offload() else 0
-    plan = memory.plan(info, n_ctx, options.gpu_layers if options.engine == "llama.cpp" else 0, vram)
+        devices = list_devices() if supports_gpu_offload() else []
+    plan = memory.plan(info, n_ctx, options.gpu_layers if options.engine == "llama.cpp" else 0, devices)
     backend = backend_cls.load(
         path,
         LoadParams(

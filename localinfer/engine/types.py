@@ -15,7 +15,7 @@ class SamplingParams:
     min_p: float = 0.05  # 0 disables
     repeat_penalty: float = 1.0  # 1 disables
     repeat_last_n: int = 64
-    seed: int | None = None  # None: a fresh random seed per request
+    seed: int | None = None  # None or -1: a fresh random seed per request, reported in the result
     max_tokens: int | None = None  # None: until end of generation or a full context
     stop: tuple[str, ...] = ()
 
@@ -60,6 +60,7 @@ class CompletionOutput:
     completion_tokens: int
     timings: Timings = field(default_factory=Timings)
     tokens: list[int] = field(default_factory=list)
+    seed: int = 0  # the sampler's seed, the one picked for the request if none was asked for
 
     def usage(self) -> dict[str, int]:
         return {

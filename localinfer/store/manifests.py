@@ -10,7 +10,8 @@ import tempfile
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from localinfer.paths import manifests_dir
+from localinfer.errors import UserError
+from localinfer.paths import ensure_dir, manifests_dir
 
 
 @dataclass
@@ -21,6 +22,7 @@ class LocalModel:
     sha256: str
     source: str  # "hf://owner/repo/file@revision" or "package://pkg/file"
     pulled_at: str
+    verified: bool = True  # False: the hub published no sha256 to check the file against
 
     @property
     def exists(self) -> bool:

@@ -18,11 +18,12 @@ from pathlib import Path
 from typing import Callable
 
 from localinfer.errors import DownloadError, ModelNotFound
-from localinfer.paths import models_dir
+from localinfer.paths import ensure_dir, models_dir
 from localinfer.store import manifests
 from localinfer.store.refs import ModelSource
 
 Progress = Callable[[int, int], None]  # (bytes done, bytes total)
+Warn = Callable[[str], None]
 DEFAULT_QUANT = "Q4_K_M"
 SPLIT = re.compile(r"-(\d{5})-of-(\d{5})\.gguf$")
 
@@ -37,19 +38,19 @@ def local_path(src: ModelSource) -> Path | None:
     return Path(pulled.path) if pulled and pulled.exists else None
 
 
-def ensure_local(src: ModelSource, progress: Progress | None = None) -> Path:
+def ensure_local(src: ModelSource, progress: Progress | None = None, warn: Warn | None = None) -> Path:
     """The model's file, pulling it first if needed (as `ollama run` does)."""
-    return local_path(src) or pull(src, progress)
+    return local_path(src) or pull(src, progress, warn)
 
 
-def pull(src: ModelSource, progress: Progress | None = None) -> Path:
+def pull(src: ModelSource, progress: Progress | None = None, warn: Warn | None = None) -> Path:
     if src.kind == "path":
         return src.path  # type: ignore[return-value]
     if src.kind == "package":
         path = _package_file(src)
         _verify(path, src.sha256)
         return path
-    return _pull_hub(src, progress)
+    return _pull_hub(src, progress, warn)
 
 
 def _package_file(src: ModelSource) -> Path:
@@ -115,7 +116,7 @@ def choose_files(files: list[str], quant: str | None, repo: str) -> list[str]:
     return [first]
 
 
-def _pull_hub(src: ModelSource, progress: Progress | None) -> Path:
+def _pull_hub(src: ModelSource, progress: Progress | None, warn: Warn | None) -> Path:
     import huggingface_hub as hf
     from huggingface_hub.utils import disable_progress_bars
 
@@ -126,12 +127,16 @@ def _pull_hub(src: ModelSource, progress: Progress | None) -> Path:
         files = [src.file] if src.file else choose_files(hf.list_repo_files(repo, revision=src.revision), src.quant, repo)
         urls = [hf.hf_hub_url(repo, f, revision=src.revision) for f in files]
         metas = [hf.get_hf_file_metadata(url) for url in urls]
-        paths, digests = [], []
+        paths, digests, unverified = [], [], False
         with _watch(target, sum(m.size or 0 for m in metas), progress):
             for name, url, meta in zip(files, urls, metas):
-                path, digest = _download(url, target / name, meta.size, _expected_sha(src, meta.etag, len(files)))
+                expected = _expected_sha(src, meta.etag, len(files))
+                if expected is None and warn:
+                    warn(f"no sha256 is published for {repo}/{name}: its download cannot be verified")
+                path, digest = _download(url, target / name, meta.size, expected)
                 paths.append(path)
                 digests.append(digest)
+                unverified = unverified or expected is None
     except DownloadError:
         raise
     except Exception as e:  # the hub client raises many kinds; each becomes one line
@@ -146,6 +151,7 @@ def _pull_hub(src: ModelSource, progress: Progress | None) -> Path:
             sha256=digests[0] or sha256_of(paths[0]),
             source=f"hf://{repo}/{paths[0].name}@{src.revision}",
             pulled_at=datetime.now(timezone.utc).isoformat(timespec="seconds"),
+            verified=not unverified,
         )
     )
     return paths[0]
@@ -173,7 +179,7 @@ def _download(url: str, dest: Path, size: int | None, sha256: str | None) -> tup
     if dest.is_file() and (size is None or dest.stat().st_size == size):
         return dest, None
     partial = dest.with_name(dest.name + ".partial")
-    partial.parent.mkdir(parents=True, exist_ok=True)
+    ensure_dir(partial.parent)
     with open(partial, "ab") as fh:
         have = fh.tell()
         if size is not None and have > size:  # the file changed upstream: start over

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from localinfer.errors import UserError
+from localinfer.errors import InvalidModelFile, UserError
 from localinfer.modelfile import GGUFInfo
 
 # GGUF architecture -> RoPE layout. llama.cpp's converter permutes q/k for "llama"-style
@@ -46,34 +46,48 @@ class ModelConfig:
             )
         meta = info.metadata
 
-        def get(key: str, default: object = None) -> object:
+        def get(key: str, default: object = None, kind: type = float) -> object:
+            """A metadata value as `kind`; a missing key without a default, or a value of
+            the wrong type, is a file the engine cannot run: one line says which key."""
             value = meta.get(f"{arch}.{key}", default)
             if isinstance(value, list):
                 if len(set(value)) > 1:
                     raise UnsupportedModel(f"{key} differs between layers, which the native engine does not run; use --engine llama.cpp")
-                value = value[0]
-            return value
+                value = value[0] if value else default
+            if value is None:
+                raise InvalidModelFile(f"{info.path.name} has no {arch}.{key}, which the native engine needs; is the file complete?")
+            if kind is str:
+                return str(value)
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or (kind is int and value != int(value)):
+                raise InvalidModelFile(f"{info.path.name} has {arch}.{key} = {value!r}, not a number")
+            return kind(value)
 
-        scaling = str(get("rope.scaling.type", "none"))
-        factor = float(get("rope.scaling.factor", 1.0) or 1.0)
+        for key, value in (("block_count", info.n_layer), ("embedding_length", info.n_embd), ("attention.head_count", meta.get(f"{arch}.attention.head_count"))):
+            if not value:
+                raise InvalidModelFile(f"{info.path.name} has no usable {arch}.{key}, which the native engine needs")
+        scaling = get("rope.scaling.type", "none", str)
+        factor = get("rope.scaling.factor", 1.0) or 1.0
         if scaling not in ("none", "linear") and factor != 1.0:
             raise UnsupportedModel(f"the native engine does not do '{scaling}' RoPE scaling; use --engine llama.cpp")
-        head_dim = int(get("attention.key_length", info.n_embd // info.n_head))
-        if int(get("attention.value_length", head_dim)) != head_dim:
+        head_dim = get("attention.key_length", info.n_embd // info.n_head, int)
+        if get("attention.value_length", head_dim, int) != head_dim:
             raise UnsupportedModel("keys and values of different sizes are not run by the native engine; use --engine llama.cpp")
+        n_ff = get("feed_forward_length", None, int)
+        if n_ff <= 0 or head_dim <= 0 or info.n_head % info.n_head_kv:
+            raise InvalidModelFile(f"{info.path.name} has inconsistent sizes (heads {info.n_head}/{info.n_head_kv}, head size {head_dim}, feed-forward {n_ff})")
         return cls(
             architecture=arch,
             n_layer=info.n_layer,
             n_embd=info.n_embd,
-            n_ff=int(get("feed_forward_length")),
+            n_ff=n_ff,
             n_head=info.n_head,
             n_head_kv=info.n_head_kv,
             head_dim=head_dim,
             n_vocab=info.n_vocab,
             n_ctx_train=info.context_length or 0,
-            norm_eps=float(get("attention.layer_norm_rms_epsilon", 1e-5)),
+            norm_eps=get("attention.layer_norm_rms_epsilon", 1e-5),
             rope_layout=ROPE_LAYOUT[arch],
-            rope_dims=int(get("rope.dimension_count", head_dim)),
-            rope_base=float(get("rope.freq_base", 10000.0)),
+            rope_dims=get("rope.dimension_count", head_dim, int),
+            rope_base=get("rope.freq_base", 10000.0),
             rope_linear_scale=factor if scaling == "linear" else 1.0,
         )

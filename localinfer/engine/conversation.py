@@ -1,0 +1,47 @@
+"""Fitting a conversation into the context window, as chat clients do: the oldest turns
+go first, the system prompt never does. Shared by `run`'s interactive mode and the chat app."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from localinfer.engine.templates import Message
+from localinfer.errors import ContextOverflow
+
+
+@dataclass
+class FittedPrompt:
+    tokens: list[int]
+    messages: list[Message]  # what was rendered: the system prompt and the newest turns
+    dropped: int  # how many of the oldest messages were left out
+
+
+def answer_room(n_ctx: int, max_tokens: int | None) -> int:
+    """Tokens kept free for the answer: max_tokens if set, else a quarter of the context,
+    and never more than half of it (a long conversation must still be answerable)."""
+    return min(max_tokens or n_ctx // 4, n_ctx // 2)
+
+
+def fit_conversation(engine, messages: list[Message], room: int) -> FittedPrompt:
+    """The prompt for `messages`, dropping the oldest non-system messages until the prompt
+    and `room` fit in the context. The last message is always kept; if it alone cannot
+    fit, ContextOverflow says so and nothing is dropped."""
+    system = [m for m in messages[:1] if m["role"] == "system"]
+    turns = messages[len(system) :]
+    n_ctx = engine.n_ctx
+    dropped = 0
+    while True:
+        kept = system + turns[dropped:]
+        tokens = engine.tokenize_prompt(engine.render_chat(kept))
+        last = dropped >= len(turns) - 1
+        if len(tokens) + room <= n_ctx or (last and len(tokens) < n_ctx):
+            return FittedPrompt(tokens, kept, dropped)
+        if last:
+            raise ContextOverflow(
+                f"this message makes a prompt of {len(tokens)} tokens but the context holds {n_ctx}; "
+                "send a shorter one, or restart with a larger --ctx"
+            )
+        dropped += 1
+        # never start the kept part on an assistant reply: a turn is a user message and its answer
+        while dropped < len(turns) - 1 and turns[dropped]["role"] != "user":
+            dropped += 1
