@@ -37,3 +37,8 @@ class TemplateError(UserError):
 
 class BackendError(UserError):
     """The inference backend refused to load or run the model."""
+
+
+class OutputClosed(Exception):
+    """Whoever read our stdout has gone (`localinfer run ... | head`): stop quietly.
+    Not an OSError, so that click does not turn it into its own exit 1."""

@@ -13,7 +13,7 @@ try:  # typer >= 0.20 carries its own copy of click
 except ImportError:  # older typer uses click itself
     from click.exceptions import ClickException, UsageError  # type: ignore[assignment]
 
-from localinfer.errors import UserError
+from localinfer.errors import OutputClosed, UserError
 
 app = typer.Typer(
     name="localinfer",
@@ -57,7 +57,7 @@ def main(argv: list[str] | None = None) -> None:
             raise
         print(f"error: {e}", file=sys.stderr)
         sys.exit(e.exit_code)
-    except BrokenPipeError:  # `localinfer run ... | head`: the reader has all it wanted
+    except (OutputClosed, BrokenPipeError):  # `localinfer run ... | head`: the reader has all it wanted
         _discard_stdout()
         sys.exit(0)
     sys.exit(result if isinstance(result, int) else 0)

@@ -16,7 +16,7 @@ from localinfer.engine.engine import Engine
 from localinfer.engine.loader import LoadOptions, open_engine
 from localinfer.engine.templates import Message
 from localinfer.engine.types import CompletionOutput, SamplingParams
-from localinfer.errors import ContextOverflow, ModelNotFound, UserError
+from localinfer.errors import ContextOverflow, ModelNotFound, OutputClosed, UserError
 from localinfer.store.refs import resolve
 
 err = Console(stderr=True, highlight=False)
@@ -47,21 +47,26 @@ def split_model_and_prompt(model: str | None, prompt: str | None) -> tuple[str |
         return None, model
 
 
+def write(text: str) -> None:
+    try:
+        sys.stdout.write(text)
+        sys.stdout.flush()
+    except BrokenPipeError:
+        raise OutputClosed from None
+
+
 def stream_answer(engine: Engine, tokens: list[int], params: SamplingParams) -> CompletionOutput | None:
     """Print an answer as it is generated; returns None if Ctrl-C stopped it."""
     events = engine.generate(tokens, params)
     try:
         for event in events:
             if isinstance(event, CompletionOutput):
-                sys.stdout.write("\n")
-                sys.stdout.flush()
+                write("\n")
                 return event
             if event.text:
-                sys.stdout.write(event.text)
-                sys.stdout.flush()
+                write(event.text)
     except KeyboardInterrupt:
-        sys.stdout.write("\n")
-        sys.stdout.flush()
+        write("\n")
         return None
     finally:
         events.close()  # on Ctrl-C or a closed pipe: abort the request and free its KV cache now
@@ -238,7 +243,7 @@ def run(
         messages = ([{"role": "system", "content": system}] if system else []) + [{"role": "user", "content": prompt}]
         tokens = engine.tokenize_prompt(prompt if raw else engine.render_chat(messages))
         if json_out:
-            print(as_json(engine, engine.complete(tokens, params)))
+            write(as_json(engine, engine.complete(tokens, params)) + "\n")
             return
         result = stream_answer(engine, tokens, params)
         if result is None:

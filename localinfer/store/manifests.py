@@ -48,29 +48,45 @@ def write_atomic(path: Path, data: bytes) -> None:
 
 
 def save(model: LocalModel) -> None:
-    write_atomic(_manifest_path(model.name), json.dumps(asdict(model), indent=2).encode())
+    path = _manifest_path(model.name)
+    ensure_dir(path.parent)
+    try:
+        write_atomic(path, json.dumps(asdict(model), indent=2).encode())
+    except OSError as e:
+        raise UserError(f"cannot write {path}: {e.strerror or e}") from None
+
+
+def _read(path: Path) -> LocalModel | None:
+    """A manifest, or None for a damaged or foreign file (a hand edit, a disk that filled
+    up): such a model is simply not there, a pull writes it anew, and `rm` removes it."""
+    try:
+        model = LocalModel(**json.loads(path.read_text(encoding="utf-8")))
+    except (OSError, ValueError, TypeError):
+        return None
+    texts = (model.name, model.path, model.sha256, model.source, model.pulled_at)
+    if not all(isinstance(t, str) for t in texts) or type(model.size) is not int or type(model.verified) is not bool:
+        return None
+    return model
 
 
 def find(name: str) -> LocalModel | None:
     path = _manifest_path(name)
-    if not path.exists():
-        return None
-    return LocalModel(**json.loads(path.read_text()))
+    return _read(path) if path.is_file() else None
 
 
 def all_models() -> list[LocalModel]:
-    models = []
-    for path in sorted(manifests_dir().glob("*.json")):
-        try:
-            models.append(LocalModel(**json.loads(path.read_text())))
-        except (ValueError, TypeError):
-            continue  # a foreign or damaged file; not ours to show
-    return models
+    folder = manifests_dir()
+    if not folder.is_dir():
+        return []
+    return [m for path in sorted(folder.glob("*.json")) if (m := _read(path)) is not None]
 
 
 def remove(name: str) -> bool:
     path = _manifest_path(name)
     if not path.exists():
         return False
-    path.unlink()
+    try:
+        path.unlink()
+    except OSError as e:
+        raise UserError(f"cannot remove {path}: {e.strerror or e}") from None
     return True

