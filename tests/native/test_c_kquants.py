@@ -208,7 +208,7 @@ def test_decoding_matches_gguf_one_hot(lib):
 def _requantized_k_tensors(out_dir: Path, ftype_name: str) -> dict[Q, QMatrix]:
     """The first K-type tensor of each kind (ffn_down preferred) in the embedded model
     requantized by llama.cpp to `ftype_name` (a LLAMA_FTYPE_MOSTLY_* constant)."""
-    llama_cpp = pytest.importorskip("llama_cpp")
+    import llama_cpp  # a dependency: its absence is a failure, not a skip
     from gguf import GGUFReader
 
     from localinfer.store.pull import local_path
@@ -220,8 +220,7 @@ def _requantized_k_tensors(out_dir: Path, ftype_name: str) -> dict[Q, QMatrix]:
     p.ftype = getattr(llama_cpp, f"LLAMA_FTYPE_MOSTLY_{ftype_name}")
     p.allow_requantize = True
     p.nthread = 2
-    if llama_cpp.llama_model_quantize(src.encode(), dst.encode(), ctypes.byref(p)) != 0:
-        pytest.skip(f"llama.cpp could not quantize the embedded model to {ftype_name}")
+    assert llama_cpp.llama_model_quantize(src.encode(), dst.encode(), ctypes.byref(p)) == 0, f"llama.cpp could not quantize the embedded model to {ftype_name}"
     tensors = sorted(GGUFReader(dst).tensors, key=lambda t: "ffn_down" not in t.name)
     found: dict[Q, QMatrix] = {}
     for t in tensors:

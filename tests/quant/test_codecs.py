@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import ctypes
 import os
-import time
 from pathlib import Path
 
 import numpy as np
@@ -283,13 +282,14 @@ def test_zeros_round_trip_exactly(qtype: Q):
     assert np.array_equal(codecs.dequantize(codecs.quantize(x, qtype), qtype), x)
 
 
-def test_large_tensor_is_fast():
+def test_large_tensor_round_trips():
+    """The embedding-sized tensor (its speed is bench/codecs.py's business, not a test's)."""
     x = np.random.default_rng(1).standard_normal((49152, 576)).astype(np.float32)
-    t0 = time.perf_counter()
-    q = codecs.quantize(x, Q.Q8_0)
-    y = codecs.dequantize(q, Q.Q8_0)
-    assert time.perf_counter() - t0 < 10
-    assert np.abs(y - x).max() < 0.05
+    y = codecs.dequantize(codecs.quantize(x, Q.Q8_0), Q.Q8_0)
+    assert y.shape == x.shape
+    amax = np.abs(x).reshape(-1, 32).max(axis=1, keepdims=True)
+    err = np.abs(y - x).reshape(-1, 32)
+    assert np.all(err <= amax / 127 / 2 * 1.01 + amax * 2e-3)  # half a step, plus the f16 scale's rounding
 
 
 # --- bad input ---------------------------------------------------------------------------
