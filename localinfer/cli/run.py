@@ -218,7 +218,7 @@ def run(
     """Answer a prompt with a model, streaming the text as it is generated."""
     model, prompt = split_model_and_prompt(model, prompt)
     if not sys.stdin.isatty():
-        piped = sys.stdin.read()
+        piped = sys.stdin.read().rstrip()  # `echo "..." |` ends with a newline the prompt never meant
         if piped.strip():
             prompt = f"{prompt}\n\n{piped}" if prompt else piped
     if prompt is None and (json_out or not sys.stdin.isatty()):
