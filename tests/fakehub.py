@@ -2,7 +2,9 @@
 with the headers and JSON that huggingface-hub reads. Tests never touch the network.
 
 Layout on disk: ROOT/<owner>/<repo>/<file>. `delay` slows each 64 KiB chunk so a test
-can interrupt a download halfway.
+can interrupt a download halfway. `log` records every file request (its Range header and
+the bytes actually sent), so a test can check what the client asked for and received.
+`etag` replaces the file's sha256 in the ETag headers: a wrong one, or a non-hash one.
 """
 
 from __future__ import annotations
@@ -11,12 +13,22 @@ import hashlib
 import json
 import threading
 import time
+from collections.abc import Callable
+from dataclasses import dataclass
 from functools import lru_cache
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from urllib.parse import unquote, urlparse
 
 COMMIT = "0123456789abcdef0123456789abcdef01234567"
+
+
+@dataclass
+class FileRequest:
+    method: str
+    filename: str
+    range: str | None  # the Range header as sent
+    bytes_sent: int = 0
 CHUNK = 1 << 16
 
 
@@ -26,9 +38,11 @@ def _sha256(path: Path, mtime: float) -> str:
 
 
 class FakeHub:
-    def __init__(self, root: Path, delay: float = 0.0) -> None:
+    def __init__(self, root: Path, delay: float = 0.0, etag: Callable[[str], str] | None = None) -> None:
         self.root = root
         self.delay = delay
+        self.etag = etag or (lambda sha: sha)
+        self.log: list[FileRequest] = []
         hub = self
 
         class Handler(BaseHTTPRequestHandler):
@@ -98,8 +112,11 @@ class FakeHub:
                 rng = self.headers.get("Range")
                 if rng and rng.startswith("bytes="):
                     start = int(rng[6:].split("-")[0] or 0)
+                request = FileRequest(self.command, filename, rng)
+                if body:
+                    hub.log.append(request)
                 self.send_response(206 if start else 200)
-                sha = _sha256(path, path.stat().st_mtime)
+                sha = hub.etag(_sha256(path, path.stat().st_mtime))
                 self.send_header("X-Repo-Commit", COMMIT)
                 self.send_header("ETag", f'"{sha}"')
                 self.send_header("X-Linked-Etag", f'"{sha}"')
@@ -118,6 +135,7 @@ class FakeHub:
                             self.wfile.write(chunk)
                         except (BrokenPipeError, ConnectionResetError):
                             return
+                        request.bytes_sent += len(chunk)
                         if hub.delay:
                             time.sleep(hub.delay)
 

@@ -78,10 +78,16 @@ def test_interrupted_pull_leaves_no_model_and_resumes(hub_root: Path, isolated_h
         done_before = partial[0].stat().st_size
 
         hub.delay = 0
+        hub.log.clear()
         r = run_cli("pull", "acme/tiny-GGUF:Q4_1", "--json", env=hub_env(hub, isolated_home))
         assert r.returncode == 0, r.stderr
         assert Path(json.loads(r.stdout)["path"]).read_bytes() == model_path.read_bytes()
-        assert done_before > 0
+    # the second pull asked only for the rest, and the hub sent only the rest
+    (resumed,) = hub.log
+    size = model_path.stat().st_size
+    assert 0 < done_before < size
+    assert resumed.range == f"bytes={done_before}-"
+    assert resumed.bytes_sent == size - done_before
 
 
 def test_checksum_mismatch_deletes_the_file(hub_root: Path, isolated_home: Path, monkeypatch) -> None:
@@ -98,3 +104,23 @@ def test_checksum_mismatch_deletes_the_file(hub_root: Path, isolated_home: Path,
         with pytest.raises(DownloadError, match="sha256"):
             pull(src)
     assert ggufs_under(isolated_home) == []
+
+
+def test_etag_sha256_mismatch_deletes_the_download(hub_root: Path, isolated_home: Path) -> None:
+    """No catalog hash for a hub reference: the hub's ETag (an LFS file's sha256) is checked."""
+    with FakeHub(hub_root, etag=lambda sha: "f" * 64) as hub:
+        r = run_cli("pull", "acme/tiny-GGUF:Q4_1", env=hub_env(hub, isolated_home))
+    assert r.returncode == 1 and "failed its sha256 check" in r.stderr and "Traceback" not in r.stderr
+    assert ggufs_under(isolated_home) == []
+    assert list((isolated_home / "models").rglob("*.partial")) == []
+    assert run_cli("list", "--json", env={"LOCALINFER_HOME": str(isolated_home)}).stdout.count("tiny") == 0
+
+
+def test_no_published_hash_is_said_not_skipped(hub_root: Path, isolated_home: Path, model_path: Path) -> None:
+    with FakeHub(hub_root, etag=lambda sha: "abc-123") as hub:
+        r = run_cli("pull", "acme/tiny-GGUF:Q4_1", "--json", env=hub_env(hub, isolated_home))
+    assert r.returncode == 0, r.stderr
+    assert "no sha256 is published" in r.stderr and "cannot be verified" in r.stderr
+    pulled = json.loads(r.stdout)
+    assert pulled["verified"] is False
+    assert Path(pulled["path"]).read_bytes() == model_path.read_bytes()
