@@ -1,0 +1,82 @@
+"""`--gpu-layers auto`: the layer choice against device lists shaped like the ones llama.cpp
+reports on real machines, for a 7B-class model (Llama-2-7B Q4_K_M's sizes, as its GGUF
+header gives them) and for the embedded model (its real header)."""
+
+from __future__ import annotations
+
+import pytest
+
+from localinfer.backends.devices import Device
+from localinfer.errors import OutOfMemory
+from localinfer.memory import GiB, compute_bytes, kv_cache_bytes, plan
+from localinfer.modelfile import GGUFInfo, inspect
+
+CPU = Device("CPU", "Intel(R) Core(TM) i7-12700", "CPU", 0, 0)
+GTX_1650 = Device("CUDA0", "NVIDIA GeForce GTX 1650", "GPU", int(3.6 * GiB), 4 * GiB)  # 4 GB card, desktop using some
+RTX_3070 = Device("CUDA0", "NVIDIA GeForce RTX 3070", "GPU", int(7.5 * GiB), 8 * GiB)
+IRIS_XE = Device("Vulkan0", "Intel(R) Iris(R) Xe Graphics", "iGPU", int(7.8 * GiB), int(15.6 * GiB))  # reports shared RAM
+RAM = 16 * GiB
+
+
+def seven_b() -> GGUFInfo:
+    return GGUFInfo(
+        path=None, file_size=4_081_004_224, architecture="llama", name="Llama 2 7B", n_params=6_738_415_616,
+        context_length=4096, n_layer=32, n_embd=4096, n_head=32, n_head_kv=32, head_dim=128, n_vocab=32000,
+        tensor_types={"Q4_K": 193, "Q6_K": 33, "F32": 65}, tensor_bytes=4_080_263_168, chat_template=None, license=None,
+    )  # fmt: skip
+
+
+def layer_bytes(info: GGUFInfo, n_ctx: int) -> float:
+    return (info.tensor_bytes + kv_cache_bytes(info, n_ctx)) / info.n_layer
+
+
+def test_no_gpu_runs_everything_on_the_cpu() -> None:
+    p = plan(seven_b(), 4096, "auto", [], ram_free=RAM)
+    assert p.n_gpu_layers == 0 and p.warnings == []
+    p = plan(seven_b(), 4096, "auto", [CPU], ram_free=RAM)  # a CPU-only build lists only the CPU
+    assert p.n_gpu_layers == 0
+
+
+def test_explicit_layers_without_a_gpu_are_ignored_and_ram_still_checked() -> None:
+    p = plan(seven_b(), 4096, 99, [CPU], ram_free=RAM)
+    assert p.n_gpu_layers == 0 and "cannot offload" in p.warnings[0]
+    with pytest.raises(OutOfMemory):
+        plan(seven_b(), 4096, 99, [CPU], ram_free=2 * GiB)  # counted as on the CPU: does not fit
+
+
+def test_8_gb_card_takes_the_whole_7b_model() -> None:
+    info = seven_b()
+    p = plan(info, 4096, "auto", [CPU, RTX_3070], ram_free=RAM)
+    assert p.n_gpu_layers == info.n_layer + 1  # every layer and the output
+    assert p.vram_free == RTX_3070.free_bytes
+
+
+def test_4_gb_card_takes_what_fits() -> None:
+    info, n_ctx = seven_b(), 4096
+    p = plan(info, n_ctx, "auto", [CPU, GTX_1650], ram_free=RAM)
+    assert 0 < p.n_gpu_layers < info.n_layer
+    used = p.n_gpu_layers * layer_bytes(info, n_ctx) + compute_bytes(info, n_ctx)
+    assert used <= GTX_1650.free_bytes < used + layer_bytes(info, n_ctx)  # one more layer would not fit
+    # the rest stays in RAM, and is checked there
+    with pytest.raises(OutOfMemory):
+        plan(info, n_ctx, "auto", [CPU, GTX_1650], ram_free=1 * GiB)
+
+
+def test_integrated_gpu_shares_ram() -> None:
+    """An iGPU's memory is the system's: offloading to it frees no RAM, so RAM must hold all of it."""
+    info = seven_b()
+    p = plan(info, 4096, "auto", [CPU, IRIS_XE], ram_free=RAM)
+    assert p.n_gpu_layers == info.n_layer + 1
+    with pytest.raises(OutOfMemory):
+        plan(info, 4096, "auto", [CPU, IRIS_XE], ram_free=4 * GiB)  # a discrete card's layers would have left RAM
+
+
+def test_discrete_gpu_is_preferred_to_an_integrated_one() -> None:
+    p = plan(seven_b(), 4096, "auto", [CPU, IRIS_XE, GTX_1650], ram_free=RAM)
+    assert p.vram_free == GTX_1650.free_bytes
+
+
+def test_embedded_model_fits_any_card(model_path) -> None:
+    info = inspect(model_path)
+    for card in (GTX_1650, RTX_3070, IRIS_XE):
+        assert plan(info, 4096, "auto", [CPU, card], ram_free=RAM).n_gpu_layers == info.n_layer + 1
