@@ -1,7 +1,8 @@
 """User-facing errors.
 
-Library code raises these; only the CLI edge turns them into one line on stderr.
-Anything that is not a UserError is a bug and keeps its traceback.
+Library code raises these; only the CLI edge turns them into one line on stderr, as it
+does an OSError (a file or disk the machine refused). Anything else is a bug and keeps
+its traceback.
 """
 
 

@@ -205,7 +205,7 @@ def quantize(
                 params.tt_overrides = ctypes.cast(overrides, ctypes.POINTER(llama_cpp.llama_model_tensor_override))
             if importance is not None:
                 params.imatrix = ctypes.cast(importance[0], ctypes.POINTER(llama_cpp.llama_model_imatrix_data))
-            rc = _run_with_progress(lambda: llama_cpp.llama_model_quantize(str(src_gguf).encode(), str(tmp).encode(), ctypes.byref(params)), progress)
+            rc = _run_with_progress(lambda: llama_cpp.llama_model_quantize(os.fsencode(src_gguf), os.fsencode(tmp), ctypes.byref(params)), progress)
             if rc != 0:
                 raise UserError(f"llama.cpp could not quantize {src.name}: {last_error() or f'error {rc}'}")
             try:

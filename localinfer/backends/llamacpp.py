@@ -116,7 +116,7 @@ class LlamaCppBackend(LlamaTokenized, Backend):
         if "AMX_INT8 = 1" in system_info():
             mparams.use_extra_bufts = False
         _log_lines.clear()
-        self._model = C.llama_model_load_from_file(str(path).encode(), mparams)
+        self._model = C.llama_model_load_from_file(os.fsencode(path), mparams)
         if not self._model:
             raise BackendError(f"llama.cpp could not load {path}: {last_error() or 'unknown error'}")
 
@@ -256,7 +256,7 @@ class Tokenizer:
         mparams = C.llama_model_default_params()
         mparams.vocab_only = True
         _log_lines.clear()
-        model = C.llama_model_load_from_file(str(path).encode(), mparams)
+        model = C.llama_model_load_from_file(os.fsencode(path), mparams)
         if not model:
             raise BackendError(f"llama.cpp could not read the vocabulary of {path}: {last_error() or 'unknown error'}")
         return cls(model, owned=True)
@@ -267,7 +267,7 @@ class Tokenizer:
         return buf.value.decode("utf-8", "replace") if n >= 0 else None
 
     def tokenize(self, text: str, add_special: bool = True, parse_special: bool = True) -> list[int]:
-        data = text.encode("utf-8")
+        data = text.encode("utf-8", "replace")  # a lone surrogate (a JSON "\ud800") becomes '?', not a crash
         cap = len(data) + 8
         out = (C.llama_token * cap)()
         n = C.llama_tokenize(self._vocab_p, data, len(data), out, cap, add_special, parse_special)

@@ -26,6 +26,9 @@ app = typer.Typer(
 
 
 def _register() -> None:
+    """Add the verbs once (main() may run many times in one process: the tests do)."""
+    if app.registered_commands:
+        return
     from localinfer.cli import doctor, eval, list, pull, quantize, rm, run, show
 
     for module in (run, pull, list, show, rm, quantize, eval, doctor):
@@ -33,8 +36,9 @@ def _register() -> None:
 
 
 def main(argv: list[str] | None = None) -> None:
-    """Entry point. Library code raises; here a UserError becomes `error: ...` and exit 1,
-    a usage error exit 2, Ctrl-C exit 130. LOCALINFER_DEBUG=1 keeps tracebacks."""
+    """Entry point. Library code raises; here a UserError or an OSError (a file the machine
+    refused) becomes `error: ...` and exit 1, a usage error exit 2, Ctrl-C exit 130.
+    LOCALINFER_DEBUG=1 keeps tracebacks."""
     _register()
     command = typer.main.get_command(app)
     debug = os.environ.get("LOCALINFER_DEBUG") == "1"
@@ -60,6 +64,12 @@ def main(argv: list[str] | None = None) -> None:
     except (OutputClosed, BrokenPipeError):  # `localinfer run ... | head`: the reader has all it wanted
         _discard_stdout()
         sys.exit(0)
+    except OSError as e:  # the machine, not our code: a name too long, a full disk, a permission
+        if debug:
+            raise
+        where = f"{e.filename}: " if e.filename else ""
+        print(f"error: {where}{e.strerror or e}", file=sys.stderr)
+        sys.exit(1)
     sys.exit(result if isinstance(result, int) else 0)
 
 

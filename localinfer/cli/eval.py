@@ -37,7 +37,7 @@ def eval_command(
     max_chunks: Annotated[Optional[int], typer.Option("--chunks", help="Score at most this many chunks. [default: all]", callback=opt.at_least(1), show_default=False)] = None,
     engine_name: Annotated[str, typer.Option("--engine", help="Inference engine for both models: llama.cpp or native.", callback=opt.engine_name)] = "llama.cpp",
     kernels: Annotated[Optional[str], typer.Option("--kernels", envvar="LOCALINFER_KERNELS", help="Native engine kernels: auto, c or numba.", callback=opt.kernel_set, show_default=False)] = None,
-    threads: Annotated[Optional[int], typer.Option(help="CPU threads. [default: physical cores]", callback=opt.at_least(1))] = None,
+    threads: Annotated[Optional[int], typer.Option(help="CPU threads. [default: physical cores]", callback=opt.threads)] = None,
     json_out: Annotated[bool, typer.Option("--json", help='Print {"perplexity", "tokens", "kld": {"mean", "p99", "max"}, "top1_agreement"} (kld and top1_agreement with --ref).')] = False,
 ) -> None:
     """Measure perplexity over a text, and with --ref the KL divergence from a reference model."""

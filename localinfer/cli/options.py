@@ -59,6 +59,11 @@ def sampling_value(name: str, text: str) -> float | int:
     return check(value)
 
 
+# More threads than this is a typo, and would make OpenMP or ggml try to start them all.
+MAX_THREADS = 1024
+threads = between(1, MAX_THREADS)
+
+
 def engine_name(value: str) -> str:
     from localinfer.backends import BACKENDS
 

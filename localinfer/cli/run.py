@@ -32,6 +32,21 @@ HELP_INTERACTIVE = """Commands:
 Ctrl-C stops an answer."""
 
 
+def as_text(value: str) -> str:
+    """Text as the model should see it. Python hands bytes that are not UTF-8 (a Latin-1
+    terminal, a stray byte in a file name) over as lone surrogates; they become U+FFFD."""
+    try:
+        raw = value.encode("utf-8", "surrogateescape")
+    except UnicodeEncodeError:  # surrogates that no byte made
+        raw = value.encode("utf-8", "replace")
+    return raw.decode("utf-8", "replace")
+
+
+def read_stdin() -> str:
+    data = sys.stdin.buffer.read() if hasattr(sys.stdin, "buffer") else sys.stdin.read().encode("utf-8", "surrogateescape")
+    return data.decode("utf-8", "replace").rstrip()  # `echo "..." |` ends with a newline the prompt never meant
+
+
 def split_model_and_prompt(model: str | None, prompt: str | None) -> tuple[str | None, str | None]:
     """`run "Why is the sky blue?"` means the default model: one argument is a model only if it names one."""
     if model is None or prompt is not None:
@@ -121,7 +136,10 @@ def interactive(engine: Engine, system: str | None, params: SamplingParams, verb
     err.print(f"[dim]{engine.name} — /? for help, /bye to leave[/dim]")
     while True:
         try:
-            line = input(">>> ")
+            line = as_text(input(">>> "))
+        except UnicodeDecodeError:
+            err.print("That line is not UTF-8 text; type it again.")
+            continue
         except EOFError:
             print()
             break
@@ -207,7 +225,7 @@ def run(
     seed: Annotated[Optional[int], typer.Option(help="Random seed, for reproducible sampling; -1 picks one (reported by --verbose and --json).", callback=opt.at_least(-1))] = None,
     max_tokens: Annotated[Optional[int], typer.Option(help="Stop after this many tokens. [default: until the model stops or the context is full]", callback=opt.at_least(1))] = None,
     ctx: Annotated[Optional[int], typer.Option(help="Context window in tokens. [default: the model's, at most 4096]", callback=opt.at_least(16))] = None,
-    threads: Annotated[Optional[int], typer.Option(help="CPU threads. [default: physical cores]", callback=opt.at_least(1))] = None,
+    threads: Annotated[Optional[int], typer.Option(help="CPU threads. [default: physical cores]", callback=opt.threads)] = None,
     gpu_layers: Annotated[str, typer.Option(help="Layers to offload to the GPU, or 'auto' to fit free VRAM.", callback=opt.gpu_layers)] = "auto",
     engine_name: Annotated[str, typer.Option("--engine", help="Inference engine: llama.cpp, or native (localinfer's own, CPU).", callback=opt.engine_name)] = "llama.cpp",
     kernels: Annotated[Optional[str], typer.Option("--kernels", envvar="LOCALINFER_KERNELS", help="Native engine kernels: auto (C where it compiled, else Numba), c, or numba. [default: auto]", callback=opt.kernel_set, show_default=False)] = None,
@@ -217,8 +235,9 @@ def run(
 ) -> None:
     """Answer a prompt with a model, streaming the text as it is generated."""
     model, prompt = split_model_and_prompt(model, prompt)
+    prompt, system = (as_text(prompt) if prompt is not None else None), (as_text(system) if system is not None else None)
     if not sys.stdin.isatty():
-        piped = sys.stdin.read().rstrip()  # `echo "..." |` ends with a newline the prompt never meant
+        piped = read_stdin()
         if piped.strip():
             prompt = f"{prompt}\n\n{piped}" if prompt else piped
     if prompt is None and (json_out or not sys.stdin.isatty()):
