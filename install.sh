@@ -8,9 +8,16 @@
 # the built wheel in a cache keyed by those flags (pip's own wheel cache ignores
 # CMAKE_ARGS, so it would hand back a wheel built with the wrong ones).
 #
-# Usage: ./install.sh [--test]        (--test adds the test extras)
+# Every prerequisite is checked first, in seconds, and a missing one is named in one
+# line with the command that installs it: nothing fails after a four-minute build, and
+# nothing is left half-made for the next run to trust.
+#
+# Usage: ./install.sh [--test] [--dry-run]
+#   --test      add the test extras
+#   --dry-run   check the prerequisites and print what would be done; change nothing
 # Environment:
 #   LOCALINFER_VENV     where the environment goes (default: .venv beside this file)
+#   LOCALINFER_PYTHON   the Python to create it with (default: the newest python3.X >= 3.11 on PATH)
 #   LOCALINFER_BACKEND  cpu | cuda | metal | vulkan (default: detected)
 #   CMAKE_ARGS          your own llama.cpp flags; they replace the detected ones
 set -euo pipefail
@@ -19,13 +26,63 @@ here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 venv="${LOCALINFER_VENV:-$here/.venv}"
 llama_version="$(sed -n 's/.*"llama-cpp-python==\([0-9.]*\)".*/\1/p' "$here/pyproject.toml")"
 extras=""
-[[ "${1:-}" == "--test" ]] && extras="[test]"
+dry_run=0
+for arg in "$@"; do
+    case "$arg" in
+        --test) extras="[test]" ;;
+        --dry-run) dry_run=1 ;;
+        -h|--help) sed -n '2,/^set -euo/p' "$0" | sed '$d; s/^# \{0,1\}//'; exit 0 ;;
+        *) echo "error: unknown option '$arg' (use --test, --dry-run or --help)" >&2; exit 2 ;;
+    esac
+done
 
 say() { printf '\033[1m==>\033[0m %s\n' "$*" >&2; }
+die() { echo "error: $*" >&2; exit 1; }
+os="$(uname -s)"
+arch="$(uname -m)"
 
+# --- Python ---------------------------------------------------------------------------
+py_version() { "$1" -c 'import sys; print("%d.%d" % sys.version_info[:2])' 2>/dev/null; }
+py_ok() { local v; v="$(py_version "$1")" && [[ "${v%%.*}" -eq 3 && "${v#*.}" -ge 11 ]]; }
+
+how_to_get_python() {
+    case "$os" in
+        Darwin) echo "install one with 'brew install python@3.12' or from python.org, or set LOCALINFER_PYTHON" ;;
+        *) if command -v apt-get >/dev/null; then
+               echo "install one with 'sudo apt install python3.11 python3.11-venv' (Ubuntu 22.04: from the deadsnakes PPA), or set LOCALINFER_PYTHON"
+           elif command -v dnf >/dev/null; then
+               echo "install one with 'sudo dnf install python3.11', or set LOCALINFER_PYTHON"
+           else
+               echo "install Python 3.11 or newer (python.org, pyenv, uv), or set LOCALINFER_PYTHON"
+           fi ;;
+    esac
+}
+
+find_python() {
+    if [[ -n "${LOCALINFER_PYTHON:-}" ]]; then
+        py_ok "$LOCALINFER_PYTHON" || die "LOCALINFER_PYTHON=$LOCALINFER_PYTHON is Python $(py_version "$LOCALINFER_PYTHON" || echo '(not runnable)'); localinfer needs 3.11 or newer"
+        echo "$LOCALINFER_PYTHON"; return
+    fi
+    local candidate
+    for candidate in python3.14 python3.13 python3.12 python3.11 python3; do
+        if command -v "$candidate" >/dev/null && py_ok "$candidate"; then command -v "$candidate"; return; fi
+    done
+    local found="no python3 on PATH"
+    command -v python3 >/dev/null && found="python3 is Python $(py_version python3 || echo '(not runnable)')"
+    die "localinfer needs Python 3.11 or newer, and $found; $(how_to_get_python)"
+}
+
+# A venv that a failed `python -m venv` left behind has bin/python but no pip: never trust it.
+venv_ok() { [[ -x "$venv/bin/python" ]] && py_ok "$venv/bin/python" && "$venv/bin/python" -m pip --version >/dev/null 2>&1; }
+
+# --- what to build --------------------------------------------------------------------
 detect_backend() {
     if [[ -n "${LOCALINFER_BACKEND:-}" ]]; then echo "$LOCALINFER_BACKEND"; return; fi
-    if [[ "$(uname -s)" == "Darwin" ]]; then echo metal; return; fi
+    # Metal only on Apple silicon: Intel Macs' GPUs are not worth offloading to.
+    if [[ "$os" == "Darwin" ]]; then
+        if [[ "$arch" == "arm64" ]]; then echo metal; else echo cpu; fi
+        return
+    fi
     # A GPU must be present, not only a toolkit: nvcc alone does not make a CUDA machine.
     if command -v nvidia-smi >/dev/null && nvidia-smi -L >/dev/null 2>&1 && command -v nvcc >/dev/null; then
         echo cuda; return
@@ -33,10 +90,19 @@ detect_backend() {
     echo cpu
 }
 
+# The CPU's feature names, lower-case: /proc/cpuinfo on Linux, sysctl on an Intel Mac.
+cpu_features() {
+    if [[ "$os" == "Darwin" ]]; then
+        sysctl -n machdep.cpu.features machdep.cpu.leaf7_features 2>/dev/null | tr '[:upper:]' '[:lower:]' | sed 's/avx1\.0/avx/g' || true
+    elif [[ -r /proc/cpuinfo ]]; then
+        grep -m1 '^flags' /proc/cpuinfo | cut -d: -f2
+    fi
+}
+
 # x86 flags ggml can use, each turned on only if this CPU reports it; AMX always off.
 cpu_flags() {
-    local flags=""
-    [[ -r /proc/cpuinfo ]] && flags=" $(grep -m1 '^flags' /proc/cpuinfo | cut -d: -f2) "
+    local flags
+    flags=" $(cpu_features | tr '\n' ' ') "
     has() { for f in "$@"; do [[ "$flags" == *" $f "* ]] || return 1; done; }
     local args="-DGGML_NATIVE=OFF -DGGML_AMX_TILE=OFF -DGGML_AMX_INT8=OFF -DGGML_AMX_BF16=OFF"
     onoff() { if has "${@:2}"; then echo "-D$1=ON"; else echo "-D$1=OFF"; fi; }
@@ -48,34 +114,110 @@ cpu_flags() {
     echo "$args"
 }
 
+cpu_args() { if [[ "$arch" == x86_64 || "$arch" == amd64 ]]; then cpu_flags; else echo "-DGGML_NATIVE=ON"; fi; }
+
+# macOS has shasum, not sha256sum; either will do, and Python is the last resort.
+sha256_of_stdin() {
+    if command -v sha256sum >/dev/null; then sha256sum | cut -d' ' -f1
+    elif command -v shasum >/dev/null; then shasum -a 256 | cut -d' ' -f1
+    else "$1" -c 'import hashlib, sys; print(hashlib.sha256(sys.stdin.buffer.read()).hexdigest())'
+    fi
+}
+
+how_to_get_compilers() {
+    case "$os" in
+        Darwin) echo "install Xcode's command-line tools with 'xcode-select --install'" ;;
+        *) if command -v apt-get >/dev/null; then echo "install them with 'sudo apt install build-essential cmake' (Debian, Ubuntu)"
+           elif command -v dnf >/dev/null; then echo "install them with 'sudo dnf install gcc gcc-c++ cmake' (Fedora)"
+           else echo "install gcc and g++ (or clang) and cmake with your package manager"
+           fi ;;
+    esac
+}
+
+# --- checks: all of them before anything is made ---------------------------------------
 backend="$(detect_backend)"
 if [[ -z "${CMAKE_ARGS:-}" ]]; then
     case "$backend" in
-        cpu)    CMAKE_ARGS="$( [[ "$(uname -m)" == x86_64 ]] && cpu_flags || echo -DGGML_NATIVE=ON )" ;;
-        cuda)   CMAKE_ARGS="-DGGML_CUDA=on $(cpu_flags)" ;;
+        cpu)    CMAKE_ARGS="$(cpu_args)"
+                if [[ "$os" == "Darwin" ]]; then CMAKE_ARGS="-DGGML_METAL=OFF $CMAKE_ARGS"; fi ;;
+        cuda)   CMAKE_ARGS="-DGGML_CUDA=on $(cpu_args)" ;;
         metal)  CMAKE_ARGS="-DGGML_METAL=on" ;;
-        vulkan) CMAKE_ARGS="-DGGML_VULKAN=on $(cpu_flags)" ;;
+        vulkan) CMAKE_ARGS="-DGGML_VULKAN=on $(cpu_args)" ;;
         *) echo "error: LOCALINFER_BACKEND must be cpu, cuda, metal or vulkan, not '$backend'" >&2; exit 2 ;;
     esac
 fi
 export CMAKE_ARGS
 
-if [[ ! -x "$venv/bin/python" ]]; then
-    say "creating $venv"
-    python3 -m venv "$venv"
+recreate=""
+venv_ready=0
+if venv_ok; then
+    venv_ready=1
+elif [[ -f "$venv/pyvenv.cfg" || -e "$venv/bin/python" ]]; then
+    recreate="it is incomplete (a failed earlier install, or a Python without pip)"
+elif [[ -e "$venv" ]]; then
+    die "$venv exists and is not a virtual environment; move it away or set LOCALINFER_VENV"
+fi
+if [[ "$venv_ready" == 1 ]]; then
+    py="$venv/bin/python"
+else
+    base_python="$(find_python)"
+    "$base_python" -c "import venv, ensurepip" 2>/dev/null || {
+        v="$(py_version "$base_python")"
+        hint="install Python's venv module"
+        if command -v apt-get >/dev/null; then hint="install it with 'sudo apt install python$v-venv'"; fi
+        die "$base_python (Python $v) cannot make virtual environments: its venv/ensurepip module is missing; $hint"
+    }
+    py="$base_python"
+fi
+
+key="$(printf '%s %s' "$llama_version" "$CMAKE_ARGS" | sha256_of_stdin "$py" | cut -c1-12)"
+wheels="${XDG_CACHE_HOME:-$HOME/.cache}/localinfer/wheels/$key"
+llama="build"
+if [[ "$venv_ready" == 1 ]] && "$venv/bin/python" -c "import llama_cpp, sys; sys.exit(llama_cpp.__version__ != '$llama_version')" 2>/dev/null \
+   && [[ "$(cat "$venv/.llama-build" 2>/dev/null)" == "$key" ]]; then
+    llama="installed"
+elif ls "$wheels"/llama_cpp_python-*.whl >/dev/null 2>&1; then
+    llama="cached"
+fi
+if [[ "$llama" == build ]]; then
+    cc_found=""; cxx_found=""
+    for c in cc gcc clang; do command -v "$c" >/dev/null && { cc_found="$c"; break; }; done
+    for c in c++ g++ clang++; do command -v "$c" >/dev/null && { cxx_found="$c"; break; }; done
+    if [[ -z "$cc_found" || -z "$cxx_found" ]]; then
+        missing=""
+        if [[ -z "$cc_found" ]]; then missing="a C compiler"; fi
+        if [[ -z "$cxx_found" ]]; then missing="${missing:+$missing and }a C++ compiler"; fi
+        die "building llama.cpp needs $missing, and none is on PATH; $(how_to_get_compilers)"
+    fi
+    command -v cmake >/dev/null || say "no cmake on PATH: pip will fetch CMake from PyPI for the build ($(how_to_get_compilers | sed 's/install them/or install it/'))"
+fi
+
+if [[ "$dry_run" == 1 ]]; then
+    echo "python: $py (Python $(py_version "$py"))"
+    echo "environment: $venv ($(if [[ "$venv_ready" == 1 ]]; then echo "ready"; elif [[ -n "$recreate" ]]; then echo "would recreate it: $recreate"; else echo "would create it"; fi))"
+    echo "backend: $backend"
+    echo "CMAKE_ARGS: $CMAKE_ARGS"
+    echo "llama-cpp-python $llama_version: $(case "$llama" in installed) echo "installed";; cached) echo "from the cached wheel in $wheels";; build) echo "would build it (a few minutes) and cache it in $wheels";; esac)"
+    exit 0
+fi
+
+# --- act -------------------------------------------------------------------------------
+if [[ -n "$recreate" ]]; then
+    say "recreating $venv: $recreate"
+    rm -rf "$venv"
+fi
+if [[ ! -e "$venv" ]]; then
+    say "creating $venv with Python $(py_version "$py")"
+    "$py" -m venv "$venv" || { rm -rf "$venv"; die "could not create $venv (see above)"; }
 fi
 py="$venv/bin/python"
 "$py" -m pip install -q --upgrade pip
 
-# Build llama-cpp-python once per (version, flags); reuse it after that.
-key="$(printf '%s %s' "$llama_version" "$CMAKE_ARGS" | sha256sum | cut -c1-12)"
-wheels="${XDG_CACHE_HOME:-$HOME/.cache}/localinfer/wheels/$key"
-if ! "$py" -c "import llama_cpp, sys; sys.exit(llama_cpp.__version__ != '$llama_version')" 2>/dev/null \
-   || [[ "$(cat "$venv/.llama-build" 2>/dev/null)" != "$key" ]]; then
-    if ! ls "$wheels"/llama_cpp_python-*.whl >/dev/null 2>&1; then
+if [[ "$llama" != installed ]]; then
+    if [[ "$llama" == build ]]; then
         say "building llama-cpp-python $llama_version for '$backend' (a few minutes)"
         say "CMAKE_ARGS=$CMAKE_ARGS"
-        mkdir -p "$wheels.tmp"
+        rm -rf "$wheels.tmp" && mkdir -p "$wheels.tmp"
         "$py" -m pip wheel -q --no-deps --no-cache-dir --no-binary llama-cpp-python \
             -w "$wheels.tmp" "llama-cpp-python==$llama_version"
         rm -rf "$wheels" && mv "$wheels.tmp" "$wheels"

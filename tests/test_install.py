@@ -1,0 +1,206 @@
+"""install.sh's decisions and prerequisite checks, in faked environments: a PATH of our
+own with fake `uname`, `nvidia-smi`, `nvcc`, `sysctl`, Pythons that are too old or lack
+ensurepip, and no compiler. `--dry-run` prints the plan; nothing is built.
+
+A missing prerequisite must give one `error:` line that says what to install, within
+seconds (the timeout below only stops a hang), and leave nothing behind."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+BASE_PYTHON = getattr(sys, "_base_executable", sys.executable)  # not the venv's: a plain Python, as on a fresh machine
+UTILS = ["bash", "sed", "cat", "grep", "cut", "tr", "mkdir", "rm", "mv", "ls", "dirname", "head", "sha256sum"]
+COMPILERS = ["cc", "gcc", "c++", "g++", "cmake"]
+
+
+class FakeMachine:
+    """A bin folder that is the whole PATH: symlinks to the real basic tools, plus fakes."""
+
+    def __init__(self, tmp: Path, system: str = "Linux", machine: str = "x86_64", compilers: bool = True) -> None:
+        self.tmp = tmp
+        self.bin = tmp / "bin"
+        self.bin.mkdir(parents=True)
+        for tool in UTILS + (COMPILERS if compilers else []):
+            real = shutil.which(tool)
+            if real:
+                (self.bin / tool).symlink_to(real)
+        self.script("uname", f'case "$1" in -s) echo {system};; -m) echo {machine};; *) echo {system};; esac')
+        self.script("python3", f'exec "{BASE_PYTHON}" "$@"')
+        self.script("apt-get", "exit 0")  # a Debian-like machine: hints name apt packages
+
+    def script(self, name: str, body: str) -> Path:
+        path = self.bin / name
+        path.unlink(missing_ok=True)
+        path.write_text(f"#!/bin/sh\n{body}\n")
+        path.chmod(0o755)
+        return path
+
+    def remove(self, *names: str) -> None:
+        for name in names:
+            (self.bin / name).unlink(missing_ok=True)
+
+    def install(self, *args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+        full_env = {
+            "PATH": str(self.bin), "HOME": str(self.tmp / "home"), "XDG_CACHE_HOME": str(self.tmp / "cache"),
+            "LOCALINFER_VENV": str(self.tmp / "venv"), **(env or {}),
+        }  # fmt: skip
+        return subprocess.run([str(self.bin / "bash"), str(ROOT / "install.sh"), *args], capture_output=True, text=True, env=full_env, timeout=60)
+
+
+def plan(r: subprocess.CompletedProcess[str]) -> dict[str, str]:
+    assert r.returncode == 0, r.stderr
+    return dict(line.split(": ", 1) for line in r.stdout.splitlines())
+
+
+def one_error_line(r: subprocess.CompletedProcess[str], *needles: str) -> str:
+    assert r.returncode == 1, (r.returncode, r.stdout, r.stderr)
+    lines = r.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: "), r.stderr
+    for needle in needles:
+        assert needle in lines[0], lines[0]
+    return lines[0]
+
+
+@pytest.fixture()
+def machine(tmp_path: Path) -> FakeMachine:
+    return FakeMachine(tmp_path)
+
+
+def test_linux_cpu_plan(machine: FakeMachine) -> None:
+    p = plan(machine.install("--dry-run"))
+    assert p["backend"] == "cpu"
+    assert "-DGGML_NATIVE=OFF" in p["CMAKE_ARGS"] and "-DGGML_AMX_INT8=OFF" in p["CMAKE_ARGS"]
+    assert "would create it" in p["environment"] and "would build" in p["llama-cpp-python 0.3.36"]
+    assert not (machine.tmp / "venv").exists()  # a dry run makes nothing
+
+
+def test_cuda_needs_a_working_gpu_and_nvcc(machine: FakeMachine) -> None:
+    machine.script("nvcc", "echo 'Cuda compilation tools, release 12.4'")
+    assert plan(machine.install("--dry-run"))["backend"] == "cpu"  # nvcc alone is not a CUDA machine
+    machine.script("nvidia-smi", "echo 'NVIDIA-SMI has failed because it could not communicate with the NVIDIA driver.'; exit 9")
+    assert plan(machine.install("--dry-run"))["backend"] == "cpu"  # a card without its driver
+    machine.script("nvidia-smi", 'echo "GPU 0: NVIDIA GeForce RTX 3060 (UUID: GPU-0)"')
+    p = plan(machine.install("--dry-run"))
+    assert p["backend"] == "cuda" and p["CMAKE_ARGS"].startswith("-DGGML_CUDA=on")
+    machine.remove("nvcc")
+    assert plan(machine.install("--dry-run"))["backend"] == "cpu"  # a GPU but no toolkit to build for it
+
+
+def test_apple_silicon_gets_metal(tmp_path: Path) -> None:
+    mac = FakeMachine(tmp_path, "Darwin", "arm64")
+    mac.remove("sha256sum")  # macOS has shasum, not sha256sum
+    p = plan(mac.install("--dry-run"))
+    assert p["backend"] == "metal" and p["CMAKE_ARGS"] == "-DGGML_METAL=on"
+
+
+def test_intel_mac_gets_no_metal(tmp_path: Path) -> None:
+    mac = FakeMachine(tmp_path, "Darwin", "x86_64")
+    mac.remove("sha256sum")
+    mac.script("shasum", f'exec "{BASE_PYTHON}" -c "import hashlib, sys; print(hashlib.sha256(sys.stdin.buffer.read()).hexdigest(), \' -\')"')
+    mac.script("sysctl", "echo 'FPU VME AVX1.0 FMA F16C'; echo 'AVX2 BMI2'")
+    p = plan(mac.install("--dry-run"))
+    assert p["backend"] == "cpu"
+    args = p["CMAKE_ARGS"].split()
+    assert "-DGGML_METAL=OFF" in args and "-DGGML_AVX=ON" in args and "-DGGML_AVX2=ON" in args and "-DGGML_AVX512=OFF" in args
+    mac.remove("shasum")  # neither tool: Python computes the cache key, the same key
+    assert plan(mac.install("--dry-run"))["CMAKE_ARGS"] == p["CMAKE_ARGS"]
+
+
+def test_no_compiler_fails_at_once_and_names_the_packages(tmp_path: Path) -> None:
+    bare = FakeMachine(tmp_path, compilers=False)
+    one_error_line(bare.install(), "a C compiler and a C++ compiler", "sudo apt install build-essential cmake")
+    assert not (tmp_path / "venv").exists() and not (tmp_path / "cache").exists()
+    bare.remove("apt-get")
+    bare.script("dnf", "exit 0")
+    one_error_line(bare.install(), "sudo dnf install gcc gcc-c++ cmake")
+
+
+def test_no_compiler_is_fine_with_a_cached_wheel(tmp_path: Path) -> None:
+    bare = FakeMachine(tmp_path, compilers=False)
+    args = plan(FakeMachine(tmp_path / "other").install("--dry-run"))["CMAKE_ARGS"]
+    key = hashlib.sha256(f"0.3.36 {args}".encode()).hexdigest()[:12]
+    cached = tmp_path / "cache" / "localinfer" / "wheels" / key
+    cached.mkdir(parents=True)
+    (cached / "llama_cpp_python-0.3.36-cp311-cp311-linux_x86_64.whl").write_bytes(b"")
+    assert "from the cached wheel" in plan(bare.install("--dry-run"))["llama-cpp-python 0.3.36"]
+
+
+def test_macos_without_compilers_names_xcode(tmp_path: Path) -> None:
+    mac = FakeMachine(tmp_path, "Darwin", "arm64", compilers=False)
+    mac.remove("apt-get")
+    one_error_line(mac.install(), "xcode-select --install")
+
+
+def test_old_python_is_named_with_a_way_to_a_new_one(machine: FakeMachine) -> None:
+    machine.script("python3", 'case "$*" in *version_info*) echo 3.9;; *) exit 1;; esac')
+    one_error_line(machine.install(), "needs Python 3.11 or newer", "python3 is Python 3.9", "sudo apt install python3.11 python3.11-venv")
+    machine.script("python3.12", f'exec "{BASE_PYTHON}" "$@"')  # a newer one beside it is found
+    assert plan(machine.install("--dry-run"))["python"].endswith("python3.12 (Python %d.%d)" % sys.version_info[:2])
+    one_error_line(machine.install(env={"LOCALINFER_PYTHON": str(machine.bin / "python3")}), "LOCALINFER_PYTHON", "is Python 3.9")
+
+
+def test_python_without_ensurepip(machine: FakeMachine) -> None:
+    """Debian's python3 without python3-venv: `import ensurepip` fails."""
+    shadow = machine.tmp / "no-ensurepip" / "ensurepip"
+    shadow.mkdir(parents=True)
+    (shadow / "__init__.py").write_text("raise ModuleNotFoundError(\"No module named 'ensurepip'\")\n")
+    machine.script("python3", f'PYTHONPATH="{shadow.parent}" exec "{BASE_PYTHON}" "$@"')
+    version = "%d.%d" % sys.version_info[:2]
+    one_error_line(machine.install(), "venv/ensurepip module is missing", f"sudo apt install python{version}-venv")
+    assert not (machine.tmp / "venv").exists()
+
+
+def test_half_made_environment_is_recreated_not_trusted(machine: FakeMachine) -> None:
+    venv = machine.tmp / "venv"
+    subprocess.run([BASE_PYTHON, "-m", "venv", "--without-pip", str(venv)], check=True)  # what a failed `python -m venv` leaves
+    assert (venv / "bin" / "python").exists()
+    p = plan(machine.install("--dry-run"))
+    assert "would recreate it: it is incomplete" in p["environment"]
+    assert p["python"].startswith(str(machine.bin / "python3"))  # the base Python, not the broken environment's
+
+
+def test_a_failed_venv_is_removed(machine: FakeMachine) -> None:
+    """If `python -m venv` itself fails halfway, the half-made folder goes with it."""
+    machine.script("python3", f"""if [ "$1" = "-m" ] && [ "$2" = "venv" ]; then
+    mkdir -p "$3/bin" && ln -s "{BASE_PYTHON}" "$3/bin/python"; echo "Error: Command '-Im ensurepip' returned non-zero exit status 1." >&2; exit 1
+fi
+exec "{BASE_PYTHON}" "$@\"""")
+    r = machine.install()
+    assert r.returncode == 1 and "could not create" in r.stderr, r.stderr
+    assert not (machine.tmp / "venv").exists()
+
+
+def test_a_folder_that_is_not_a_venv_is_never_deleted(machine: FakeMachine) -> None:
+    precious = machine.tmp / "venv"
+    precious.mkdir()
+    (precious / "thesis.tex").write_text("\\documentclass{article}")
+    one_error_line(machine.install(), "is not a virtual environment")
+    assert (precious / "thesis.tex").exists()
+
+
+def test_unknown_option_is_a_usage_error(machine: FakeMachine) -> None:
+    r = machine.install("--frobnicate")
+    assert r.returncode == 2 and re.match(r"error: unknown option '--frobnicate'", r.stderr)
+
+
+def test_help(machine: FakeMachine) -> None:
+    r = machine.install("--help")
+    assert r.returncode == 0 and "--dry-run" in r.stdout and "LOCALINFER_PYTHON" in r.stdout
+
+
+@pytest.mark.skipif(not os.access("/proc/cpuinfo", os.R_OK), reason="reads this Linux machine's CPU flags")
+def test_cpu_flags_follow_proc_cpuinfo(machine: FakeMachine) -> None:
+    flags = set(open("/proc/cpuinfo").read().split("flags", 1)[1].split("\n", 1)[0].split(":", 1)[1].split())
+    args = plan(machine.install("--dry-run"))["CMAKE_ARGS"].split()
+    assert ("-DGGML_AVX2=ON" in args) == ("avx2" in flags)
+    assert ("-DGGML_AVX512=ON" in args) == ({"avx512f", "avx512cd", "avx512vl", "avx512dq", "avx512bw"} <= flags)
