@@ -112,7 +112,7 @@ def print_timings(engine: Engine, result: CompletionOutput) -> None:
 def as_json(engine: Engine, result: CompletionOutput) -> str:
     return json.dumps(
         {
-            "model": engine.name,
+            "model": as_text(engine.name),  # a file name may hold bytes that are not UTF-8
             "text": result.text,
             "finish_reason": result.finish_reason,
             "seed": result.seed,

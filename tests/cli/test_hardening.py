@@ -4,6 +4,7 @@ Every case runs the real CLI in a fresh process, as a user would."""
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -180,3 +181,20 @@ def test_explicit_gpu_layers_on_a_cpu_build_still_checks_ram() -> None:
 def test_home_is_not_created_by_reading(isolated_home: Path, model_path: Path) -> None:
     assert run_cli("list").returncode == 0 and run_cli("show", str(model_path)).returncode == 0
     assert not isolated_home.exists()
+
+
+# --- text that is not UTF-8 -------------------------------------------------------------------
+
+
+def test_bytes_that_are_not_utf8(model_path: Path, tmp_path: Path) -> None:
+    """A Latin-1 terminal or a stray byte: in the prompt, the system prompt, stdin and the
+    model's file name. Each becomes U+FFFD (or stays bytes, for a path), never a traceback."""
+    def cli(*args: bytes, stdin: bytes = b"") -> subprocess.CompletedProcess[bytes]:
+        return subprocess.run([sys.executable.encode(), b"-m", b"localinfer", b"run", b"--max-tokens", b"2", b"--json", *args],
+                              input=stdin, capture_output=True, env=cli_env(), timeout=300)  # fmt: skip
+
+    odd_name = tmp_path / os.fsdecode(b"mod\xe8le.gguf")
+    odd_name.symlink_to(model_path)
+    for r in (cli(b"caf\xe9 au lait"), cli(b"--system", b"\xff", b"hi"), cli(stdin=b"caf\xe9\n"), cli(os.fsencode(odd_name), b"hi")):
+        assert r.returncode == 0, r.stderr.decode(errors="replace")
+        assert json.loads(r.stdout)["text"]
