@@ -254,7 +254,10 @@ def test_real_tensors(kc, model_tensors):
     q, k, v = (_qmatrix(t[f"blk.3.attn_{p}.weight"]) for p in "qkv")
     gate, up, down = (_qmatrix(t[f"blk.3.ffn_{p}.weight"]) for p in ("gate", "up", "down"))
     head = _qmatrix(t["token_embd.weight"], max_rows=3000)
-    assert (q.rows, q.cols, k.rows, gate.rows, down.cols) == (576, 576, 192, 1536, 1536)
+    # the shapes the model's own metadata gives (GGUF order: row length first)
+    shape = {name: tuple(int(d) for d in t[name].shape) for name in ("blk.3.attn_q.weight", "blk.3.attn_k.weight", "blk.3.ffn_gate.weight", "blk.3.ffn_down.weight")}
+    assert (q.cols, q.rows) == shape["blk.3.attn_q.weight"] and k.rows == shape["blk.3.attn_k.weight"][1]
+    assert gate.rows == shape["blk.3.ffn_gate.weight"][1] and down.cols == shape["blk.3.ffn_down.weight"][0]
     assert head.type == Q.Q8_0
     for n in (1, 5):
         x = rng.standard_normal((n, 576)).astype(np.float32)

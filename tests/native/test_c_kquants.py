@@ -22,7 +22,7 @@ from tests.native.blocks import dequantized, random_qmatrix
 SRC = Path(__file__).resolve().parents[2] / "native" / "c"
 QK_K = 256
 Q8K_DTYPE = np.dtype([("d", "<f4"), ("qs", "i1", (QK_K,)), ("bsums", "<i2", (QK_K // 16,))])
-assert Q8K_DTYPE.itemsize == 292
+assert Q8K_DTYPE.itemsize == GGML_QUANT_SIZES[Q.Q8_K][1]  # ggml's block_q8_K, as gguf-py's table gives it
 K_TYPES = [Q.Q4_K, Q.Q5_K, Q.Q6_K]
 DOT_NAMES = {Q.Q4_K: "li_vec_dot_q4_K_q8_K", Q.Q5_K: "li_vec_dot_q5_K_q8_K", Q.Q6_K: "li_vec_dot_q6_K_q8_K"}
 

@@ -111,9 +111,11 @@ def test_f16_source_predicts_like_the_q4_1_it_came_from(f16_logits: tuple[list[i
 def test_hf_folder_is_a_llama_checkpoint(hf_folder: Path, f16_reader: gguf.GGUFReader) -> None:
     config = json.loads((hf_folder / "config.json").read_text())
     assert config["architectures"] == ["LlamaForCausalLM"] and config["model_type"] == "llama"
-    assert (config["hidden_size"], config["intermediate_size"], config["num_hidden_layers"]) == (576, 1536, 30)
-    assert (config["num_attention_heads"], config["num_key_value_heads"], config["vocab_size"]) == (9, 3, 49152)
-    assert config["rms_norm_eps"] == 1e-05 and config["rope_theta"] == 100000.0
+    meta = lambda key: f16_reader.get_field(f"llama.{key}").contents()  # noqa: E731 - what the GGUF says
+    assert (config["hidden_size"], config["intermediate_size"], config["num_hidden_layers"]) == (meta("embedding_length"), meta("feed_forward_length"), meta("block_count"))
+    assert (config["num_attention_heads"], config["num_key_value_heads"]) == (meta("attention.head_count"), meta("attention.head_count_kv"))
+    assert config["vocab_size"] == len(f16_reader.get_field("tokenizer.ggml.tokens").contents())
+    assert config["rms_norm_eps"] == pytest.approx(meta("attention.layer_norm_rms_epsilon")) and config["rope_theta"] == meta("rope.freq_base")
     assert config["tie_word_embeddings"] is True and config["torch_dtype"] == "float16"
     assert (config["bos_token_id"], config["eos_token_id"]) == (1, 2)
 

@@ -98,6 +98,9 @@ def test_checksum_mismatch_deletes_the_file(hub_root: Path, isolated_home: Path,
     with FakeHub(hub_root) as hub:
         monkeypatch.setenv("HF_ENDPOINT", hub.url)
         monkeypatch.setattr("huggingface_hub.constants.ENDPOINT", hub.url)
+        # both are fixed when huggingface_hub is first imported, which an earlier test may have done
+        monkeypatch.setattr("huggingface_hub.constants.HUGGINGFACE_CO_URL_TEMPLATE", hub.url + "/{repo_id}/resolve/{revision}/{filename}")
+        monkeypatch.setattr("huggingface_hub.hf_api.api.endpoint", hub.url)
         monkeypatch.setattr("huggingface_hub.constants.HF_HUB_OFFLINE", False)
         monkeypatch.setenv("HF_HUB_DISABLE_XET", "1")
         src = ModelSource(name="bad", kind="hub", repo="acme/tiny-GGUF", file="tiny-Q4_1.gguf", sha256="0" * 64)
