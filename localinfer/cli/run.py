@@ -207,7 +207,7 @@ def _set(args: str, system: str | None, params: SamplingParams) -> tuple[str | N
     try:
         parsed = opt.sampling_value(name, value)
     except typer.BadParameter as e:
-        err.print(f"{name}: {e.format_message()}")
+        err.print(f"{name} {e.message}")
         return system, params
     err.print(f"[dim]Set {name} to {parsed}.[/dim]")
     return system, params.with_overrides(**{name: parsed})
