@@ -16,7 +16,8 @@ class Sampler:
 
     def __init__(self, params: SamplingParams) -> None:
         self.params = params
-        self.rng = np.random.default_rng(params.seed)
+        seed = params.seed if params.seed is not None and params.seed >= 0 else None  # -1: a fresh one
+        self.rng = np.random.default_rng(seed)
 
     def sample(self, logits: np.ndarray, history: list[int]) -> int:
         """Pick the next token. `logits` is [n_vocab] float32 and may be modified in place."""

@@ -60,3 +60,9 @@ def test_repeat_penalty_matches_llama_cpp_rule() -> None:
 
 def test_softmax_is_normalised() -> None:
     assert softmax(np.array([1000.0, 1000.0])).tolist() == pytest.approx([0.5, 0.5])
+
+
+def test_seed_minus_one_is_a_fresh_seed() -> None:
+    logits = np.linspace(0, 1, 100).astype(np.float32)
+    draws = {Sampler(SamplingParams(seed=-1, temperature=5, top_k=0, top_p=1, min_p=0)).sample(logits.copy(), []) for _ in range(20)}
+    assert len(draws) > 1  # not one fixed seed
