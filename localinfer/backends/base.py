@@ -78,12 +78,17 @@ class ModelFacts:
     architecture: str
     n_params: int
     n_ctx_train: int
-    n_ctx: int  # the whole KV cache, shared by all sequences
+    n_ctx: int  # the whole KV cache (llama.cpp's is shared by all sequences)
     n_seq_max: int
     n_layer: int
     n_embd: int
     chat_template: str | None
     extra: dict[str, str] = field(default_factory=dict)
+    n_ctx_seq: int = 0  # what one sequence may hold (0: all of n_ctx, a cache per sequence)
+
+    def __post_init__(self) -> None:
+        if not self.n_ctx_seq:
+            self.n_ctx_seq = self.n_ctx
 
 
 class Backend(ABC):

@@ -85,17 +85,22 @@ class LlamaTokenized:
 
     @property
     def vocab(self) -> VocabInfo:
-        return self._tok.info
+        return self._tokenizer().info
 
     @property
     def facts(self) -> ModelFacts:
         return self._facts
 
+    def _tokenizer(self) -> Tokenizer:
+        if self._tok is None:
+            raise BackendError("the model is closed")
+        return self._tok
+
     def tokenize(self, text: str, add_special: bool = True, parse_special: bool = True) -> list[int]:
-        return self._tok.tokenize(text, add_special, parse_special)
+        return self._tokenizer().tokenize(text, add_special, parse_special)
 
     def token_bytes(self, token: int) -> bytes:
-        return self._tok.token_bytes(token)
+        return self._tokenizer().token_bytes(token)
 
 
 class LlamaCppBackend(LlamaTokenized, Backend):
@@ -158,6 +163,9 @@ class LlamaCppBackend(LlamaTokenized, Backend):
             n_embd=C.llama_model_n_embd(self._model),
             chat_template=self._tok.chat_template,
             extra={"threads": str(threads), "gpu_layers": str(params.n_gpu_layers)},
+            # one unified cache: each sequence gets an equal share, so that sequences
+            # decoding at once can never fill it between them
+            n_ctx_seq=C.llama_n_ctx(self._ctx) // params.n_seq_max,
         )
 
     @classmethod
@@ -165,7 +173,12 @@ class LlamaCppBackend(LlamaTokenized, Backend):
         return cls(path, params)
 
     # --- compute ---------------------------------------------------------------
+    def _live(self) -> None:
+        if not self._ctx:
+            raise BackendError("the model is closed")
+
     def forward(self, batch: Batch) -> np.ndarray:
+        self._live()
         n_out = int(np.count_nonzero(batch.want_logits))
         logits = np.empty((n_out, self._n_vocab), dtype=np.float32)
         row = 0
@@ -201,15 +214,21 @@ class LlamaCppBackend(LlamaTokenized, Backend):
 
     # --- KV cache ----------------------------------------------------------------
     def kv_clear(self, seq_id: int) -> None:
+        self._live()
         C.llama_memory_seq_rm(self._mem, seq_id, -1, -1)
 
     def kv_truncate(self, seq_id: int, n_keep: int) -> None:
+        self._live()
         C.llama_memory_seq_rm(self._mem, seq_id, n_keep, -1)
 
     def kv_copy(self, src_seq: int, dst_seq: int, n_tokens: int) -> None:
+        self._live()
         C.llama_memory_seq_cp(self._mem, src_seq, dst_seq, 0, n_tokens)
 
     def close(self) -> None:
+        """Free llama.cpp's memory; every later call raises BackendError instead of reaching it."""
+        self._tok = None
+        self._mem = None
         if self._batch is not None:
             C.llama_batch_free(self._batch)
             self._batch = None

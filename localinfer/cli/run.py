@@ -77,6 +77,7 @@ def stream_answer(engine: Engine, tokens: list[int], params: SamplingParams) -> 
         for event in events:
             if isinstance(event, CompletionOutput):
                 write("\n")
+                event.raise_error()
                 return event
             if event.text:
                 write(event.text)

@@ -1,13 +1,21 @@
 """The engine: owns the decode loop for every backend.
 
-One `step()` is schedule -> forward -> sample -> update, as in vLLM, run in-process:
-prefill one waiting request, then decode every running request in one batched forward.
-The CLI, the TUI and the server are thin clients of this object.
+One `step()` is schedule -> forward -> sample -> update, as in vLLM: every running request
+decodes one token and waiting prompts are prefilled in chunks of at most `prefill_chunk`
+tokens, all in one batched forward, so a long new prompt never freezes the streams already
+running. The CLI, the TUI and the server are thin clients of this object.
+
+One owner. Only the thread that runs `step()` touches the backend and the scheduler's
+state. Without `start()` that is whoever calls `generate()` (the CLI); after `start()` it
+is the engine's own thread. Either way, `submit()` and `abort()` may be called from any
+thread: they become messages that the owner applies at the top of its next step.
 """
 
 from __future__ import annotations
 
+import itertools
 import secrets
+import threading
 import time
 from collections import deque
 from dataclasses import dataclass, field, replace
@@ -19,11 +27,13 @@ from localinfer.backends.base import Backend, Batch
 from localinfer.engine.detokenize import StreamDetokenizer
 from localinfer.engine.sampler import Sampler
 from localinfer.engine.stops import StopMatcher
+from localinfer.engine.stream import Event, RequestStream
 from localinfer.engine.templates import Message, render_chat
 from localinfer.engine.types import CompletionOutput, SamplingParams, Timings, TokenEvent
-from localinfer.errors import ContextOverflow, UserError
+from localinfer.errors import BackendError, ContextOverflow, UserError
 
-Event = TokenEvent | CompletionOutput
+DEFAULT_PREFILL_CHUNK = 512
+MAX_BACKLOG = 256  # unread events after which a request waits for its reader
 
 
 @dataclass
@@ -36,6 +46,7 @@ class _Sequence:
     sampler: Sampler
     detok: StreamDetokenizer
     stops: StopMatcher
+    stream: RequestStream
     history: list[int]  # prompt + generated, for the repetition penalty
     seq_id: int = -1
     n_past: int = 0  # tokens already in the KV cache
@@ -48,25 +59,46 @@ class _Sequence:
     t_last: float = 0.0
     n_sampled: int = 0  # samples drawn, the end-of-generation one included
     prompt_ms: float = 0.0
+    prefill_chunks: int = 0
+
+    @property
+    def prefilling(self) -> bool:
+        return self.n_past < len(self.prompt)
+
+
+@dataclass
+class StepStats:
+    """What the last step() did: for tests and metrics, so chunking is checked through the
+    engine, not a timer."""
+
+    decoded: int = 0  # sequences that decoded one token
+    prefilled: dict[int, int] = field(default_factory=dict)  # request id -> prompt tokens prefilled
 
 
 class Engine:
-    def __init__(self, backend: Backend, defaults: SamplingParams | None = None, load_ms: float = 0.0) -> None:
+    def __init__(self, backend: Backend, defaults: SamplingParams | None = None, load_ms: float = 0.0, prefill_chunk: int = DEFAULT_PREFILL_CHUNK) -> None:
         self.backend = backend
         self.defaults = defaults or SamplingParams()
         self.load_ms = load_ms
+        self.prefill_chunk = max(1, prefill_chunk)
         self.name = str(backend.facts.path.name)  # set by the loader to the reference used
         self.info: object | None = None  # the GGUFInfo the loader read, if any
         self.memory: object | None = None  # the loader's MemoryPlan, if any
-        self._next_id = 0
+        self.last_step = StepStats()
+        self._ids = itertools.count()
         self._free_slots = list(range(backend.facts.n_seq_max - 1, -1, -1))  # KV-cache sequence ids
         self._waiting: deque[_Sequence] = deque()
         self._running: dict[int, _Sequence] = {}
-        self._outbox: dict[int, deque[Event]] = {}
+        self._inbox: deque[tuple[str, object]] = deque()  # ("submit", seq) | ("abort", request id)
+        self._wake = threading.Condition()
+        self._thread: threading.Thread | None = None
+        self._stopping = False
+        self._closed = False
 
     @property
     def n_ctx(self) -> int:
-        return self.backend.facts.n_ctx
+        """Tokens one request may hold: prompt and answer together."""
+        return self.backend.facts.n_ctx_seq
 
     # --- prompts -------------------------------------------------------------------
     def render_chat(self, messages: list[Message], add_generation_prompt: bool = True) -> str:
@@ -88,9 +120,11 @@ class Engine:
             tokens = [v.bos_id]
         return tokens
 
-    # --- requests ------------------------------------------------------------------
-    def submit(self, prompt_tokens: list[int], params: SamplingParams | None = None) -> int:
-        """Queue a request; its events come out of step()."""
+    # --- requests (any thread) ------------------------------------------------------
+    def submit(self, prompt_tokens: list[int], params: SamplingParams | None = None) -> RequestStream:
+        """Queue a request; its events arrive on the returned stream."""
+        if self._closed:
+            raise BackendError("the engine is closed")
         params = params or self.defaults
         if params.seed is None or params.seed < 0:  # -1 is llama.cpp's and Ollama's "random"
             params = replace(params, seed=secrets.randbits(32))
@@ -101,8 +135,8 @@ class Engine:
                 f"the prompt is {len(prompt_tokens)} tokens but the context holds {self.n_ctx}; "
                 f"raise --ctx (this model was trained on {self.backend.facts.n_ctx_train})"
             )
-        rid = self._next_id
-        self._next_id += 1
+        rid = next(self._ids)  # atomic: safe from any thread
+        stream = RequestStream(rid)
         seq = _Sequence(
             request_id=rid,
             prompt=list(prompt_tokens),
@@ -110,48 +144,118 @@ class Engine:
             sampler=Sampler(params),
             detok=StreamDetokenizer(self.backend.token_bytes),
             stops=StopMatcher(params.stop),
+            stream=stream,
             history=list(prompt_tokens),
             t_submit=time.perf_counter(),
         )
-        self._waiting.append(seq)
-        self._outbox[rid] = deque()
-        return rid
+        self._post(("submit", seq))
+        return stream
 
     def abort(self, request_id: int) -> None:
-        """Stop a request now (Ctrl-C, a client that went away) and free its KV cache."""
-        self._waiting = deque(s for s in self._waiting if s.request_id != request_id)
-        seq = self._running.pop(request_id, None)
-        if seq is not None:
-            self._release(seq)
-        self._outbox.pop(request_id, None)
+        """Stop a request (Ctrl-C, a client that went away): its stream ends with
+        finish_reason "abort" and its KV cache is freed, at the owner's next step."""
+        self._post(("abort", request_id))
+
+    @property
+    def free_slots(self) -> int:
+        """KV-cache sequences no request holds (for metrics and tests)."""
+        return len(self._free_slots)
 
     def has_work(self) -> bool:
-        return bool(self._waiting or self._running)
+        return bool(self._waiting or self._running or self._inbox)
 
-    # --- the loop ------------------------------------------------------------------
+    def _post(self, message: tuple[str, object]) -> None:
+        with self._wake:
+            self._inbox.append(message)
+            self._wake.notify()
+        if self._thread is None and message[0] == "abort":
+            self._apply_inbox()  # no engine thread: the caller is the owner, free the cache now
+
+    # --- the loop (the owner's thread) ------------------------------------------------
     def step(self) -> None:
-        """One iteration: prefill at most one waiting request, then decode all the others."""
-        decoding = [s for s in self._running.values() if s.pending is not None]
-        if self._waiting and self._free_slots:
+        """One iteration: apply messages, admit waiting requests to free slots, then one
+        forward of every decoding request's next token plus up to `prefill_chunk` prompt tokens."""
+        self._apply_inbox()
+        while self._waiting and self._free_slots:
             seq = self._waiting.popleft()
             seq.seq_id = self._free_slots.pop()
-            self._running[seq.request_id] = seq
             seq.t_prefill = time.perf_counter()
-            logits = self.backend.forward(Batch.for_sequence(seq.prompt, 0, seq.seq_id))  # [1, vocab]
-            seq.n_past = len(seq.prompt)
-            seq.prompt_ms = (time.perf_counter() - seq.t_prefill) * 1e3
-            self._accept(seq, logits[0])
-        if decoding:
-            batch = Batch(
-                tokens=np.array([s.pending for s in decoding], dtype=np.int32),
-                positions=np.array([s.n_past for s in decoding], dtype=np.int32),
-                seq_ids=np.array([s.seq_id for s in decoding], dtype=np.int32),
-                want_logits=np.ones(len(decoding), dtype=bool),
-            )
-            logits = self.backend.forward(batch)  # [n_running, vocab]
-            for row, seq in enumerate(decoding):
-                seq.n_past += 1
-                self._accept(seq, logits[row])
+            self._running[seq.request_id] = seq
+        stats = StepStats()
+        rows: list[tuple[_Sequence, list[int], int, bool]] = []  # (seq, tokens, start position, wants logits)
+        for seq in self._running.values():
+            if seq.pending is not None and seq.stream.backlog < MAX_BACKLOG:
+                rows.append((seq, [seq.pending], seq.n_past, True))
+        stats.decoded = len(rows)
+        budget = self.prefill_chunk
+        for seq in self._running.values():
+            if seq.prefilling and budget > 0:
+                chunk = seq.prompt[seq.n_past : seq.n_past + budget]
+                rows.append((seq, chunk, seq.n_past, seq.n_past + len(chunk) == len(seq.prompt)))
+                stats.prefilled[seq.request_id] = len(chunk)
+                budget -= len(chunk)
+        self.last_step = stats
+        if rows:
+            self._forward(rows)
+
+    def _forward(self, rows: list[tuple[_Sequence, list[int], int, bool]]) -> None:
+        """One batched forward; if it fails, each sequence alone, so that a failure ends only
+        the request it belongs to (with an error event) and never stalls the others."""
+        try:
+            logits = self.backend.forward(self._batch(rows))
+        except Exception as e:  # noqa: BLE001 - a failure is a request's outcome, reported on its stream
+            if len(rows) == 1:
+                return self._finish(rows[0][0], "error", error=e)
+            for row in rows:
+                if row[0].seq_id >= 0:  # not already ended by an earlier row's failure
+                    self._forward([row])
+            return
+        out = 0
+        for seq, tokens, _, wants in rows:
+            prefill = seq.pending is None  # a decode row carries the token sampled last step
+            seq.n_past += len(tokens)
+            if prefill:
+                seq.prefill_chunks += 1
+                if not seq.prefilling:
+                    seq.prompt_ms = (time.perf_counter() - seq.t_prefill) * 1e3
+            if wants:
+                self._accept(seq, logits[out])
+                out += 1
+
+    @staticmethod
+    def _batch(rows: list[tuple[_Sequence, list[int], int, bool]]) -> Batch:
+        tokens, positions, seq_ids, want = [], [], [], []
+        for seq, chunk, start, wants in rows:
+            tokens += chunk
+            positions += range(start, start + len(chunk))
+            seq_ids += [seq.seq_id] * len(chunk)
+            want += [False] * (len(chunk) - 1) + [wants]
+        return Batch(
+            tokens=np.array(tokens, dtype=np.int32),
+            positions=np.array(positions, dtype=np.int32),
+            seq_ids=np.array(seq_ids, dtype=np.int32),
+            want_logits=np.array(want, dtype=bool),
+        )
+
+    def _apply_inbox(self) -> None:
+        while True:
+            with self._wake:
+                if not self._inbox:
+                    return
+                kind, payload = self._inbox.popleft()
+            if kind == "submit":
+                self._waiting.append(payload)  # type: ignore[arg-type]
+            else:
+                self._apply_abort(payload)  # type: ignore[arg-type]
+
+    def _apply_abort(self, request_id: int) -> None:
+        seq = self._running.get(request_id)
+        if seq is None:
+            seq = next((s for s in self._waiting if s.request_id == request_id), None)
+            if seq is None:
+                return  # already finished
+            self._waiting.remove(seq)
+        self._finish(seq, "abort", flush=False)
 
     def _accept(self, seq: _Sequence, logits: np.ndarray) -> None:
         """Sample the next token of a sequence and decide whether it is finished."""
@@ -178,17 +282,17 @@ class Engine:
     def _emit(self, seq: _Sequence, token: int, text: str) -> None:
         if text:
             seq.text.append(text)
-        self._outbox[seq.request_id].append(TokenEvent(seq.request_id, token, text))
+        seq.stream.put(TokenEvent(seq.request_id, token, text))
 
-    def _finish(self, seq: _Sequence, reason: str, flush: bool = True) -> None:
-        if flush:
+    def _finish(self, seq: _Sequence, reason: str, flush: bool = True, error: Exception | None = None) -> None:
+        if flush and error is None:
             tail, _ = seq.stops.push(seq.detok.flush())
             tail += seq.stops.flush()
             if tail:
                 self._emit(seq, -1, tail)
         self._running.pop(seq.request_id, None)
         self._release(seq)
-        self._outbox[seq.request_id].append(
+        seq.stream.put(
             CompletionOutput(
                 request_id=seq.request_id,
                 text="".join(seq.text),
@@ -198,14 +302,17 @@ class Engine:
                 timings=self._timings(seq),
                 tokens=list(seq.generated),
                 seed=int(seq.params.seed or 0),
+                error=error,
             )
         )
 
     def _release(self, seq: _Sequence) -> None:
         if seq.seq_id >= 0:
-            self.backend.kv_clear(seq.seq_id)
-            self._free_slots.append(seq.seq_id)
-            seq.seq_id = -1
+            try:
+                self.backend.kv_clear(seq.seq_id)
+            finally:
+                self._free_slots.append(seq.seq_id)
+                seq.seq_id = -1
 
     def _timings(self, seq: _Sequence) -> Timings:
         n_decode = seq.n_sampled - 1  # decode steps after the first token
@@ -213,42 +320,76 @@ class Engine:
         return Timings(
             load_ms=self.load_ms,
             prompt_ms=seq.prompt_ms,
-            ttft_ms=(seq.t_first - seq.t_submit) * 1e3,
+            ttft_ms=(seq.t_first - seq.t_submit) * 1e3 if seq.t_first else 0.0,
             tpot_ms=tpot,
             tokens_per_s=1e3 / tpot if tpot else 0.0,
             prompt_tokens_per_s=len(seq.prompt) * 1e3 / seq.prompt_ms if seq.prompt_ms else 0.0,
         )
 
+    # --- the engine's own thread --------------------------------------------------------
+    def start(self) -> None:
+        """Run step() on a thread of the engine's own, for clients that submit from many
+        threads (the server). From then on only that thread touches the backend."""
+        if self._thread is not None:
+            return
+        self._stopping = False
+        self._thread = threading.Thread(target=self._loop, name="localinfer-engine", daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        """Finish the requests in flight, then end the engine's thread."""
+        thread = self._thread
+        if thread is None:
+            return
+        with self._wake:
+            self._stopping = True
+            self._wake.notify()
+        thread.join()
+        self._thread = None
+
+    def _loop(self) -> None:
+        while True:
+            with self._wake:
+                self._wake.wait_for(lambda: self._inbox or self._waiting or self._running or self._stopping)
+                if self._stopping and not self.has_work():
+                    return
+            self.step()
+            if self._running and not self.last_step.decoded and not self.last_step.prefilled:
+                time.sleep(0.001)  # every reader is behind: let them catch up
+
     # --- conveniences for clients -----------------------------------------------------
     def generate(self, prompt_tokens: list[int], params: SamplingParams | None = None) -> Iterator[Event]:
         """Stream one request: TokenEvents, then its CompletionOutput. Closing the
         iterator early (Ctrl-C, a dropped client) aborts the request and frees its cache."""
-        rid = self.submit(prompt_tokens, params)
+        stream = self.submit(prompt_tokens, params)
         done = False
         try:
             while not done:
-                box = self._outbox.get(rid)
-                if not box:
-                    self.step()
-                    continue
-                event = box.popleft()
+                if self._thread is None:
+                    event = stream.get_nowait()
+                    if event is None:
+                        self.step()
+                        continue
+                else:
+                    event = stream.get()
                 done = isinstance(event, CompletionOutput)
                 yield event
         finally:
-            if done:
-                self._outbox.pop(rid, None)
-            else:
-                self.abort(rid)
+            if not done:
+                self.abort(stream.request_id)
 
     def chat(self, messages: list[Message], params: SamplingParams | None = None) -> Iterator[Event]:
         return self.generate(self.tokenize_prompt(self.render_chat(messages)), params)
 
     def complete(self, prompt_tokens: list[int], params: SamplingParams | None = None) -> CompletionOutput:
-        """Run a request to the end and return only its result."""
+        """Run a request to the end and return only its result; a failed request raises."""
         for event in self.generate(prompt_tokens, params):
             if isinstance(event, CompletionOutput):
+                event.raise_error()
                 return event
         raise AssertionError("generate() ended without a CompletionOutput")
 
     def close(self) -> None:
+        self.stop()
+        self._closed = True
         self.backend.close()

@@ -55,12 +55,18 @@ class CompletionOutput:
 
     request_id: int
     text: str
-    finish_reason: str  # "stop" (end of generation or stop string), "length", or "abort"
+    finish_reason: str  # "stop" (end of generation or stop string), "length", "abort", or "error"
     prompt_tokens: int
     completion_tokens: int
     timings: Timings = field(default_factory=Timings)
     tokens: list[int] = field(default_factory=list)
     seed: int = 0  # the sampler's seed, the one picked for the request if none was asked for
+    error: Exception | None = None  # why a request with finish_reason "error" failed
+
+    def raise_error(self) -> None:
+        """Raise what failed this request, if anything did (clients that want an exception)."""
+        if self.error is not None:
+            raise self.error
 
     def usage(self) -> dict[str, int]:
         return {

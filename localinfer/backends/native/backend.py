@@ -60,7 +60,12 @@ class NativeBackend(LlamaTokenized, Backend):
     def load(cls, path: Path, params: LoadParams) -> NativeBackend:
         return cls(path, params)
 
+    def _live(self) -> None:
+        if getattr(self, "_tok", None) is None:
+            raise BackendError("the model is closed")
+
     def forward(self, batch: Batch) -> np.ndarray:
+        self._live()
         if len(batch) == 0:
             return np.empty((0, self.config.n_vocab), np.float32)
         if batch.tokens.min() < 0 or batch.tokens.max() >= self.weights.token_embd.rows:
@@ -74,12 +79,15 @@ class NativeBackend(LlamaTokenized, Backend):
         return out[0] if len(out) == 1 else np.concatenate(out)
 
     def kv_clear(self, seq_id: int) -> None:
+        self._live()
         self.cache.clear(seq_id)
 
     def kv_truncate(self, seq_id: int, n_keep: int) -> None:
+        self._live()
         self.cache.truncate(seq_id, n_keep)
 
     def kv_copy(self, src_seq: int, dst_seq: int, n_tokens: int) -> None:
+        self._live()
         self.cache.copy(src_seq, dst_seq, n_tokens)
 
     def runtime_report(self) -> dict[str, object]:
