@@ -60,10 +60,20 @@ class _Sequence:
     n_sampled: int = 0  # samples drawn, the end-of-generation one included
     prompt_ms: float = 0.0
     prefill_chunks: int = 0
+    cached_tokens: int = 0  # prompt tokens found in the KV cache, not prefilled again
 
     @property
     def prefilling(self) -> bool:
         return self.n_past < len(self.prompt)
+
+
+def common_prefix(a: list[int], b: list[int], limit: int) -> int:
+    """How many leading tokens `a` and `b` share, at most `limit`."""
+    n = min(len(a), len(b), limit)
+    i = 0
+    while i < n and a[i] == b[i]:
+        i += 1
+    return i
 
 
 @dataclass
@@ -87,6 +97,7 @@ class Engine:
         self.last_step = StepStats()
         self._ids = itertools.count()
         self._free_slots = list(range(backend.facts.n_seq_max - 1, -1, -1))  # KV-cache sequence ids
+        self._slot_tokens: list[list[int]] = [[] for _ in range(backend.facts.n_seq_max)]  # what each slot's cache holds
         self._waiting: deque[_Sequence] = deque()
         self._running: dict[int, _Sequence] = {}
         self._inbox: deque[tuple[str, object]] = deque()  # ("submit", seq) | ("abort", request id)
@@ -178,8 +189,8 @@ class Engine:
         self._apply_inbox()
         while self._waiting and self._free_slots:
             seq = self._waiting.popleft()
-            seq.seq_id = self._free_slots.pop()
             seq.t_prefill = time.perf_counter()
+            self._place(seq)
             self._running[seq.request_id] = seq
         stats = StepStats()
         rows: list[tuple[_Sequence, list[int], int, bool]] = []  # (seq, tokens, start position, wants logits)
@@ -198,6 +209,28 @@ class Engine:
         if rows:
             self._forward(rows)
 
+    def _place(self, seq: _Sequence) -> None:
+        """Prefix reuse. A finished request leaves its cache in its slot; a new request takes
+        the free slot whose cache shares the longest prefix with its prompt, which is cut to
+        that prefix, so only the rest is prefilled (the second turn of a chat does not
+        recompute the first). If a busy slot holds a longer prefix (a long system prompt
+        shared by many requests), it is copied with kv_copy instead of recomputed."""
+        limit = len(seq.prompt) - 1  # at least one token is fed, for the logits of the next
+        slot = max(self._free_slots, key=lambda s: (common_prefix(self._slot_tokens[s], seq.prompt, limit), -len(self._slot_tokens[s])))
+        self._free_slots.remove(slot)
+        reuse = common_prefix(self._slot_tokens[slot], seq.prompt, limit)
+        donor = max(self._running.values(), key=lambda r: common_prefix(self._slot_tokens[r.seq_id], seq.prompt, limit), default=None)
+        shared = common_prefix(self._slot_tokens[donor.seq_id], seq.prompt, limit) if donor is not None else 0
+        if shared > reuse:
+            self.backend.kv_clear(slot)
+            self.backend.kv_copy(donor.seq_id, slot, shared)  # type: ignore[union-attr]
+            self._slot_tokens[slot] = seq.prompt[:shared]
+            reuse = shared
+        else:
+            self.backend.kv_truncate(slot, reuse)
+            del self._slot_tokens[slot][reuse:]
+        seq.seq_id, seq.n_past, seq.cached_tokens = slot, reuse, reuse
+
     def _forward(self, rows: list[tuple[_Sequence, list[int], int, bool]]) -> None:
         """One batched forward; if it fails, each sequence alone, so that a failure ends only
         the request it belongs to (with an error event) and never stalls the others."""
@@ -214,6 +247,7 @@ class Engine:
         for seq, tokens, _, wants in rows:
             prefill = seq.pending is None  # a decode row carries the token sampled last step
             seq.n_past += len(tokens)
+            self._slot_tokens[seq.seq_id] += tokens
             if prefill:
                 seq.prefill_chunks += 1
                 if not seq.prefilling:
@@ -291,7 +325,7 @@ class Engine:
             if tail:
                 self._emit(seq, -1, tail)
         self._running.pop(seq.request_id, None)
-        self._release(seq)
+        self._release(seq, keep_cache=error is None)
         seq.stream.put(
             CompletionOutput(
                 request_id=seq.request_id,
@@ -303,16 +337,22 @@ class Engine:
                 tokens=list(seq.generated),
                 seed=int(seq.params.seed or 0),
                 error=error,
+                cached_tokens=seq.cached_tokens,
             )
         )
 
-    def _release(self, seq: _Sequence) -> None:
-        if seq.seq_id >= 0:
-            try:
-                self.backend.kv_clear(seq.seq_id)
-            finally:
-                self._free_slots.append(seq.seq_id)
-                seq.seq_id = -1
+    def _release(self, seq: _Sequence, keep_cache: bool = True) -> None:
+        """Give the slot back. Its cache stays for prefix reuse, unless the request failed
+        (then what the cache holds is not known, so it is cleared)."""
+        if seq.seq_id < 0:
+            return
+        slot, seq.seq_id = seq.seq_id, -1
+        try:
+            if not keep_cache:
+                self._slot_tokens[slot] = []
+                self.backend.kv_clear(slot)
+        finally:
+            self._free_slots.append(slot)
 
     def _timings(self, seq: _Sequence) -> Timings:
         n_decode = seq.n_sampled - 1  # decode steps after the first token
@@ -323,7 +363,7 @@ class Engine:
             ttft_ms=(seq.t_first - seq.t_submit) * 1e3 if seq.t_first else 0.0,
             tpot_ms=tpot,
             tokens_per_s=1e3 / tpot if tpot else 0.0,
-            prompt_tokens_per_s=len(seq.prompt) * 1e3 / seq.prompt_ms if seq.prompt_ms else 0.0,
+            prompt_tokens_per_s=(len(seq.prompt) - seq.cached_tokens) * 1e3 / seq.prompt_ms if seq.prompt_ms else 0.0,
         )
 
     # --- the engine's own thread --------------------------------------------------------

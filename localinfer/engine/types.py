@@ -62,15 +62,17 @@ class CompletionOutput:
     tokens: list[int] = field(default_factory=list)
     seed: int = 0  # the sampler's seed, the one picked for the request if none was asked for
     error: Exception | None = None  # why a request with finish_reason "error" failed
+    cached_tokens: int = 0  # prompt tokens reused from the KV cache (prefix reuse), not prefilled
 
     def raise_error(self) -> None:
         """Raise what failed this request, if anything did (clients that want an exception)."""
         if self.error is not None:
             raise self.error
 
-    def usage(self) -> dict[str, int]:
+    def usage(self) -> dict[str, object]:
         return {
             "prompt_tokens": self.prompt_tokens,
             "completion_tokens": self.completion_tokens,
             "total_tokens": self.prompt_tokens + self.completion_tokens,
+            "prompt_tokens_details": {"cached_tokens": self.cached_tokens},  # as OpenAI reports it
         }

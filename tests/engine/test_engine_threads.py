@@ -151,12 +151,13 @@ def test_chunked_prefill_interleaves_with_decoding(backend) -> None:
         steps.append((engine.last_step.prefilled.get(arriving.request_id, 0), running.backlog - before))
         if not engine.last_step.prefilled:
             break
-    prefills = [n for n, _ in steps if n]
-    assert sum(prefills) == len(long_prompt) and max(prefills) == chunk and len(prefills) == -(-len(long_prompt) // chunk)
-    assert all(new_tokens == 1 for _, new_tokens in steps[:-1])  # the running stream got a token every step
     while engine.has_work():
         engine.step()
     chunked = [e for e in iter(arriving.get_nowait, None)][-1]
+    to_prefill = len(long_prompt) - chunked.cached_tokens  # the chat template's start may be cached already
+    prefills = [n for n, _ in steps if n]
+    assert sum(prefills) == to_prefill and max(prefills) == chunk and len(prefills) == -(-to_prefill // chunk)
+    assert all(new_tokens == 1 for _, new_tokens in steps[:-1])  # the running stream got a token every step
     whole = Engine(backend).complete(long_prompt, GREEDY)  # prefilled in one piece
     assert chunked.tokens == whole.tokens
 
@@ -179,3 +180,62 @@ def test_a_closed_model_raises_instead_of_touching_freed_memory(model_path: Path
         with pytest.raises(BackendError, match="closed"):
             call()
     backend.close()  # twice is fine
+
+
+def test_prefix_reuse_prefills_only_the_new_tokens(backend) -> None:
+    engine = Engine(backend)
+    turn = [{"role": "user", "content": "Name three fruits."}]
+    first = engine.complete(engine.tokenize_prompt(engine.render_chat(turn)), GREEDY)
+    turn += [{"role": "assistant", "content": first.text}, {"role": "user", "content": "And three vegetables?"}]
+    prompt = engine.tokenize_prompt(engine.render_chat(turn))
+    second = engine.complete(prompt, GREEDY)
+    # the first turn's prompt and answer are in the slot; the second turn's prompt starts with them
+    first_prompt = engine.tokenize_prompt(engine.render_chat(turn[:1]))
+    assert second.cached_tokens >= len(first_prompt)
+    assert second.usage()["prompt_tokens_details"] == {"cached_tokens": second.cached_tokens}
+    assert second.tokens == Engine(backend).complete(prompt, GREEDY).tokens  # a fresh engine recomputes it all
+
+
+def test_a_busy_slot_lends_its_prefix(backend) -> None:
+    """Two requests with one long system prompt: the second copies it from the first's slot
+    while the first is still running, instead of recomputing it."""
+    engine = Engine(backend)
+    system = {"role": "system", "content": "You are a careful assistant. " * 20}
+    a = engine.tokenize_prompt(engine.render_chat([system, {"role": "user", "content": "Name a colour."}]))
+    b = engine.tokenize_prompt(engine.render_chat([system, {"role": "user", "content": "Name an animal."}]))
+    first = engine.submit(a, SamplingParams(temperature=0, max_tokens=40))
+    while engine.last_step.decoded == 0:
+        engine.step()
+    second = engine.submit(b, GREEDY)
+    while engine.has_work():
+        engine.step()
+    out_b = [e for e in iter(second.get_nowait, None)][-1]
+    shared = next(i for i, (x, y) in enumerate(zip(a, b)) if x != y)
+    assert out_b.cached_tokens == shared
+    assert out_b.tokens == Engine(backend).complete(b, GREEDY).tokens
+    assert [e for e in iter(first.get_nowait, None)][-1].finish_reason in ("stop", "length")
+
+
+def test_native_engine_chunks_and_lends_prefixes(f32_path: Path) -> None:
+    """The same scheduling on the native backend, whose cache is one array per sequence
+    (kv_copy copies there, where llama.cpp's unified cache shares cells)."""
+    from localinfer.backends.native import NativeBackend
+
+    native = NativeBackend.load(f32_path, LoadParams(n_ctx=1024, n_threads=THREADS, n_seq_max=3))
+    try:
+        engine = Engine(native, prefill_chunk=16)
+        system = {"role": "system", "content": "You are a careful assistant. " * 20}
+        a = engine.tokenize_prompt(engine.render_chat([system, {"role": "user", "content": "Name a colour."}]))
+        b = engine.tokenize_prompt(engine.render_chat([system, {"role": "user", "content": "Name an animal."}]))
+        first = engine.submit(a, SamplingParams(temperature=0, max_tokens=40))
+        while engine.last_step.decoded == 0:
+            engine.step()
+        second = engine.submit(b, GREEDY)
+        while engine.has_work():
+            engine.step()
+        out = [e for e in iter(second.get_nowait, None)][-1]
+        assert out.cached_tokens == next(i for i, (x, y) in enumerate(zip(a, b)) if x != y)
+        assert out.tokens == Engine(native).complete(b, GREEDY).tokens
+        assert [e for e in iter(first.get_nowait, None)][-1].error is None
+    finally:
+        native.close()
