@@ -172,6 +172,14 @@ class Engine:
         """KV-cache sequences no request holds (for metrics and tests)."""
         return len(self._free_slots)
 
+    @property
+    def n_running(self) -> int:
+        return len(self._running)
+
+    @property
+    def n_waiting(self) -> int:
+        return len(self._waiting) + sum(1 for kind, _ in list(self._inbox) if kind == "submit")
+
     def has_work(self) -> bool:
         return bool(self._waiting or self._running or self._inbox)
 

@@ -25,7 +25,7 @@ SAMPLING_KEYS = {"temperature", "top_k", "top_p", "min_p", "repeat_penalty", "re
 @dataclass
 class LoadOptions:
     engine: str = "llama.cpp"
-    ctx: int | None = None  # None: the catalog's value, else min(4096, trained context)
+    ctx: int | None = None  # per sequence; None: the catalog's value, else min(4096, trained context)
     threads: int | None = None
     gpu_layers: int | str = "auto"
     n_seq_max: int = 1
@@ -48,11 +48,13 @@ def open_engine(ref: str | None, options: LoadOptions | None = None, progress: P
         from localinfer.backends.llamacpp import supports_gpu_offload
 
         devices = list_devices() if supports_gpu_offload() else []
-    plan = memory.plan(info, n_ctx, options.gpu_layers if options.engine == "llama.cpp" else 0, devices)
+    # n_ctx is per sequence; the cache holds one for each (llama.cpp's is one shared pool)
+    total_ctx = n_ctx * options.n_seq_max
+    plan = memory.plan(info, total_ctx, options.gpu_layers if options.engine == "llama.cpp" else 0, devices)
     backend = backend_cls.load(
         path,
         LoadParams(
-            n_ctx=n_ctx,
+            n_ctx=total_ctx if options.engine == "llama.cpp" else n_ctx,
             n_threads=options.threads,
             n_gpu_layers=plan.n_gpu_layers,
             n_seq_max=options.n_seq_max,

@@ -1,0 +1,80 @@
+"""`localinfer serve [MODEL]`: an OpenAI-compatible endpoint on this machine."""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import re
+from typing import Annotated, Optional
+
+import typer
+from rich.console import Console
+
+from localinfer.cli import options as opt
+
+err = Console(stderr=True, highlight=False)
+LOOPBACK = {"127.0.0.1", "localhost", "::1"}
+
+
+def duration(value: str) -> float:
+    """Seconds from '300', '30s', '5m', '1h'; a negative number means forever (as Ollama's keep_alive)."""
+    m = re.fullmatch(r"\s*(-?\d+(?:\.\d+)?)\s*([smh]?)\s*", value)
+    if not m:
+        raise typer.BadParameter(f"'{value}' is not a duration (e.g. 300, 30s, 5m, 1h, or -1 for forever)")
+    return float(m.group(1)) * {"": 1, "s": 1, "m": 60, "h": 3600}[m.group(2)]
+
+
+def serve(
+    model: Annotated[Optional[str], typer.Argument(help="The model to load at start: catalog alias, .gguf path, or owner/repo[:QUANT]. Default: the embedded SmolLM2-135M.", show_default=False)] = None,
+    host: Annotated[str, typer.Option(help="Address to listen on. Anything but loopback exposes the models to your network.")] = "127.0.0.1",
+    port: Annotated[int, typer.Option(help="Port.", callback=opt.between(1, 65535))] = 8080,
+    parallel: Annotated[int, typer.Option(help="Requests decoded at once (KV-cache slots per model).", callback=opt.between(1, 256))] = 4,
+    max_queue: Annotated[int, typer.Option(help="Requests that may wait for a slot; past that, 503 with Retry-After.", callback=opt.at_least(0))] = 32,
+    ctx: Annotated[Optional[int], typer.Option(help="Context per slot, in tokens. [default: the model's, at most 4096]", callback=opt.at_least(16))] = None,
+    engine_name: Annotated[str, typer.Option("--engine", help="Inference engine: llama.cpp, or native (localinfer's own, CPU).", callback=opt.engine_name)] = "llama.cpp",
+    kernels: Annotated[Optional[str], typer.Option("--kernels", envvar="LOCALINFER_KERNELS", help="Native engine kernels: auto, c or numba.", callback=opt.kernel_set, show_default=False)] = None,
+    threads: Annotated[Optional[int], typer.Option(help="CPU threads. [default: physical cores]", callback=opt.threads)] = None,
+    api_key: Annotated[Optional[str], typer.Option("--api-key", envvar="LOCALINFER_API_KEY", help="Require 'Authorization: Bearer KEY' on every route but /health.", show_default=False)] = None,
+    keep_alive: Annotated[str, typer.Option(help="Unload a model idle this long (300, 30s, 5m, 1h; -1: never).")] = "5m",
+    max_loaded: Annotated[int, typer.Option(help="Models kept loaded at once; the least recently used is swapped out.", callback=opt.at_least(1))] = 1,
+    prefill_chunk: Annotated[int, typer.Option(help="Most prompt tokens prefilled per step, so a long prompt does not stall running streams.", callback=opt.at_least(16))] = 512,
+) -> None:
+    """Serve models over an OpenAI-compatible HTTP API (chat and text completions, models, health, metrics)."""
+    import uvicorn
+
+    from localinfer.engine.loader import LoadOptions
+
+    DrainingServer = _draining_server()
+    from localinfer.server.app import create_app
+    from localinfer.server.host import ModelHost
+
+    if host not in LOOPBACK and not api_key:
+        err.print(f"[yellow]warning:[/yellow] listening on {host} without --api-key: anyone who can reach this port can use your models")
+    options = LoadOptions(engine=engine_name, ctx=ctx, threads=threads, n_seq_max=parallel, kernels=kernels)
+    models = ModelHost(model, options, prefill_chunk=prefill_chunk, max_loaded=max_loaded, keep_alive=duration(keep_alive))
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s", datefmt="%H:%M:%S")
+    app = create_app(models, api_key=api_key, parallel=parallel, max_queue=max_queue)
+    # uvicorn handles Ctrl-C and SIGTERM: it stops accepting, lets the requests in flight
+    # finish, then runs the app's shutdown, which stops each engine.
+    server = DrainingServer(uvicorn.Config(app, host=host, port=port, log_level="warning", timeout_graceful_shutdown=60))
+    server.run()
+
+
+def _draining_server():  # type: ignore[no-untyped-def]
+    import uvicorn
+
+    class DrainingServer(uvicorn.Server):
+        """uvicorn re-raises SIGINT/SIGTERM once it has shut down gracefully, so that the
+        process dies of the signal (exit 130 or 143). A drained shutdown is a clean one: exit 0."""
+
+        @contextlib.contextmanager
+        def capture_signals(self):  # type: ignore[no-untyped-def]
+            with super().capture_signals():
+                yield
+                self._captured_signals.clear()
+
+    return DrainingServer
+
+
+def register(app: typer.Typer) -> None:
+    app.command()(serve)

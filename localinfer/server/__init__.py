@@ -1,0 +1,1 @@
+"""`localinfer serve`: an OpenAI-compatible endpoint, a thin client of the Engine."""

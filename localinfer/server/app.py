@@ -1,0 +1,316 @@
+"""The FastAPI app: OpenAI's routes over the ModelHost's engines.
+
+Requests cross into each engine's thread through `Engine.submit`; their events come back
+through the request's stream, woken into asyncio with `call_soon_threadsafe`. A client
+that goes away mid-stream cancels its generator, which aborts the request at once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import time
+from collections.abc import AsyncIterator
+from contextlib import aclosing, asynccontextmanager
+
+from fastapi import Depends, FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse, Response
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from sse_starlette.sse import EventSourceResponse
+from starlette.exceptions import HTTPException
+
+from localinfer.engine.engine import Engine
+from localinfer.engine.stream import RequestStream
+from localinfer.engine.types import CompletionOutput
+from localinfer.errors import ModelNotFound, UserError
+from localinfer.server import protocol as p
+from localinfer.server.host import Loaded, ModelHost
+from localinfer.server.metrics import Metrics
+
+log = logging.getLogger("localinfer.server")
+MAX_BODY_BYTES = 8 * 1024 * 1024
+
+
+class ApiError(Exception):
+    def __init__(self, status: int, message: str, kind: str = "invalid_request_error", param: str | None = None, headers: dict[str, str] | None = None) -> None:
+        super().__init__(message)
+        self.status, self.message, self.kind, self.param, self.headers = status, message, kind, param, headers
+
+
+class Job:
+    """One request in flight. `done()` ends it exactly once, whichever layer gets there
+    first: it frees the queue place, aborts the request if it has not finished (the client
+    went away), and records the metrics and the log line."""
+
+    def __init__(self, loaded: Loaded, stream: RequestStream, rid: str, on_done) -> None:  # type: ignore[no-untyped-def]
+        self.loaded, self.stream, self.rid = loaded, stream, rid
+        self.started = time.perf_counter()
+        self.out: CompletionOutput | None = None
+        self._on_done = on_done
+        self._closed = False
+
+    def done(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        self.loaded.in_flight -= 1
+        self.loaded.last_used = time.monotonic()
+        if self.out is None:
+            self.loaded.engine.abort(self.stream.request_id)
+        self._on_done(self)
+
+
+def create_app(host: ModelHost, api_key: str | None = None, parallel: int = 4, max_queue: int = 32, reap_every: float = 5.0) -> FastAPI:
+    metrics = Metrics(
+        running=lambda: sum(m.engine.n_running for m in host.unique()),
+        waiting=lambda: sum(m.engine.n_waiting for m in host.unique()),
+        slots_free=lambda: sum(m.engine.free_slots for m in host.unique()),
+    )
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        await host.start()
+
+        async def reaper() -> None:
+            while True:
+                await asyncio.sleep(reap_every)
+                await host.reap()
+
+        task = asyncio.create_task(reaper())
+        yield
+        task.cancel()
+        await asyncio.to_thread(host.close)  # each engine finishes what is in flight, then stops
+
+    app = FastAPI(title="localinfer", summary="An OpenAI-compatible endpoint for local GGUF models", lifespan=lifespan)
+
+    # --- errors: always OpenAI's body, never a 500 for a bad request --------------------------
+    @app.exception_handler(ApiError)
+    async def api_error(request: Request, e: ApiError) -> JSONResponse:
+        return JSONResponse(p.error_body(e.message, e.kind, e.param), status_code=e.status, headers=e.headers)
+
+    @app.exception_handler(RequestValidationError)
+    async def invalid(request: Request, e: RequestValidationError) -> JSONResponse:
+        first = e.errors()[0] if e.errors() else {"loc": (), "msg": "invalid request"}
+        if first.get("type") == "json_invalid":
+            return JSONResponse(p.error_body(f"the body is not valid JSON ({first.get('ctx', {}).get('error', 'decode error')})"), status_code=400)
+        where = ".".join(str(x) for x in first.get("loc", ()) if x != "body")
+        return JSONResponse(p.error_body(f"{where}: {first['msg']}" if where else first["msg"], param=where or None), status_code=400)
+
+    @app.exception_handler(HTTPException)
+    async def http_error(request: Request, e: HTTPException) -> JSONResponse:
+        kind = "not_found_error" if e.status_code == 404 else "invalid_request_error"
+        return JSONResponse(p.error_body(str(e.detail), kind), status_code=e.status_code, headers=getattr(e, "headers", None))
+
+    @app.middleware("http")
+    async def body_limit(request: Request, call_next):  # type: ignore[no-untyped-def]
+        length = request.headers.get("content-length")
+        if length is not None and (not length.isdigit() or int(length) > MAX_BODY_BYTES):
+            return JSONResponse(p.error_body(f"the request body is over {MAX_BODY_BYTES // 2**20} MiB"), status_code=413)
+        return await call_next(request)
+
+    async def authorized(request: Request) -> None:
+        if api_key and request.headers.get("authorization", "") != f"Bearer {api_key}":
+            raise ApiError(401, "a valid API key is needed: Authorization: Bearer KEY", "authentication_error")
+
+    auth = [Depends(authorized)]
+
+    # --- routes -----------------------------------------------------------------------------
+    @app.get("/health")
+    async def health() -> JSONResponse:
+        ok = host.default_name is not None
+        return JSONResponse({"status": "ok" if ok else "loading"}, status_code=200 if ok else 503)
+
+    @app.get("/metrics", dependencies=auth)
+    async def prometheus() -> Response:
+        return Response(generate_latest(metrics.registry), media_type=CONTENT_TYPE_LATEST)
+
+    @app.get("/v1/models", dependencies=auth, response_model=p.ModelList)
+    async def models() -> p.ModelList:
+        names = list(dict.fromkeys([*host.models, *downloaded()]))
+        return p.ModelList(data=[p.ModelCard(id=name) for name in names])
+
+    @app.post("/v1/chat/completions", dependencies=auth)
+    async def chat(body: p.ChatCompletionRequest, request: Request):  # type: ignore[no-untyped-def]
+        loaded = await model_for(body)
+        engine = loaded.engine
+        messages = [{"role": "system" if m.role == "developer" else m.role, "content": m.text()} for m in body.messages]
+        try:
+            tokens = engine.tokenize_prompt(engine.render_chat(messages))
+        except UserError as e:
+            raise ApiError(400, str(e), param="messages") from None
+        job = submit(loaded, tokens, body)
+        if body.stream:
+            return EventSourceResponse(chat_chunks(job, body), ping=15)
+        out = await finish(job)
+        return p.ChatCompletion(
+            id=job.rid, model=engine.name, usage=usage(out),
+            choices=[p.ChatChoice(message=p.ResponseMessage(content=out.text), finish_reason=out.finish_reason)],
+        )  # fmt: skip
+
+    @app.post("/v1/completions", dependencies=auth)
+    async def complete(body: p.CompletionRequest, request: Request):  # type: ignore[no-untyped-def]
+        prompts = [body.prompt] if isinstance(body.prompt, str) else body.prompt
+        if len(prompts) != 1:
+            raise ApiError(400, "prompt must be one string (a list of several is not supported yet)", param="prompt")
+        loaded = await model_for(body)
+        tokens = loaded.engine.tokenize_prompt(prompts[0])
+        job = submit(loaded, tokens, body)
+        if body.stream:
+            return EventSourceResponse(text_chunks(job, body), ping=15)
+        out = await finish(job)
+        return p.Completion(id=job.rid, model=loaded.engine.name, usage=usage(out), choices=[p.TextChoice(text=out.text, finish_reason=out.finish_reason)])
+
+    # --- one request ------------------------------------------------------------------------
+    async def model_for(body: p.SamplingFields) -> Loaded:
+        if body.logprobs:
+            raise ApiError(400, "logprobs are not supported yet", param="logprobs")
+        for name in ("presence_penalty", "frequency_penalty"):
+            if getattr(body, name):
+                raise ApiError(400, f"{name} is not supported yet; repeat_penalty is", param=name)
+        try:
+            loaded = await host.get(body.model)
+        except ModelNotFound as e:
+            raise ApiError(404, str(e), "not_found_error", "model", ) from None
+        except UserError as e:
+            raise ApiError(400, str(e), param="model") from None
+        if loaded.in_flight >= parallel + max_queue:
+            raise ApiError(503, f"the server is busy ({parallel} running, {max_queue} waiting); retry shortly", "server_busy", headers={"Retry-After": "1"})
+        return loaded
+
+    def submit(loaded: Loaded, tokens: list[int], body: p.SamplingFields) -> Job:
+        engine = loaded.engine
+        max_tokens = body.max_completion_tokens or body.max_tokens
+        if len(tokens) + (max_tokens or 1) > engine.n_ctx:
+            raise ApiError(400, f"the prompt is {len(tokens)} tokens and max_tokens {max_tokens or 1}, but a request's context holds {engine.n_ctx}", param="max_tokens")
+        params = engine.defaults.with_overrides(
+            temperature=body.temperature, top_p=body.top_p, top_k=body.top_k, min_p=body.min_p,
+            repeat_penalty=body.repeat_penalty, seed=body.seed, max_tokens=max_tokens, stop=body.stops() or None,
+        )  # fmt: skip
+        try:
+            stream = engine.submit(tokens, params)
+        except UserError as e:
+            raise ApiError(400, str(e)) from None
+        loaded.in_flight += 1
+        return Job(loaded, stream, p.new_id("chatcmpl" if isinstance(body, p.ChatCompletionRequest) else "cmpl"), record)
+
+    async def events(job: Job) -> AsyncIterator[object]:
+        """The request's events in asyncio, woken by the engine's thread."""
+        loop = asyncio.get_running_loop()
+        ready = asyncio.Event()
+        job.stream.on_event = lambda: loop.call_soon_threadsafe(ready.set)
+        last = None
+        try:
+            while True:
+                ready.clear()
+                event = job.stream.get_nowait()
+                if event is None:
+                    await ready.wait()
+                    continue
+                if isinstance(event, CompletionOutput):
+                    job.out = event
+                    yield event
+                    return
+                now = time.perf_counter()
+                if last is not None:
+                    metrics.itl.observe(now - last)
+                last = now
+                yield event
+        finally:
+            job.done()
+
+    async def finish(job: Job) -> CompletionOutput:
+        try:
+            async with aclosing(events(job)) as stream_events:
+                async for event in stream_events:
+                    if isinstance(event, CompletionOutput):
+                        if event.error is not None:
+                            raise ApiError(500, f"the model failed on this request: {event.error}", "server_error")
+                        return event
+        finally:
+            job.done()
+        raise ApiError(500, "the request ended without a result", "server_error")
+
+    async def chunks(job: Job, body: p.SamplingFields, make, first: str | None = None) -> AsyncIterator[str]:  # type: ignore[no-untyped-def]
+        """SSE data for a stream: `make(text, finish_reason, usage)` builds each chunk.
+        A client that goes away cancels this generator; the finally ends the request."""
+        try:
+            if first is not None:
+                yield first
+            async with aclosing(events(job)) as stream_events:
+                async for event in stream_events:
+                    if isinstance(event, CompletionOutput):
+                        if event.error is not None:
+                            yield json.dumps(p.error_body(f"the model failed on this request: {event.error}", "server_error"))
+                            break
+                        yield make(None, event.finish_reason, None).model_dump_json()
+                        if body.stream_options and body.stream_options.include_usage:
+                            yield make(None, None, usage(event)).model_dump_json()
+                    elif event.text:
+                        yield make(event.text, None, None).model_dump_json()
+            yield "[DONE]"
+        finally:
+            job.done()
+
+    def chat_chunks(job: Job, body: p.SamplingFields) -> AsyncIterator[str]:
+        name = job.loaded.engine.name
+
+        def make(text: str | None, finish: str | None, use: p.Usage | None) -> p.ChatCompletionChunk:
+            choices = [] if use is not None else [p.ChunkChoice(delta=p.Delta(content=text), finish_reason=finish)]
+            return p.ChatCompletionChunk(id=job.rid, model=name, choices=choices, usage=use)
+
+        first = p.ChatCompletionChunk(id=job.rid, model=name, choices=[p.ChunkChoice(delta=p.Delta(role="assistant", content=""))])
+        return chunks(job, body, make, first.model_dump_json())
+
+    def text_chunks(job: Job, body: p.SamplingFields) -> AsyncIterator[str]:
+        name = job.loaded.engine.name
+
+        def make(text: str | None, finish: str | None, use: p.Usage | None) -> p.Completion:
+            choices = [] if use is not None else [p.TextChoice(text=text or "", finish_reason=finish)]
+            return p.Completion(id=job.rid, model=name, choices=choices, usage=use)
+
+        return chunks(job, body, make)
+
+    def record(job: Job) -> None:
+        engine, out = job.loaded.engine, job.out
+        status = "disconnected" if out is None else ("error" if out.error is not None else out.finish_reason)
+        metrics.requests.labels(status=status).inc()
+        if out is None:
+            log.info("request %s model=%s status=disconnected", job.rid, engine.name)
+            return
+        metrics.e2e.observe(time.perf_counter() - job.started)
+        metrics.prompt_tokens.inc(out.prompt_tokens)
+        metrics.generation_tokens.inc(out.completion_tokens)
+        metrics.prefix_hit_tokens.inc(out.cached_tokens)
+        if out.timings.ttft_ms:
+            metrics.ttft.observe(out.timings.ttft_ms / 1e3)
+        if out.timings.tpot_ms:
+            metrics.tpot.observe(out.timings.tpot_ms / 1e3)
+        log.info(
+            "request %s model=%s in=%d (cached %d) out=%d ttft=%.0fms status=%s",
+            job.rid, engine.name, out.prompt_tokens, out.cached_tokens, out.completion_tokens, out.timings.ttft_ms, status,
+        )  # fmt: skip
+
+    return app
+
+
+def usage(out: CompletionOutput) -> p.Usage:
+    return p.Usage(**out.usage())  # type: ignore[arg-type]
+
+
+def downloaded() -> list[str]:
+    """Every model on this machine, by the name `run` takes: catalog models present, then pulls."""
+    from localinfer.store import manifests
+    from localinfer.store.catalog import load_catalog
+    from localinfer.store.pull import local_path
+    from localinfer.store.refs import resolve
+
+    names = []
+    for alias in load_catalog().entries:
+        try:
+            if local_path(resolve(alias)) is not None:
+                names.append(alias)
+        except UserError:
+            continue
+    return names + [m.name for m in manifests.all_models() if m.exists]

@@ -1,0 +1,96 @@
+"""The models a server holds: loaded on demand, least recently used swapped out past
+`max_loaded`, idle ones unloaded after `keep_alive`. Each loaded model is one Engine
+running on its own thread; requests reach it through `Engine.submit`."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from dataclasses import dataclass, field
+
+from localinfer.engine.engine import Engine
+from localinfer.engine.loader import LoadOptions, open_engine
+from localinfer.errors import ModelNotFound
+from localinfer.store.pull import local_path
+from localinfer.store.refs import resolve
+
+
+@dataclass
+class Loaded:
+    engine: Engine
+    last_used: float = field(default_factory=time.monotonic)
+    in_flight: int = 0
+
+
+class ModelHost:
+    def __init__(self, default_ref: str | None, options: LoadOptions, prefill_chunk: int, max_loaded: int = 1, keep_alive: float = 300.0) -> None:
+        self.default_ref = default_ref
+        self.options = options
+        self.prefill_chunk = prefill_chunk
+        self.max_loaded = max(1, max_loaded)
+        self.keep_alive = keep_alive  # seconds; < 0: forever
+        self.models: dict[str, Loaded] = {}
+        self.default_name: str | None = None
+        self._lock = asyncio.Lock()
+
+    def _load(self, ref: str | None) -> Engine:
+        src = resolve(ref)
+        if local_path(src) is None:
+            raise ModelNotFound(f"model '{ref}' is not downloaded; run 'localinfer pull {ref}' first")
+        engine = open_engine(ref, self.options)
+        engine.prefill_chunk = self.prefill_chunk
+        engine.start()
+        return engine
+
+    async def start(self) -> None:
+        """Load the default model (the server is healthy once it is)."""
+        engine = await asyncio.to_thread(self._load, self.default_ref)
+        self.default_name = engine.name
+        self.models[engine.name] = Loaded(engine)
+
+    async def get(self, ref: str | None) -> Loaded:
+        """The loaded model for a request's `model` field, loading it if needed."""
+        name = self.default_name if not ref else ref
+        async with self._lock:
+            loaded = self.models.get(name or "")
+            if loaded is None:
+                while len(self.models) >= self.max_loaded and self._evict():
+                    pass
+                engine = await asyncio.to_thread(self._load, ref)
+                loaded = self.models[engine.name] = Loaded(engine)
+                if name != engine.name:
+                    self.models[name] = loaded  # the reference as the client spelled it
+            loaded.last_used = time.monotonic()
+            return loaded
+
+    def _evict(self) -> bool:
+        """Unload the least recently used idle model; False if every one is busy."""
+        idle = [(m.last_used, key) for key, m in self.models.items() if m.in_flight == 0]
+        if not idle:
+            return False
+        self._unload(min(idle)[1])
+        return True
+
+    def _unload(self, key: str) -> None:
+        loaded = self.models[key]
+        for alias in [k for k, m in self.models.items() if m is loaded]:
+            del self.models[alias]
+        loaded.engine.close()
+
+    async def reap(self) -> None:
+        """Unload models idle for longer than keep_alive (run periodically)."""
+        if self.keep_alive < 0:
+            return
+        async with self._lock:
+            now = time.monotonic()
+            for key, loaded in list(self.models.items()):
+                if key in self.models and loaded.in_flight == 0 and now - loaded.last_used > self.keep_alive:
+                    self._unload(key)
+
+    def unique(self) -> list[Loaded]:
+        return list({id(m): m for m in self.models.values()}.values())
+
+    def close(self) -> None:
+        for loaded in self.unique():
+            loaded.engine.close()
+        self.models.clear()

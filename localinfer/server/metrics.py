@@ -1,0 +1,27 @@
+"""Prometheus metrics, in the seeds' vocabulary: TTFT, TPOT, ITL and end-to-end latency
+as histograms; tokens and requests as counters; the scheduler's state as gauges."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60)
+
+
+class Metrics:
+    def __init__(self, running: Callable[[], float], waiting: Callable[[], float], slots_free: Callable[[], float]) -> None:
+        self.registry = CollectorRegistry()
+        r = self.registry
+        self.ttft = Histogram("localinfer_time_to_first_token_seconds", "Submit to first token (queue + prefill + first sample)", registry=r, buckets=LATENCY_BUCKETS)
+        self.tpot = Histogram("localinfer_time_per_output_token_seconds", "Mean time per output token after the first, per request", registry=r, buckets=LATENCY_BUCKETS)
+        self.itl = Histogram("localinfer_inter_token_latency_seconds", "Time between consecutive tokens of a stream", registry=r, buckets=LATENCY_BUCKETS)
+        self.e2e = Histogram("localinfer_e2e_request_latency_seconds", "Request received to last token", registry=r, buckets=LATENCY_BUCKETS)
+        self.prompt_tokens = Counter("localinfer_prompt_tokens", "Prompt tokens received", registry=r)
+        self.generation_tokens = Counter("localinfer_generation_tokens", "Tokens generated", registry=r)
+        self.prefix_hit_tokens = Counter("localinfer_prefix_cache_hit_tokens", "Prompt tokens found in the KV cache and not prefilled", registry=r)
+        self.requests = Counter("localinfer_requests", "Requests by final status", ["status"], registry=r)
+        Gauge("localinfer_requests_running", "Requests holding a slot", registry=r).set_function(running)
+        Gauge("localinfer_requests_waiting", "Requests queued for a slot", registry=r).set_function(waiting)
+        Gauge("localinfer_kv_cache_slots_free", "KV-cache sequences no request holds", registry=r).set_function(slots_free)

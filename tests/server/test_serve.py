@@ -1,0 +1,195 @@
+"""`localinfer serve` as a user runs it: a real process with uvicorn on a loopback port, the
+real embedded model, and the real `openai` client (plus httpx for what a client library
+hides: status codes, headers, disconnects)."""
+
+from __future__ import annotations
+
+import json
+import signal
+import socket
+import subprocess
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import openai
+import pytest
+
+from ..conftest import start_cli
+
+MODEL = "smollm2:135m"
+CHAT = [{"role": "user", "content": "Why is the sky blue?"}]
+
+
+class Server:
+    def __init__(self, *args: str, env: dict[str, str] | None = None) -> None:
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            self.port = s.getsockname()[1]
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.proc = start_cli("serve", "--port", str(self.port), "--threads", "2", *args, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        deadline = time.time() + 120
+        while time.time() < deadline:
+            assert self.proc.poll() is None, self.proc.stderr.read().decode()
+            try:
+                if httpx.get(self.url + "/health", timeout=1).status_code == 200:
+                    return
+            except httpx.TransportError:
+                pass
+            time.sleep(0.2)
+        raise AssertionError("the server did not become healthy")
+
+    def client(self, key: str = "none") -> openai.OpenAI:
+        return openai.OpenAI(base_url=self.url + "/v1", api_key=key, max_retries=0, timeout=120)
+
+    def metrics(self) -> dict[str, float]:
+        text = httpx.get(self.url + "/metrics", timeout=10).text
+        return {line.rsplit(" ", 1)[0]: float(line.rsplit(" ", 1)[1]) for line in text.splitlines() if line and not line.startswith("#")}
+
+    def stop(self) -> tuple[int, str]:
+        self.proc.send_signal(signal.SIGTERM)
+        _, err = self.proc.communicate(timeout=60)
+        return self.proc.returncode, err.decode()
+
+
+@pytest.fixture(scope="module")
+def server() -> Iterator[Server]:
+    s = Server("--parallel", "4", "--max-queue", "8")
+    yield s
+    code, log = s.stop()
+    assert code == 0, log  # SIGTERM drains and exits 0
+    assert f"model={MODEL}" in log and "status=" in log  # one line per request
+
+
+def test_health_and_models(server: Server) -> None:
+    assert httpx.get(server.url + "/health").json() == {"status": "ok"}
+    assert MODEL in [m.id for m in server.client().models.list().data]
+
+
+def test_chat_and_its_stream_agree(server: Server) -> None:
+    client = server.client()
+    whole = client.chat.completions.create(model=MODEL, messages=CHAT, max_tokens=16, temperature=0)
+    assert whole.choices[0].finish_reason == "length" and whole.usage.completion_tokens == 16
+    chunks = list(client.chat.completions.create(model=MODEL, messages=CHAT, max_tokens=16, temperature=0, stream=True, stream_options={"include_usage": True}))
+    text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    assert text == whole.choices[0].message.content
+    assert [c.choices[0].finish_reason for c in chunks if c.choices][-1] == "length"
+    assert chunks[-1].usage.prompt_tokens == whole.usage.prompt_tokens and chunks[-1].usage.completion_tokens == 16
+
+
+def test_completions_and_stop(server: Server) -> None:
+    client = server.client()
+    out = client.completions.create(model=MODEL, prompt="One, two, three, four,", max_tokens=24, temperature=0)
+    text = out.choices[0].text
+    assert text
+    cut = text[len(text) // 2 :].strip()[:3] or text.strip()[:3]
+    stopped = client.completions.create(model=MODEL, prompt="One, two, three, four,", max_tokens=24, temperature=0, stop=[cut])
+    assert stopped.choices[0].finish_reason == "stop" and cut not in stopped.choices[0].text
+    streamed = "".join(c.choices[0].text for c in client.completions.create(model=MODEL, prompt="One, two, three, four,", max_tokens=24, temperature=0, stream=True) if c.choices)
+    assert streamed == text
+
+
+def test_second_turn_reuses_the_first(server: Server) -> None:
+    client = server.client()
+    first = client.chat.completions.create(model=MODEL, messages=CHAT, max_tokens=12, temperature=0)
+    turn = CHAT + [{"role": "assistant", "content": first.choices[0].message.content}, {"role": "user", "content": "Say it shorter."}]
+    second = client.chat.completions.create(model=MODEL, messages=turn, max_tokens=12, temperature=0)
+    assert second.usage.prompt_tokens_details.cached_tokens >= first.usage.prompt_tokens - 1
+    assert server.metrics()["localinfer_prefix_cache_hit_tokens_total"] >= second.usage.prompt_tokens_details.cached_tokens
+
+
+def test_disconnect_frees_the_slot(server: Server) -> None:
+    before = server.metrics().get('localinfer_requests_total{status="disconnected"}', 0)
+    body = {"model": MODEL, "messages": [{"role": "user", "content": "Write a very long story."}], "max_tokens": 2000, "temperature": 0, "stream": True}
+    with httpx.stream("POST", server.url + "/v1/chat/completions", json=body, timeout=60) as r:
+        lines = r.iter_lines()
+        assert sum(1 for _, line in zip(range(6), lines) if line.startswith("data:")) >= 3
+    deadline = time.time() + 30
+    while time.time() < deadline:
+        m = server.metrics()
+        if m.get('localinfer_requests_total{status="disconnected"}', 0) > before and m["localinfer_requests_running"] == 0:
+            break
+        time.sleep(0.1)
+    assert m['localinfer_requests_total{status="disconnected"}'] == before + 1
+    assert m["localinfer_requests_running"] == 0 and m["localinfer_kv_cache_slots_free"] == 4
+    assert m["localinfer_time_to_first_token_seconds_count"] >= 1 and "localinfer_inter_token_latency_seconds_count" in m
+
+
+@pytest.mark.parametrize(
+    "body, status, needle",
+    [
+        (b"{not json", 400, "not valid JSON"),
+        ({"messages": "hi"}, 400, "messages"),
+        ({"messages": [{"role": "wizard", "content": "x"}]}, 400, "role"),
+        ({"messages": CHAT, "temperature": 5}, 400, "temperature"),
+        ({"messages": CHAT, "max_tokens": 0}, 400, "max_tokens"),
+        ({"messages": CHAT, "n": 2}, 400, "n"),
+        ({"messages": CHAT, "logprobs": True}, 400, "logprobs"),
+        ({"messages": CHAT, "max_tokens": 100000}, 400, "context holds"),
+        ({"messages": CHAT, "model": "nobody/nothing-GGUF"}, 404, "not downloaded"),
+        ({"messages": [{"role": "assistant", "content": "a"}, {"role": "assistant", "content": "b"}]}, None, None),
+        (b"x" * (9 * 1024 * 1024), 413, "over"),
+    ],
+)
+def test_bad_requests_get_their_status_and_never_a_500(server: Server, body, status, needle) -> None:
+    content = body if isinstance(body, bytes) else json.dumps(body).encode()
+    r = httpx.post(server.url + "/v1/chat/completions", content=content, headers={"content-type": "application/json"}, timeout=60)
+    assert r.status_code < 500, r.text
+    if status is not None:
+        assert r.status_code == status, r.text
+        error = r.json()["error"]
+        assert set(error) == {"message", "type", "param", "code"} and needle in error["message"]
+    assert httpx.get(server.url + "/health").status_code == 200
+
+
+def test_no_cross_talk_between_concurrent_streams(f32_path: Path) -> None:
+    """Four concurrent greedy streams each return what their prompt returns alone (on the F32
+    model, whose logits do not depend on what else shares a batch; see test_engine_threads)."""
+    s = Server(str(f32_path), "--parallel", "4")
+    try:
+        prompts = ["Why is the sky blue?", "Name three fruits.", "What is 2 + 2?", "Say hello in French."]
+        client = s.client()
+        ask = lambda q: "".join(c.choices[0].delta.content or "" for c in client.chat.completions.create(  # noqa: E731
+            model=str(f32_path), messages=[{"role": "user", "content": q}], max_tokens=24, temperature=0, stream=True) if c.choices)  # fmt: skip
+        alone = {q: ask(q) for q in prompts}
+        together: dict[str, str] = {}
+        threads = [threading.Thread(target=lambda q=q: together.__setitem__(q, ask(q))) for q in prompts]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(timeout=120)
+        assert together == alone
+    finally:
+        assert s.stop()[0] == 0
+
+
+def test_full_queue_answers_503_with_retry_after() -> None:
+    s = Server("--parallel", "1", "--max-queue", "0")
+    try:
+        body = {"messages": [{"role": "user", "content": "Write a very long story."}], "max_tokens": 500, "temperature": 0, "stream": True}  # greedy: 400+ tokens
+        with httpx.stream("POST", s.url + "/v1/chat/completions", json=body, timeout=60) as busy:
+            lines = busy.iter_lines()
+            first = next(lines)
+            r = httpx.post(s.url + "/v1/chat/completions", json={"messages": CHAT, "max_tokens": 2}, timeout=60)
+            assert r.status_code == 503, (first, r.text, list(lines)[-3:])
+            assert r.headers["retry-after"] == "1" and r.json()["error"]["type"] == "server_busy"
+        time.sleep(0.5)
+        assert httpx.post(s.url + "/v1/chat/completions", json={"messages": CHAT, "max_tokens": 2}, timeout=60).status_code == 200
+    finally:
+        assert s.stop()[0] == 0
+
+
+def test_api_key() -> None:
+    s = Server(env={"LOCALINFER_API_KEY": "sesame"})
+    try:
+        assert httpx.get(s.url + "/health").status_code == 200  # open, for load balancers
+        for path in ("/v1/models", "/metrics"):
+            r = httpx.get(s.url + path, headers={"Authorization": "Bearer wrong"})
+            assert r.status_code == 401 and r.json()["error"]["type"] == "authentication_error"
+        with pytest.raises(openai.AuthenticationError):
+            s.client("wrong").chat.completions.create(model=MODEL, messages=CHAT, max_tokens=2)
+        assert s.client("sesame").chat.completions.create(model=MODEL, messages=CHAT, max_tokens=2).choices[0].message.content is not None
+    finally:
+        assert s.stop()[0] == 0
