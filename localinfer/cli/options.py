@@ -44,6 +44,8 @@ SAMPLING = {
     "min_p": (float, between(0, 1)),
     "repeat_penalty": (float, at_least(0.01)),
     "repeat_last_n": (int, at_least(-1)),
+    "presence_penalty": (float, between(-2, 2)),
+    "frequency_penalty": (float, between(-2, 2)),
     "seed": (int, at_least(-1)),
     "max_tokens": (int, at_least(1)),
 }

@@ -25,7 +25,8 @@ DEBUG = os.environ.get("LOCALINFER_DEBUG") == "1"  # also shows the backend's ow
 HELP_INTERACTIVE = """Commands:
   /set system TEXT        set the system prompt
   /set NAME VALUE         set a sampling option (temperature, top_k, top_p, min_p,
-                          repeat_penalty, repeat_last_n, seed, max_tokens);
+                          repeat_penalty, repeat_last_n, presence_penalty,
+                          frequency_penalty, seed, max_tokens);
                           '/set parameter NAME VALUE' works too
   /clear                  forget the conversation
   /bye                    leave (or Ctrl-D)

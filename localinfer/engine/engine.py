@@ -301,7 +301,7 @@ class Engine:
 
     def _accept(self, seq: _Sequence, logits: np.ndarray) -> None:
         """Sample the next token of a sequence and decide whether it is finished."""
-        token = seq.sampler.sample(logits, seq.history)
+        token = seq.sampler.sample(logits, seq.history, seq.generated)
         seq.t_last = time.perf_counter()
         seq.n_sampled += 1
         if not seq.t_first:

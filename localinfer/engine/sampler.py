@@ -1,5 +1,5 @@
 """Token sampling on one row of logits, in llama.cpp's order:
-repetition penalty -> top-k -> top-p -> min-p -> temperature -> draw.
+penalties (repetition, presence, frequency) -> top-k -> top-p -> min-p -> temperature -> draw.
 
 Kept in numpy above the backends, so every backend samples the same way.
 """
@@ -19,11 +19,15 @@ class Sampler:
         seed = params.seed if params.seed is not None and params.seed >= 0 else None  # -1: a fresh one
         self.rng = np.random.default_rng(seed)
 
-    def sample(self, logits: np.ndarray, history: list[int]) -> int:
-        """Pick the next token. `logits` is [n_vocab] float32 and may be modified in place."""
+    def sample(self, logits: np.ndarray, history: list[int], generated: list[int] | None = None) -> int:
+        """Pick the next token. `logits` is [n_vocab] float32 and may be modified in place;
+        `history` is prompt + answer (repetition penalty), `generated` the answer alone
+        (presence and frequency penalties, as OpenAI defines them)."""
         p = self.params
         if p.repeat_penalty != 1.0 and p.repeat_last_n != 0 and history:
             apply_repeat_penalty(logits, history[-p.repeat_last_n :] if p.repeat_last_n > 0 else history, p.repeat_penalty)
+        if (p.presence_penalty or p.frequency_penalty) and generated:
+            apply_presence_frequency(logits, generated, p.presence_penalty, p.frequency_penalty)
         if p.temperature <= 0:
             return int(np.argmax(logits))
 
@@ -48,6 +52,12 @@ def apply_repeat_penalty(logits: np.ndarray, recent: list[int], penalty: float) 
     ids = np.unique(np.asarray(recent, dtype=np.int64))
     vals = logits[ids]
     logits[ids] = np.where(vals > 0, vals / penalty, vals * penalty)
+
+
+def apply_presence_frequency(logits: np.ndarray, generated: list[int], presence: float, frequency: float) -> None:
+    """logit[t] -= count[t] * frequency + (count[t] > 0) * presence (OpenAI's definition)."""
+    ids, counts = np.unique(np.asarray(generated, dtype=np.int64), return_counts=True)
+    logits[ids] -= (counts * frequency + presence).astype(logits.dtype)
 
 
 def top_k(logits: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:

@@ -15,6 +15,8 @@ class SamplingParams:
     min_p: float = 0.05  # 0 disables
     repeat_penalty: float = 1.0  # 1 disables
     repeat_last_n: int = 64
+    presence_penalty: float = 0.0  # OpenAI's: subtracted once from every token already generated
+    frequency_penalty: float = 0.0  # OpenAI's: subtracted per time a token was generated
     seed: int | None = None  # None or -1: a fresh random seed per request, reported in the result
     max_tokens: int | None = None  # None: until end of generation or a full context
     stop: tuple[str, ...] = ()

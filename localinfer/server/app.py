@@ -166,9 +166,6 @@ def create_app(host: ModelHost, api_key: str | None = None, parallel: int = 4, m
     async def model_for(body: p.SamplingFields) -> Loaded:
         if body.logprobs:
             raise ApiError(400, "logprobs are not supported yet", param="logprobs")
-        for name in ("presence_penalty", "frequency_penalty"):
-            if getattr(body, name):
-                raise ApiError(400, f"{name} is not supported yet; repeat_penalty is", param=name)
         try:
             loaded = await host.get(body.model)
         except ModelNotFound as e:
@@ -187,6 +184,7 @@ def create_app(host: ModelHost, api_key: str | None = None, parallel: int = 4, m
         params = engine.defaults.with_overrides(
             temperature=body.temperature, top_p=body.top_p, top_k=body.top_k, min_p=body.min_p,
             repeat_penalty=body.repeat_penalty, seed=body.seed, max_tokens=max_tokens, stop=body.stops() or None,
+            presence_penalty=body.presence_penalty or None, frequency_penalty=body.frequency_penalty or None,
         )  # fmt: skip
         try:
             stream = engine.submit(tokens, params)

@@ -2,7 +2,7 @@
 
 Requests accept fields we do not know (clients send `user`, `metadata`, ...) and ignore
 them; fields we know are checked for type and range, and a bad one is a 400 that names it.
-Features not built yet (`n` > 1, `logprobs`, presence/frequency penalties) are refused
+Features not built yet (`n` > 1, `logprobs`) are refused
 with a 400 that says so, rather than silently ignored.
 """
 

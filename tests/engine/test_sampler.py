@@ -66,3 +66,18 @@ def test_seed_minus_one_is_a_fresh_seed() -> None:
     logits = np.linspace(0, 1, 100).astype(np.float32)
     draws = {Sampler(SamplingParams(seed=-1, temperature=5, top_k=0, top_p=1, min_p=0)).sample(logits.copy(), []) for _ in range(20)}
     assert len(draws) > 1  # not one fixed seed
+
+
+def test_presence_and_frequency_penalties_follow_openai() -> None:
+    from localinfer.engine.sampler import apply_presence_frequency
+
+    logits = np.zeros(8, dtype=np.float32)
+    apply_presence_frequency(logits, [3, 3, 3, 5], presence=0.5, frequency=0.25)
+    want = np.zeros(8, dtype=np.float32)
+    want[3] -= 3 * 0.25 + 0.5
+    want[5] -= 1 * 0.25 + 0.5
+    assert np.array_equal(logits, want)
+    # greedy picks the best unpenalised token once the leader is penalised enough
+    s = Sampler(SamplingParams(temperature=0, presence_penalty=2.0))
+    assert s.sample(np.array([0, 3.0, 2.0], dtype=np.float32), [1], generated=[1]) == 2
+    assert Sampler(SamplingParams(temperature=0)).sample(np.array([0, 3.0, 2.0], dtype=np.float32), [1], generated=[1]) == 1

@@ -193,3 +193,27 @@ def test_api_key() -> None:
         assert s.client("sesame").chat.completions.create(model=MODEL, messages=CHAT, max_tokens=2).choices[0].message.content is not None
     finally:
         assert s.stop()[0] == 0
+
+
+def test_presence_penalty_changes_a_greedy_answer(server: Server) -> None:
+    client = server.client()
+    ask = lambda **kw: client.chat.completions.create(model=MODEL, messages=CHAT, max_tokens=32, temperature=0, **kw).choices[0].message.content  # noqa: E731
+    assert ask() == ask(presence_penalty=0.0)
+    assert ask(presence_penalty=2.0, frequency_penalty=2.0) != ask()
+
+
+def test_models_load_on_demand_and_unload_when_idle(model_path: Path, tmp_path: Path) -> None:
+    other = tmp_path / "second.gguf"
+    other.symlink_to(model_path)  # another file: another model, as far as the server knows
+    s = Server("--keep-alive", "2s", "--max-loaded", "2")
+    try:
+        client = s.client()
+        assert client.chat.completions.create(model=str(other), messages=CHAT, max_tokens=2).model == str(other)
+        assert str(other) in [m.id for m in client.models.list().data]  # loaded: listed beside the downloaded ones
+        deadline = time.time() + 30  # the reaper looks every few seconds
+        while time.time() < deadline and str(other) in [m.id for m in client.models.list().data]:
+            time.sleep(0.5)
+        assert str(other) not in [m.id for m in client.models.list().data]  # unloaded after 2 s idle
+        assert client.chat.completions.create(model=str(other), messages=CHAT, max_tokens=2).choices[0].message.content is not None  # and back
+    finally:
+        assert s.stop()[0] == 0
