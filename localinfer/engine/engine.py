@@ -76,6 +76,16 @@ def common_prefix(a: list[int], b: list[int], limit: int) -> int:
     return i
 
 
+def token_logprobs(logits: np.ndarray, token: int, k: int) -> tuple[float, list[tuple[int, float]]]:
+    """log softmax of the model's own logits (before penalties and temperature, as OpenAI
+    and vLLM report them): the chosen token's value and the k largest."""
+    m = float(logits.max())
+    lse = m + float(np.log(np.exp(logits - m, dtype=np.float64).sum()))
+    top = np.argpartition(logits, -k)[-k:] if 0 < k < len(logits) else np.arange(len(logits) if k else 0)
+    top = top[np.argsort(-logits[top], kind="stable")]
+    return float(logits[token]) - lse, [(int(t), float(logits[t]) - lse) for t in top]
+
+
 @dataclass
 class StepStats:
     """What the last step() did: for tests and metrics, so chunking is checked through the
@@ -301,6 +311,8 @@ class Engine:
 
     def _accept(self, seq: _Sequence, logits: np.ndarray) -> None:
         """Sample the next token of a sequence and decide whether it is finished."""
+        k = seq.params.logprobs
+        raw = logits.copy() if k is not None else None  # the sampler edits logits in place
         token = seq.sampler.sample(logits, seq.history, seq.generated)
         seq.t_last = time.perf_counter()
         seq.n_sampled += 1
@@ -312,7 +324,7 @@ class Engine:
         seq.generated.append(token)
         seq.history.append(token)
         text, hit_stop = seq.stops.push(seq.detok.push(token))
-        self._emit(seq, token, text)
+        self._emit(seq, token, text, *(token_logprobs(raw, token, k) if raw is not None else ()))
         if hit_stop:
             return self._finish(seq, "stop", flush=False)
         if seq.params.max_tokens is not None and len(seq.generated) >= seq.params.max_tokens:
@@ -321,10 +333,10 @@ class Engine:
             return self._finish(seq, "length")
         seq.pending = token
 
-    def _emit(self, seq: _Sequence, token: int, text: str) -> None:
+    def _emit(self, seq: _Sequence, token: int, text: str, logprob: float | None = None, top: list[tuple[int, float]] | None = None) -> None:
         if text:
             seq.text.append(text)
-        seq.stream.put(TokenEvent(seq.request_id, token, text))
+        seq.stream.put(TokenEvent(seq.request_id, token, text, logprob, top))
 
     def _finish(self, seq: _Sequence, reason: str, flush: bool = True, error: Exception | None = None) -> None:
         if flush and error is None:

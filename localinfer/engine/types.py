@@ -19,6 +19,7 @@ class SamplingParams:
     frequency_penalty: float = 0.0  # OpenAI's: subtracted per time a token was generated
     seed: int | None = None  # None or -1: a fresh random seed per request, reported in the result
     max_tokens: int | None = None  # None: until end of generation or a full context
+    logprobs: int | None = None  # None: none; k >= 0: each token's log-probability and the k most likely
     stop: tuple[str, ...] = ()
 
     def with_overrides(self, **changes: object) -> SamplingParams:
@@ -49,6 +50,8 @@ class TokenEvent:
     request_id: int
     token: int
     text: str
+    logprob: float | None = None  # log-probability of `token` under the model's own distribution
+    top_logprobs: list[tuple[int, float]] | None = None  # the k most likely tokens at this position
 
 
 @dataclass

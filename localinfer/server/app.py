@@ -23,7 +23,7 @@ from starlette.exceptions import HTTPException
 
 from localinfer.engine.engine import Engine
 from localinfer.engine.stream import RequestStream
-from localinfer.engine.types import CompletionOutput
+from localinfer.engine.types import CompletionOutput, TokenEvent
 from localinfer.errors import ModelNotFound, UserError
 from localinfer.server import protocol as p
 from localinfer.server.host import Loaded, ModelHost
@@ -133,6 +133,8 @@ def create_app(host: ModelHost, api_key: str | None = None, parallel: int = 4, m
 
     @app.post("/v1/chat/completions", dependencies=auth)
     async def chat(body: p.ChatCompletionRequest, request: Request):  # type: ignore[no-untyped-def]
+        if body.top_logprobs is not None and not body.logprobs:
+            raise ApiError(400, "top_logprobs needs logprobs: true", param="top_logprobs")
         loaded = await model_for(body)
         engine = loaded.engine
         messages = [{"role": "system" if m.role == "developer" else m.role, "content": m.text()} for m in body.messages]
@@ -143,10 +145,11 @@ def create_app(host: ModelHost, api_key: str | None = None, parallel: int = 4, m
         job = submit(loaded, tokens, body)
         if body.stream:
             return EventSourceResponse(chat_chunks(job, body), ping=15)
-        out = await finish(job)
+        out, tokens = await finish(job)
+        logprobs = chat_logprobs(engine, tokens) if body.logprobs else None
         return p.ChatCompletion(
             id=job.rid, model=engine.name, usage=usage(out),
-            choices=[p.ChatChoice(message=p.ResponseMessage(content=out.text), finish_reason=out.finish_reason)],
+            choices=[p.ChatChoice(message=p.ResponseMessage(content=out.text), finish_reason=out.finish_reason, logprobs=logprobs)],
         )  # fmt: skip
 
     @app.post("/v1/completions", dependencies=auth)
@@ -159,13 +162,12 @@ def create_app(host: ModelHost, api_key: str | None = None, parallel: int = 4, m
         job = submit(loaded, tokens, body)
         if body.stream:
             return EventSourceResponse(text_chunks(job, body), ping=15)
-        out = await finish(job)
-        return p.Completion(id=job.rid, model=loaded.engine.name, usage=usage(out), choices=[p.TextChoice(text=out.text, finish_reason=out.finish_reason)])
+        out, tokens = await finish(job)
+        logprobs = completion_logprobs(loaded.engine, tokens) if body.logprobs is not None else None
+        return p.Completion(id=job.rid, model=loaded.engine.name, usage=usage(out), choices=[p.TextChoice(text=out.text, finish_reason=out.finish_reason, logprobs=logprobs)])
 
     # --- one request ------------------------------------------------------------------------
     async def model_for(body: p.SamplingFields) -> Loaded:
-        if body.logprobs:
-            raise ApiError(400, "logprobs are not supported yet", param="logprobs")
         try:
             loaded = await host.get(body.model)
         except ModelNotFound as e:
@@ -184,6 +186,7 @@ def create_app(host: ModelHost, api_key: str | None = None, parallel: int = 4, m
         params = engine.defaults.with_overrides(
             temperature=body.temperature, top_p=body.top_p, top_k=body.top_k, min_p=body.min_p,
             repeat_penalty=body.repeat_penalty, seed=body.seed, max_tokens=max_tokens, stop=body.stops() or None,
+            logprobs=body.logprob_count(),  # type: ignore[attr-defined]
             presence_penalty=body.presence_penalty or None, frequency_penalty=body.frequency_penalty or None,
         )  # fmt: skip
         try:
@@ -218,14 +221,16 @@ def create_app(host: ModelHost, api_key: str | None = None, parallel: int = 4, m
         finally:
             job.done()
 
-    async def finish(job: Job) -> CompletionOutput:
+    async def finish(job: Job) -> tuple[CompletionOutput, list[TokenEvent]]:
+        tokens: list[TokenEvent] = []
         try:
             async with aclosing(events(job)) as stream_events:
                 async for event in stream_events:
                     if isinstance(event, CompletionOutput):
                         if event.error is not None:
                             raise ApiError(500, f"the model failed on this request: {event.error}", "server_error")
-                        return event
+                        return event, tokens
+                    tokens.append(event)  # type: ignore[arg-type]
         finally:
             job.done()
         raise ApiError(500, "the request ended without a result", "server_error")
@@ -242,11 +247,11 @@ def create_app(host: ModelHost, api_key: str | None = None, parallel: int = 4, m
                         if event.error is not None:
                             yield json.dumps(p.error_body(f"the model failed on this request: {event.error}", "server_error"))
                             break
-                        yield make(None, event.finish_reason, None).model_dump_json()
+                        yield make(None, event.finish_reason, None, None).model_dump_json()
                         if body.stream_options and body.stream_options.include_usage:
-                            yield make(None, None, usage(event)).model_dump_json()
-                    elif event.text:
-                        yield make(event.text, None, None).model_dump_json()
+                            yield make(None, None, usage(event), None).model_dump_json()
+                    elif event.text or event.logprob is not None:  # type: ignore[attr-defined]
+                        yield make(event.text, None, None, event).model_dump_json()  # type: ignore[attr-defined]
             yield "[DONE]"
         finally:
             job.done()
@@ -254,8 +259,9 @@ def create_app(host: ModelHost, api_key: str | None = None, parallel: int = 4, m
     def chat_chunks(job: Job, body: p.SamplingFields) -> AsyncIterator[str]:
         name = job.loaded.engine.name
 
-        def make(text: str | None, finish: str | None, use: p.Usage | None) -> p.ChatCompletionChunk:
-            choices = [] if use is not None else [p.ChunkChoice(delta=p.Delta(content=text), finish_reason=finish)]
+        def make(text: str | None, finish: str | None, use: p.Usage | None, event: TokenEvent | None) -> p.ChatCompletionChunk:
+            logprobs = chat_logprobs(job.loaded.engine, [event]) if event is not None and event.logprob is not None else None
+            choices = [] if use is not None else [p.ChunkChoice(delta=p.Delta(content=text), finish_reason=finish, logprobs=logprobs)]
             return p.ChatCompletionChunk(id=job.rid, model=name, choices=choices, usage=use)
 
         first = p.ChatCompletionChunk(id=job.rid, model=name, choices=[p.ChunkChoice(delta=p.Delta(role="assistant", content=""))])
@@ -264,8 +270,9 @@ def create_app(host: ModelHost, api_key: str | None = None, parallel: int = 4, m
     def text_chunks(job: Job, body: p.SamplingFields) -> AsyncIterator[str]:
         name = job.loaded.engine.name
 
-        def make(text: str | None, finish: str | None, use: p.Usage | None) -> p.Completion:
-            choices = [] if use is not None else [p.TextChoice(text=text or "", finish_reason=finish)]
+        def make(text: str | None, finish: str | None, use: p.Usage | None, event: TokenEvent | None) -> p.Completion:
+            logprobs = completion_logprobs(job.loaded.engine, [event]) if event is not None and event.logprob is not None else None
+            choices = [] if use is not None else [p.TextChoice(text=text or "", finish_reason=finish, logprobs=logprobs)]
             return p.Completion(id=job.rid, model=name, choices=choices, usage=use)
 
         return chunks(job, body, make)
@@ -291,6 +298,37 @@ def create_app(host: ModelHost, api_key: str | None = None, parallel: int = 4, m
         )  # fmt: skip
 
     return app
+
+
+def token_text(engine: Engine, token: int) -> tuple[str, list[int]]:
+    raw = engine.backend.token_bytes(token)
+    return raw.decode("utf-8", "replace"), list(raw)
+
+
+def chat_logprobs(engine: Engine, events: list[TokenEvent]) -> p.ChoiceLogprobs:
+    content = []
+    for e in events:
+        if e.logprob is None:
+            continue  # a stop string's held-back tail: text, not a token
+        text, raw = token_text(engine, e.token)
+        tops = [p.TopLogprob(token=token_text(engine, t)[0], logprob=lp, bytes=token_text(engine, t)[1]) for t, lp in e.top_logprobs or []]
+        content.append(p.TokenLogprob(token=text, logprob=e.logprob, bytes=raw, top_logprobs=tops))
+    return p.ChoiceLogprobs(content=content)
+
+
+def completion_logprobs(engine: Engine, events: list[TokenEvent]) -> p.CompletionLogprobs:
+    out = p.CompletionLogprobs(tokens=[], token_logprobs=[], top_logprobs=[], text_offset=[])
+    offset = 0
+    for e in events:
+        if e.logprob is None:
+            continue
+        text = token_text(engine, e.token)[0]
+        out.tokens.append(text)
+        out.token_logprobs.append(e.logprob)
+        out.top_logprobs.append({token_text(engine, t)[0]: lp for t, lp in e.top_logprobs or []})
+        out.text_offset.append(offset)
+        offset += len(text)
+    return out
 
 
 def usage(out: CompletionOutput) -> p.Usage:

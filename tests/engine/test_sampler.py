@@ -81,3 +81,16 @@ def test_presence_and_frequency_penalties_follow_openai() -> None:
     s = Sampler(SamplingParams(temperature=0, presence_penalty=2.0))
     assert s.sample(np.array([0, 3.0, 2.0], dtype=np.float32), [1], generated=[1]) == 2
     assert Sampler(SamplingParams(temperature=0)).sample(np.array([0, 3.0, 2.0], dtype=np.float32), [1], generated=[1]) == 1
+
+
+def test_token_logprobs_are_log_softmax() -> None:
+    from localinfer.engine.engine import token_logprobs
+
+    logits = np.random.default_rng(3).standard_normal(1000).astype(np.float32) * 5
+    x = logits.astype(np.float64)
+    reference = x - np.logaddexp.reduce(x)  # another route to log softmax
+    lp, top = token_logprobs(logits, 17, 4)
+    assert abs(lp - reference[17]) < 1e-5
+    assert [t for t, _ in top] == list(np.argsort(-reference)[:4])
+    assert np.allclose([v for _, v in top], np.sort(reference)[::-1][:4], atol=1e-5)
+    assert token_logprobs(logits, 17, 0)[1] == []

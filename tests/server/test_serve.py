@@ -126,7 +126,7 @@ def test_disconnect_frees_the_slot(server: Server) -> None:
         ({"messages": CHAT, "temperature": 5}, 400, "temperature"),
         ({"messages": CHAT, "max_tokens": 0}, 400, "max_tokens"),
         ({"messages": CHAT, "n": 2}, 400, "n"),
-        ({"messages": CHAT, "logprobs": True}, 400, "logprobs"),
+        ({"messages": CHAT, "top_logprobs": 21, "logprobs": True}, 400, "top_logprobs"),
         ({"messages": CHAT, "max_tokens": 100000}, 400, "context holds"),
         ({"messages": CHAT, "model": "nobody/nothing-GGUF"}, 404, "not downloaded"),
         ({"messages": [{"role": "assistant", "content": "a"}, {"role": "assistant", "content": "b"}]}, None, None),
@@ -217,3 +217,25 @@ def test_models_load_on_demand_and_unload_when_idle(model_path: Path, tmp_path: 
         assert client.chat.completions.create(model=str(other), messages=CHAT, max_tokens=2).choices[0].message.content is not None  # and back
     finally:
         assert s.stop()[0] == 0
+
+
+def test_logprobs(server: Server) -> None:
+    client = server.client()
+    # logprobs are the model's own distribution: without penalties, greedy takes its top-1
+    kw = dict(model=MODEL, messages=CHAT, max_tokens=8, temperature=0, logprobs=True, top_logprobs=3, extra_body={"repeat_penalty": 1.0})
+    whole = client.chat.completions.create(**kw)
+    content = whole.choices[0].logprobs.content
+    assert len(content) == whole.usage.completion_tokens
+    for entry in content:
+        assert entry.logprob <= 0 and len(entry.top_logprobs) == 3
+        assert [t.logprob for t in entry.top_logprobs] == sorted((t.logprob for t in entry.top_logprobs), reverse=True)
+        assert entry.token == entry.top_logprobs[0].token and entry.logprob == entry.top_logprobs[0].logprob  # greedy: the top-1
+        assert sum(2.718281828 ** t.logprob for t in entry.top_logprobs) <= 1.0001
+    assert "".join(e.token for e in content) == whole.choices[0].message.content
+    streamed = [e for c in client.chat.completions.create(**kw, stream=True) if c.choices and c.choices[0].logprobs for e in c.choices[0].logprobs.content]
+    assert [(e.token, e.logprob) for e in streamed] == [(e.token, e.logprob) for e in content]
+    legacy = client.completions.create(model=MODEL, prompt="One, two, three,", max_tokens=6, temperature=0, logprobs=2).choices[0]
+    assert "".join(legacy.logprobs.tokens) == legacy.text and len(legacy.logprobs.top_logprobs[0]) == 2
+    assert legacy.logprobs.text_offset[0] == 0
+    r = httpx.post(server.url + "/v1/chat/completions", json={"messages": CHAT, "top_logprobs": 2}, timeout=60)
+    assert r.status_code == 400 and "logprobs" in r.json()["error"]["message"]
