@@ -142,15 +142,16 @@ def create_app(host: ModelHost, api_key: str | None = None, parallel: int = 4, m
             tokens = engine.tokenize_prompt(engine.render_chat(messages))
         except UserError as e:
             raise ApiError(400, str(e), param="messages") from None
-        job = submit(loaded, tokens, body)
+        jobs = await start(loaded, tokens, body)
         if body.stream:
-            return EventSourceResponse(chat_chunks(job, body), ping=15)
-        out, tokens = await finish(job)
-        logprobs = chat_logprobs(engine, tokens) if body.logprobs else None
-        return p.ChatCompletion(
-            id=job.rid, model=engine.name, usage=usage(out),
-            choices=[p.ChatChoice(message=p.ResponseMessage(content=out.text), finish_reason=out.finish_reason, logprobs=logprobs)],
-        )  # fmt: skip
+            return EventSourceResponse(chat_chunks(jobs, body), ping=15)
+        results = await asyncio.gather(*(finish(job) for job in jobs))
+        choices = [
+            p.ChatChoice(index=i, message=p.ResponseMessage(content=out.text), finish_reason=out.finish_reason,
+                         logprobs=chat_logprobs(engine, tokens) if body.logprobs else None)
+            for i, (out, tokens) in enumerate(results)
+        ]  # fmt: skip
+        return p.ChatCompletion(id=jobs[0].rid, model=engine.name, usage=usage(*(out for out, _ in results)), choices=choices)
 
     @app.post("/v1/completions", dependencies=auth)
     async def complete(body: p.CompletionRequest, request: Request):  # type: ignore[no-untyped-def]
@@ -158,13 +159,16 @@ def create_app(host: ModelHost, api_key: str | None = None, parallel: int = 4, m
         if len(prompts) != 1:
             raise ApiError(400, "prompt must be one string (a list of several is not supported yet)", param="prompt")
         loaded = await model_for(body)
-        tokens = loaded.engine.tokenize_prompt(prompts[0])
-        job = submit(loaded, tokens, body)
+        jobs = await start(loaded, loaded.engine.tokenize_prompt(prompts[0]), body)
         if body.stream:
-            return EventSourceResponse(text_chunks(job, body), ping=15)
-        out, tokens = await finish(job)
-        logprobs = completion_logprobs(loaded.engine, tokens) if body.logprobs is not None else None
-        return p.Completion(id=job.rid, model=loaded.engine.name, usage=usage(out), choices=[p.TextChoice(text=out.text, finish_reason=out.finish_reason, logprobs=logprobs)])
+            return EventSourceResponse(text_chunks(jobs, body), ping=15)
+        results = await asyncio.gather(*(finish(job) for job in jobs))
+        choices = [
+            p.TextChoice(index=i, text=out.text, finish_reason=out.finish_reason,
+                         logprobs=completion_logprobs(loaded.engine, tokens) if body.logprobs is not None else None)
+            for i, (out, tokens) in enumerate(results)
+        ]  # fmt: skip
+        return p.Completion(id=jobs[0].rid, model=loaded.engine.name, usage=usage(*(out for out, _ in results)), choices=choices)
 
     # --- one request ------------------------------------------------------------------------
     async def model_for(body: p.SamplingFields) -> Loaded:
@@ -174,18 +178,42 @@ def create_app(host: ModelHost, api_key: str | None = None, parallel: int = 4, m
             raise ApiError(404, str(e), "not_found_error", "model", ) from None
         except UserError as e:
             raise ApiError(400, str(e), param="model") from None
-        if loaded.in_flight >= parallel + max_queue:
+        if loaded.in_flight + body.n > parallel + max_queue:
             raise ApiError(503, f"the server is busy ({parallel} running, {max_queue} waiting); retry shortly", "server_busy", headers={"Retry-After": "1"})
         return loaded
 
-    def submit(loaded: Loaded, tokens: list[int], body: p.SamplingFields) -> Job:
+    async def start(loaded: Loaded, tokens: list[int], body: p.SamplingFields) -> list[Job]:
+        """The request's n choices. The first goes alone; once its prompt is in the cache
+        (its first event has come), the others are submitted, and the scheduler copies the
+        prompt's cache to their slots with kv_copy instead of prefilling it n times."""
+        jobs = [submit(loaded, tokens, body, 0)]
+        if body.n > 1:
+            try:
+                await first_event(jobs[0])
+                jobs += [submit(loaded, tokens, body, i) for i in range(1, body.n)]
+            except BaseException:
+                for job in jobs:
+                    job.done()
+                raise
+        return jobs
+
+    async def first_event(job: Job) -> None:
+        loop = asyncio.get_running_loop()
+        ready = asyncio.Event()
+        job.stream.on_event = lambda: loop.call_soon_threadsafe(ready.set)
+        while not job.stream.backlog:
+            await ready.wait()
+            ready.clear()
+
+    def submit(loaded: Loaded, tokens: list[int], body: p.SamplingFields, index: int = 0) -> Job:
         engine = loaded.engine
         max_tokens = body.max_completion_tokens or body.max_tokens
         if len(tokens) + (max_tokens or 1) > engine.n_ctx:
             raise ApiError(400, f"the prompt is {len(tokens)} tokens and max_tokens {max_tokens or 1}, but a request's context holds {engine.n_ctx}", param="max_tokens")
         params = engine.defaults.with_overrides(
             temperature=body.temperature, top_p=body.top_p, top_k=body.top_k, min_p=body.min_p,
-            repeat_penalty=body.repeat_penalty, seed=body.seed, max_tokens=max_tokens, stop=body.stops() or None,
+            repeat_penalty=body.repeat_penalty, max_tokens=max_tokens, stop=body.stops() or None,
+            seed=body.seed + index if body.seed is not None and body.seed >= 0 else None,  # n choices, n samples
             logprobs=body.logprob_count(),  # type: ignore[attr-defined]
             presence_penalty=body.presence_penalty or None, frequency_penalty=body.frequency_penalty or None,
         )  # fmt: skip
@@ -235,47 +263,62 @@ def create_app(host: ModelHost, api_key: str | None = None, parallel: int = 4, m
             job.done()
         raise ApiError(500, "the request ended without a result", "server_error")
 
-    async def chunks(job: Job, body: p.SamplingFields, make, first: str | None = None) -> AsyncIterator[str]:  # type: ignore[no-untyped-def]
-        """SSE data for a stream: `make(text, finish_reason, usage)` builds each chunk.
-        A client that goes away cancels this generator; the finally ends the request."""
-        try:
-            if first is not None:
-                yield first
+    async def chunks(jobs: list[Job], body: p.SamplingFields, make, first: list[str] | None = None) -> AsyncIterator[str]:  # type: ignore[no-untyped-def]
+        """SSE data for the choices of one request, interleaved as their tokens come:
+        `make(index, text, finish_reason, usage, event)` builds each chunk. A client that goes
+        away cancels this generator; the finally ends every choice's request."""
+        queue: asyncio.Queue[tuple[int, object]] = asyncio.Queue()
+
+        async def pump(index: int, job: Job) -> None:
             async with aclosing(events(job)) as stream_events:
                 async for event in stream_events:
-                    if isinstance(event, CompletionOutput):
-                        if event.error is not None:
-                            yield json.dumps(p.error_body(f"the model failed on this request: {event.error}", "server_error"))
-                            break
-                        yield make(None, event.finish_reason, None, None).model_dump_json()
-                        if body.stream_options and body.stream_options.include_usage:
-                            yield make(None, None, usage(event), None).model_dump_json()
-                    elif event.text or event.logprob is not None:  # type: ignore[attr-defined]
-                        yield make(event.text, None, None, event).model_dump_json()  # type: ignore[attr-defined]
+                    await queue.put((index, event))
+
+        tasks = [asyncio.create_task(pump(i, job)) for i, job in enumerate(jobs)]
+        outs: list[CompletionOutput] = []
+        try:
+            for data in first or []:
+                yield data
+            while len(outs) < len(jobs):
+                index, event = await queue.get()
+                if isinstance(event, CompletionOutput):
+                    outs.append(event)
+                    if event.error is not None:
+                        yield json.dumps(p.error_body(f"the model failed on this request: {event.error}", "server_error"))
+                        break
+                    yield make(index, None, event.finish_reason, None, None).model_dump_json()
+                elif event.text or event.logprob is not None:  # type: ignore[attr-defined]
+                    yield make(index, event.text, None, None, event).model_dump_json()  # type: ignore[attr-defined]
+            else:
+                if body.stream_options and body.stream_options.include_usage:
+                    yield make(0, None, None, usage(*outs), None).model_dump_json()
             yield "[DONE]"
         finally:
-            job.done()
+            for task in tasks:
+                task.cancel()
+            for job in jobs:
+                job.done()
 
-    def chat_chunks(job: Job, body: p.SamplingFields) -> AsyncIterator[str]:
-        name = job.loaded.engine.name
+    def chat_chunks(jobs: list[Job], body: p.SamplingFields) -> AsyncIterator[str]:
+        name, engine = jobs[0].loaded.engine.name, jobs[0].loaded.engine
 
-        def make(text: str | None, finish: str | None, use: p.Usage | None, event: TokenEvent | None) -> p.ChatCompletionChunk:
-            logprobs = chat_logprobs(job.loaded.engine, [event]) if event is not None and event.logprob is not None else None
-            choices = [] if use is not None else [p.ChunkChoice(delta=p.Delta(content=text), finish_reason=finish, logprobs=logprobs)]
-            return p.ChatCompletionChunk(id=job.rid, model=name, choices=choices, usage=use)
+        def make(index: int, text: str | None, finish: str | None, use: p.Usage | None, event: TokenEvent | None) -> p.ChatCompletionChunk:
+            logprobs = chat_logprobs(engine, [event]) if event is not None and event.logprob is not None else None
+            choices = [] if use is not None else [p.ChunkChoice(index=index, delta=p.Delta(content=text), finish_reason=finish, logprobs=logprobs)]
+            return p.ChatCompletionChunk(id=jobs[0].rid, model=name, choices=choices, usage=use)
 
-        first = p.ChatCompletionChunk(id=job.rid, model=name, choices=[p.ChunkChoice(delta=p.Delta(role="assistant", content=""))])
-        return chunks(job, body, make, first.model_dump_json())
+        roles = [p.ChatCompletionChunk(id=jobs[0].rid, model=name, choices=[p.ChunkChoice(index=i, delta=p.Delta(role="assistant", content=""))]).model_dump_json() for i in range(len(jobs))]
+        return chunks(jobs, body, make, roles)
 
-    def text_chunks(job: Job, body: p.SamplingFields) -> AsyncIterator[str]:
-        name = job.loaded.engine.name
+    def text_chunks(jobs: list[Job], body: p.SamplingFields) -> AsyncIterator[str]:
+        name, engine = jobs[0].loaded.engine.name, jobs[0].loaded.engine
 
-        def make(text: str | None, finish: str | None, use: p.Usage | None, event: TokenEvent | None) -> p.Completion:
-            logprobs = completion_logprobs(job.loaded.engine, [event]) if event is not None and event.logprob is not None else None
-            choices = [] if use is not None else [p.TextChoice(text=text or "", finish_reason=finish, logprobs=logprobs)]
-            return p.Completion(id=job.rid, model=name, choices=choices, usage=use)
+        def make(index: int, text: str | None, finish: str | None, use: p.Usage | None, event: TokenEvent | None) -> p.Completion:
+            logprobs = completion_logprobs(engine, [event]) if event is not None and event.logprob is not None else None
+            choices = [] if use is not None else [p.TextChoice(index=index, text=text or "", finish_reason=finish, logprobs=logprobs)]
+            return p.Completion(id=jobs[0].rid, model=name, choices=choices, usage=use)
 
-        return chunks(job, body, make)
+        return chunks(jobs, body, make)
 
     def record(job: Job) -> None:
         engine, out = job.loaded.engine, job.out
@@ -331,8 +374,13 @@ def completion_logprobs(engine: Engine, events: list[TokenEvent]) -> p.Completio
     return out
 
 
-def usage(out: CompletionOutput) -> p.Usage:
-    return p.Usage(**out.usage())  # type: ignore[arg-type]
+def usage(*outs: CompletionOutput) -> p.Usage:
+    """One request's usage over its choices: the prompt once, every choice's answer."""
+    completion = sum(o.completion_tokens for o in outs)
+    return p.Usage(
+        prompt_tokens=outs[0].prompt_tokens, completion_tokens=completion, total_tokens=outs[0].prompt_tokens + completion,
+        prompt_tokens_details={"cached_tokens": outs[0].cached_tokens},
+    )  # fmt: skip
 
 
 def downloaded() -> list[str]:

@@ -2,8 +2,8 @@
 
 Requests accept fields we do not know (clients send `user`, `metadata`, ...) and ignore
 them; fields we know are checked for type and range, and a bad one is a 400 that names it.
-Features not built yet (`n` > 1) are refused
-with a 400 that says so, rather than silently ignored.
+Requests with fields we cannot honour get a 400 that says so, rather than silently
+ignoring them.
 """
 
 from __future__ import annotations
@@ -50,7 +50,7 @@ class SamplingFields(Lenient):
     stop: str | list[str] | None = None
     stream: bool = False
     stream_options: StreamOptions | None = None
-    n: int = Field(default=1, ge=1, le=1, description="only 1 for now")
+    n: int = Field(default=1, ge=1, le=16)
     presence_penalty: float = Field(default=0.0, ge=-2, le=2)
     frequency_penalty: float = Field(default=0.0, ge=-2, le=2)
     top_k: int | None = Field(default=None, ge=0)  # extensions, as llama-server takes them

@@ -125,7 +125,7 @@ def test_disconnect_frees_the_slot(server: Server) -> None:
         ({"messages": [{"role": "wizard", "content": "x"}]}, 400, "role"),
         ({"messages": CHAT, "temperature": 5}, 400, "temperature"),
         ({"messages": CHAT, "max_tokens": 0}, 400, "max_tokens"),
-        ({"messages": CHAT, "n": 2}, 400, "n"),
+        ({"messages": CHAT, "n": 17}, 400, "n"),
         ({"messages": CHAT, "top_logprobs": 21, "logprobs": True}, 400, "top_logprobs"),
         ({"messages": CHAT, "max_tokens": 100000}, 400, "context holds"),
         ({"messages": CHAT, "model": "nobody/nothing-GGUF"}, 404, "not downloaded"),
@@ -239,3 +239,21 @@ def test_logprobs(server: Server) -> None:
     assert legacy.logprobs.text_offset[0] == 0
     r = httpx.post(server.url + "/v1/chat/completions", json={"messages": CHAT, "top_logprobs": 2}, timeout=60)
     assert r.status_code == 400 and "logprobs" in r.json()["error"]["message"]
+
+
+def test_n_choices_share_the_prompt(server: Server) -> None:
+    client = server.client()
+    hits = server.metrics()["localinfer_prefix_cache_hit_tokens_total"]
+    prompt = [{"role": "user", "content": "Invent a name for a cat. " + "Think carefully. " * 10}]
+    out = client.chat.completions.create(model=MODEL, messages=prompt, n=3, max_tokens=12, temperature=1.0, seed=7)
+    assert [c.index for c in out.choices] == [0, 1, 2] and all(c.finish_reason for c in out.choices)
+    assert len({c.message.content for c in out.choices}) > 1  # seeds 7, 8, 9: different samples
+    single = client.chat.completions.create(model=MODEL, messages=prompt, max_tokens=12, temperature=0)
+    assert out.usage.prompt_tokens == single.usage.prompt_tokens
+    # choices 2 and 3 copied the prompt's cache from choice 1 (all but its last token)
+    assert server.metrics()["localinfer_prefix_cache_hit_tokens_total"] - hits >= 2 * (out.usage.prompt_tokens - 1)
+    seen: dict[int, str | None] = {}
+    for chunk in client.chat.completions.create(model=MODEL, messages=prompt, n=2, max_tokens=6, stream=True):
+        for choice in chunk.choices:
+            seen[choice.index] = choice.finish_reason or seen.get(choice.index)
+    assert set(seen) == {0, 1} and all(seen.values())
