@@ -123,6 +123,11 @@ class Backend(ABC):
     def forward(self, batch: Batch) -> np.ndarray:
         """Run the batch through the model; returns [n_wanted, n_vocab] float32 logits."""
 
+    @abstractmethod
+    def embed(self, batch: Batch) -> np.ndarray:
+        """As forward, but returns the final-norm hidden states [n_wanted, n_embd] of the
+        rows that want them, instead of logits (embeddings are pooled above the backend)."""
+
     # --- KV cache, per sequence -------------------------------------------------
     @abstractmethod
     def kv_clear(self, seq_id: int) -> None:

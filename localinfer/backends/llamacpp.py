@@ -178,9 +178,22 @@ class LlamaCppBackend(LlamaTokenized, Backend):
             raise BackendError("the model is closed")
 
     def forward(self, batch: Batch) -> np.ndarray:
+        return self._decode(batch, self._n_vocab, lambda i: self._logits_view(C.llama_get_logits_ith(self._ctx, i)))
+
+    def embed(self, batch: Batch) -> np.ndarray:
+        """llama.cpp's embeddings output of a generative model is the final-norm hidden
+        state of each wanted row (pooling 'none'); the context returns to logits after."""
+        n_embd = self._facts.n_embd
+        C.llama_set_embeddings(self._ctx, True)
+        try:
+            return self._decode(batch, n_embd, lambda i: np.ctypeslib.as_array(C.llama_get_embeddings_ith(self._ctx, i), shape=(n_embd,)))
+        finally:
+            C.llama_set_embeddings(self._ctx, False)
+
+    def _decode(self, batch: Batch, width: int, read: Callable[[int], np.ndarray]) -> np.ndarray:
         self._live()
         n_out = int(np.count_nonzero(batch.want_logits))
-        logits = np.empty((n_out, self._n_vocab), dtype=np.float32)
+        logits = np.empty((n_out, width), dtype=np.float32)
         row = 0
         for start in range(0, len(batch), self._n_batch):
             end = min(start + self._n_batch, len(batch))
@@ -198,7 +211,7 @@ class LlamaCppBackend(LlamaTokenized, Backend):
             if rc != 0:
                 raise BackendError(f"llama_decode failed with code {rc}: {last_error()}")
             for i in np.flatnonzero(want).tolist():
-                logits[row] = self._logits_view(C.llama_get_logits_ith(self._ctx, i))
+                logits[row] = read(i)
                 row += 1
         return logits
 

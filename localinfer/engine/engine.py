@@ -13,6 +13,7 @@ thread: they become messages that the owner applies at the top of its next step.
 
 from __future__ import annotations
 
+import concurrent.futures
 import itertools
 import secrets
 import threading
@@ -110,7 +111,8 @@ class Engine:
         self._slot_tokens: list[list[int]] = [[] for _ in range(backend.facts.n_seq_max)]  # what each slot's cache holds
         self._waiting: deque[_Sequence] = deque()
         self._running: dict[int, _Sequence] = {}
-        self._inbox: deque[tuple[str, object]] = deque()  # ("submit", seq) | ("abort", request id)
+        self._inbox: deque[tuple[str, object]] = deque()  # ("submit", seq) | ("abort", request id) | ("call", (fn, future))
+        self._calls: deque[tuple[object, concurrent.futures.Future]] = deque()  # work that needs a free slot (embeddings)
         self._wake = threading.Condition()
         self._thread: threading.Thread | None = None
         self._stopping = False
@@ -191,7 +193,47 @@ class Engine:
         return len(self._waiting) + sum(1 for kind, _ in list(self._inbox) if kind == "submit")
 
     def has_work(self) -> bool:
-        return bool(self._waiting or self._running or self._inbox)
+        return bool(self._waiting or self._running or self._inbox or self._calls)
+
+    def embed(self, tokens: list[int]) -> np.ndarray:
+        """One vector for a text: the mean of its tokens' final-norm hidden states,
+        L2-normalised, on any backend. Runs on the owner's thread, in a slot of its own,
+        so it never races a decode step; from another thread it blocks until done."""
+        if not tokens:
+            raise UserError("the input is empty")
+        if len(tokens) > self.n_ctx:
+            raise ContextOverflow(f"the input is {len(tokens)} tokens but the context holds {self.n_ctx}; raise --ctx")
+        future: concurrent.futures.Future = concurrent.futures.Future()
+        self._post(("call", (lambda: self._embed_now(tokens), future)))
+        if self._thread is None:  # the caller is the owner
+            self._apply_inbox()
+            while not future.done():
+                self.step()
+        return future.result()
+
+    def _embed_now(self, tokens: list[int]) -> np.ndarray:
+        slot = min(self._free_slots, key=lambda s: len(self._slot_tokens[s]))  # the emptiest: least reuse lost
+        self._free_slots.remove(slot)
+        total = np.zeros(self.backend.facts.n_embd, dtype=np.float64)
+        try:
+            self._slot_tokens[slot] = []
+            self.backend.kv_clear(slot)
+            for start in range(0, len(tokens), self.prefill_chunk):
+                part = tokens[start : start + self.prefill_chunk]
+                total += self.backend.embed(Batch.for_sequence(part, start, slot, all_logits=True)).sum(axis=0, dtype=np.float64)
+        finally:
+            self.backend.kv_clear(slot)
+            self._free_slots.append(slot)
+        mean = total / len(tokens)
+        return (mean / (np.linalg.norm(mean) or 1.0)).astype(np.float32)
+
+    def _run_calls(self) -> None:
+        while self._calls and self._free_slots:
+            fn, future = self._calls.popleft()
+            try:
+                future.set_result(fn())  # type: ignore[operator]
+            except Exception as e:  # noqa: BLE001 - the caller gets it from the future
+                future.set_exception(e)
 
     def _post(self, message: tuple[str, object]) -> None:
         with self._wake:
@@ -205,6 +247,7 @@ class Engine:
         """One iteration: apply messages, admit waiting requests to free slots, then one
         forward of every decoding request's next token plus up to `prefill_chunk` prompt tokens."""
         self._apply_inbox()
+        self._run_calls()
         while self._waiting and self._free_slots:
             seq = self._waiting.popleft()
             seq.t_prefill = time.perf_counter()
@@ -297,6 +340,8 @@ class Engine:
                 kind, payload = self._inbox.popleft()
             if kind == "submit":
                 self._waiting.append(payload)  # type: ignore[arg-type]
+            elif kind == "call":
+                self._calls.append(payload)  # type: ignore[arg-type]
             else:
                 self._apply_abort(payload)  # type: ignore[arg-type]
 
@@ -410,7 +455,7 @@ class Engine:
     def _loop(self) -> None:
         while True:
             with self._wake:
-                self._wake.wait_for(lambda: self._inbox or self._waiting or self._running or self._stopping)
+                self._wake.wait_for(lambda: self._inbox or self._waiting or self._running or self._calls or self._stopping)
                 if self._stopping and not self.has_work():
                     return
             self.step()

@@ -8,6 +8,7 @@ that goes away mid-stream cancels its generator, which aborts the request at onc
 from __future__ import annotations
 
 import asyncio
+import base64
 import json
 import logging
 import time
@@ -170,15 +171,44 @@ def create_app(host: ModelHost, api_key: str | None = None, parallel: int = 4, m
         ]  # fmt: skip
         return p.Completion(id=jobs[0].rid, model=loaded.engine.name, usage=usage(*(out for out, _ in results)), choices=choices)
 
+    @app.post("/v1/embeddings", dependencies=auth, response_model=p.EmbeddingList)
+    async def embeddings(body: p.EmbeddingRequest) -> p.EmbeddingList:
+        loaded = await model_for(body)
+        engine = loaded.engine
+        inputs: list = [body.input] if isinstance(body.input, str) or (body.input and isinstance(body.input[0], int)) else list(body.input)
+        if not inputs:
+            raise ApiError(400, "input is empty", param="input")
+        if body.dimensions is not None and body.dimensions != engine.backend.facts.n_embd:
+            raise ApiError(400, f"this model's embeddings have {engine.backend.facts.n_embd} dimensions; dimensions cannot change that", param="dimensions")
+        data, used = [], 0
+        for index, item in enumerate(inputs):
+            tokens = engine.tokenize_prompt(item) if isinstance(item, str) else list(item)
+            if any(not 0 <= t < engine.backend.vocab.n_vocab for t in tokens):
+                raise ApiError(400, f"input {index} has a token id outside this model's vocabulary", param="input")
+            loaded.in_flight += 1
+            try:
+                vector = await asyncio.to_thread(engine.embed, tokens)
+            except UserError as e:
+                raise ApiError(400, str(e), param="input") from None
+            finally:
+                loaded.in_flight -= 1
+                loaded.last_used = time.monotonic()
+            used += len(tokens)
+            encoded = base64.b64encode(vector.astype("<f4").tobytes()).decode() if body.encoding_format == "base64" else vector.tolist()
+            data.append(p.Embedding(index=index, embedding=encoded))
+        metrics.prompt_tokens.inc(used)
+        metrics.requests.labels(status="embedding").inc()
+        return p.EmbeddingList(data=data, model=engine.name, usage=p.EmbeddingUsage(prompt_tokens=used, total_tokens=used))
+
     # --- one request ------------------------------------------------------------------------
-    async def model_for(body: p.SamplingFields) -> Loaded:
+    async def model_for(body: p.SamplingFields | p.EmbeddingRequest) -> Loaded:
         try:
             loaded = await host.get(body.model)
         except ModelNotFound as e:
             raise ApiError(404, str(e), "not_found_error", "model", ) from None
         except UserError as e:
             raise ApiError(400, str(e), param="model") from None
-        if loaded.in_flight + body.n > parallel + max_queue:
+        if loaded.in_flight + getattr(body, "n", 1) > parallel + max_queue:
             raise ApiError(503, f"the server is busy ({parallel} running, {max_queue} waiting); retry shortly", "server_busy", headers={"Retry-After": "1"})
         return loaded
 

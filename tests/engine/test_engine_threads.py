@@ -239,3 +239,23 @@ def test_native_engine_chunks_and_lends_prefixes(f32_path: Path) -> None:
         assert [e for e in iter(first.get_nowait, None)][-1].error is None
     finally:
         native.close()
+
+
+def test_embedding_while_streams_decode(backend) -> None:
+    """An embedding asked from another thread runs on the engine's thread, between steps,
+    in a slot of its own: the same vector as alone, and the streams are undisturbed."""
+    import numpy as np
+
+    text = backend.tokenize("The cat sat on the mat.", add_special=True)
+    alone = Engine(backend).embed(text)
+    engine = Engine(backend)
+    engine.start()
+    streams = [engine.submit(tokens_for(engine, q), GREEDY) for q in PROMPTS[:2]]
+    vectors = []
+    thread = threading.Thread(target=lambda: vectors.append(engine.embed(text)))
+    thread.start()
+    thread.join(timeout=120)
+    outs = [drain(s)[1] for s in streams]
+    engine.stop()
+    assert np.allclose(vectors[0], alone, atol=1e-4) and abs(float(np.linalg.norm(alone)) - 1) < 1e-5
+    assert all(o.error is None for o in outs) and engine.free_slots == backend.facts.n_seq_max

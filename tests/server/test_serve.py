@@ -257,3 +257,30 @@ def test_n_choices_share_the_prompt(server: Server) -> None:
         for choice in chunk.choices:
             seen[choice.index] = choice.finish_reason or seen.get(choice.index)
     assert set(seen) == {0, 1} and all(seen.values())
+
+
+@pytest.mark.parametrize("engine", ["llama.cpp", "native"])
+def test_embeddings_match_llama_cpp_pythons_own(engine: str, model_path: Path) -> None:
+    """Mean-pooled, L2-normalised final-norm hidden states, against llama-cpp-python's
+    Llama(embedding=True, pooling MEAN).embed(normalize=True) on the same file."""
+    import llama_cpp
+    import numpy as np
+
+    texts = ["The cat sat on the mat.", "A kitten is sitting on a rug.", "Stock markets fell sharply today."]
+    reference = llama_cpp.Llama(str(model_path), embedding=True, pooling_type=llama_cpp.LLAMA_POOLING_TYPE_MEAN, n_ctx=512, verbose=False)
+    want = [np.array(reference.embed(t, normalize=True)) for t in texts]
+    reference.close()
+    s = Server("--engine", engine, "--parallel", "2")
+    try:
+        got = s.client().embeddings.create(model=MODEL, input=texts)  # the client asks for base64
+        vectors = [np.array(d.embedding) for d in got.data]
+        assert [d.index for d in got.data] == [0, 1, 2] and got.usage.prompt_tokens > 0
+        for v, w in zip(vectors, want):
+            assert abs(np.linalg.norm(v) - 1) < 1e-4 and float(v @ w) > 0.998
+        assert float(vectors[0] @ vectors[1]) > float(vectors[0] @ vectors[2])  # the kitten is nearer the cat than the stocks
+        as_float = httpx.post(s.url + "/v1/embeddings", json={"input": texts[0], "encoding_format": "float"}, timeout=60).json()
+        assert np.allclose(as_float["data"][0]["embedding"], vectors[0], atol=1e-6)
+        assert httpx.post(s.url + "/v1/embeddings", json={"input": []}, timeout=60).status_code == 400
+        assert httpx.post(s.url + "/v1/embeddings", json={"input": [10**9]}, timeout=60).status_code == 400
+    finally:
+        assert s.stop()[0] == 0

@@ -65,16 +65,22 @@ class NativeBackend(LlamaTokenized, Backend):
             raise BackendError("the model is closed")
 
     def forward(self, batch: Batch) -> np.ndarray:
+        return self._run(batch, hidden=False)
+
+    def embed(self, batch: Batch) -> np.ndarray:
+        return self._run(batch, hidden=True)
+
+    def _run(self, batch: Batch, hidden: bool) -> np.ndarray:
         self._live()
         if len(batch) == 0:
-            return np.empty((0, self.config.n_vocab), np.float32)
+            return np.empty((0, self.config.n_embd if hidden else self.config.n_vocab), np.float32)
         if batch.tokens.min() < 0 or batch.tokens.max() >= self.weights.token_embd.rows:
             raise BackendError("token id out of range for this model")
         out = []
         for start in range(0, len(batch), self._n_batch):
             end = start + self._n_batch
             out.append(
-                self.model.forward(batch.tokens[start:end], batch.positions[start:end], batch.seq_ids[start:end], batch.want_logits[start:end], self.cache)
+                self.model.forward(batch.tokens[start:end], batch.positions[start:end], batch.seq_ids[start:end], batch.want_logits[start:end], self.cache, hidden)
             )
         return out[0] if len(out) == 1 else np.concatenate(out)
 

@@ -92,8 +92,9 @@ class Transformer:
         emb = self.weights.token_embd
         return dequantize(emb.data[tokens], emb.type).reshape(len(tokens), emb.cols).astype(np.float32, copy=False)
 
-    def forward(self, tokens: np.ndarray, positions: np.ndarray, seq_ids: np.ndarray, want: np.ndarray, cache: KVCache) -> np.ndarray:
-        """Run n tokens through every layer; returns logits [n_wanted, n_vocab]."""
+    def forward(self, tokens: np.ndarray, positions: np.ndarray, seq_ids: np.ndarray, want: np.ndarray, cache: KVCache, hidden: bool = False) -> np.ndarray:
+        """Run n tokens through every layer; returns logits [n_wanted, n_vocab], or with
+        `hidden` the final-norm hidden states [n_wanted, n_embd] (for embeddings)."""
         c = self.config
         n = len(tokens)
         seqs = np.unique(seq_ids)
@@ -138,6 +139,8 @@ class Transformer:
         final = x if want.all() else np.ascontiguousarray(x[want])
         out = np.empty_like(final)
         k_ops.rms_norm(final, self.weights.output_norm, eps, out)
+        if hidden:
+            return out
         logits = np.empty((len(out), self.weights.output.rows), np.float32)
         if len(out):
             self.lm_head(out, (logits,))
