@@ -185,6 +185,15 @@ class Engine:
         return len(self._free_slots)
 
     @property
+    def kv_cells_used(self) -> int:
+        """KV-cache cells holding tokens: the running requests' and the cached prefixes kept for reuse."""
+        return sum(len(tokens) for tokens in self._slot_tokens)
+
+    @property
+    def kv_cells_total(self) -> int:
+        return self.n_ctx * len(self._slot_tokens)
+
+    @property
     def n_running(self) -> int:
         return len(self._running)
 

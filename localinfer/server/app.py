@@ -68,6 +68,8 @@ def create_app(host: ModelHost, api_key: str | None = None, parallel: int = 4, m
         running=lambda: sum(m.engine.n_running for m in host.unique()),
         waiting=lambda: sum(m.engine.n_waiting for m in host.unique()),
         slots_free=lambda: sum(m.engine.free_slots for m in host.unique()),
+        cells_used=lambda: sum(m.engine.kv_cells_used for m in host.unique()),
+        cells_free=lambda: sum(m.engine.kv_cells_total - m.engine.kv_cells_used for m in host.unique()),
     )
 
     @asynccontextmanager

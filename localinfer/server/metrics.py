@@ -11,7 +11,8 @@ LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 
 
 
 class Metrics:
-    def __init__(self, running: Callable[[], float], waiting: Callable[[], float], slots_free: Callable[[], float]) -> None:
+    def __init__(self, running: Callable[[], float], waiting: Callable[[], float], slots_free: Callable[[], float],
+                 cells_used: Callable[[], float], cells_free: Callable[[], float]) -> None:  # fmt: skip
         self.registry = CollectorRegistry()
         r = self.registry
         self.ttft = Histogram("localinfer_time_to_first_token_seconds", "Submit to first token (queue + prefill + first sample)", registry=r, buckets=LATENCY_BUCKETS)
@@ -25,3 +26,5 @@ class Metrics:
         Gauge("localinfer_requests_running", "Requests holding a slot", registry=r).set_function(running)
         Gauge("localinfer_requests_waiting", "Requests queued for a slot", registry=r).set_function(waiting)
         Gauge("localinfer_kv_cache_slots_free", "KV-cache sequences no request holds", registry=r).set_function(slots_free)
+        Gauge("localinfer_kv_cache_cells_used", "KV-cache cells holding tokens (running requests and prefixes kept for reuse)", registry=r).set_function(cells_used)
+        Gauge("localinfer_kv_cache_cells_free", "KV-cache cells holding nothing", registry=r).set_function(cells_free)

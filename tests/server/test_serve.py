@@ -114,6 +114,7 @@ def test_disconnect_frees_the_slot(server: Server) -> None:
         time.sleep(0.1)
     assert m['localinfer_requests_total{status="disconnected"}'] == before + 1
     assert m["localinfer_requests_running"] == 0 and m["localinfer_kv_cache_slots_free"] == 4
+    assert m["localinfer_kv_cache_cells_used"] > 0 and m["localinfer_kv_cache_cells_free"] > 0  # the prefixes kept for reuse
     assert m["localinfer_time_to_first_token_seconds_count"] >= 1 and "localinfer_inter_token_latency_seconds_count" in m
 
 
@@ -282,5 +283,25 @@ def test_embeddings_match_llama_cpp_pythons_own(engine: str, model_path: Path) -
         assert np.allclose(as_float["data"][0]["embedding"], vectors[0], atol=1e-6)
         assert httpx.post(s.url + "/v1/embeddings", json={"input": []}, timeout=60).status_code == 400
         assert httpx.post(s.url + "/v1/embeddings", json={"input": [10**9]}, timeout=60).status_code == 400
+    finally:
+        assert s.stop()[0] == 0
+
+
+def test_a_disconnect_lets_a_queued_request_start() -> None:
+    s = Server("--parallel", "1", "--max-queue", "4")
+    try:
+        long = {"messages": [{"role": "user", "content": "Write a very long story."}], "max_tokens": 2000, "temperature": 0, "stream": True}
+        done: list[int] = []
+        with httpx.stream("POST", s.url + "/v1/chat/completions", json=long, timeout=60) as first:
+            next(first.iter_lines())  # decoding, holding the only slot
+            waiter = threading.Thread(target=lambda: done.append(httpx.post(s.url + "/v1/chat/completions", json={"messages": CHAT, "max_tokens": 4}, timeout=120).status_code))
+            waiter.start()
+            deadline = time.time() + 30
+            while s.metrics()["localinfer_requests_waiting"] < 1 and time.time() < deadline:
+                time.sleep(0.05)
+            assert s.metrics()["localinfer_requests_waiting"] == 1  # queued behind the stream
+        waiter.join(timeout=120)  # the first client has gone: its slot goes to the queued request
+        assert done == [200]
+        assert s.metrics()['localinfer_requests_total{status="disconnected"}'] == 1
     finally:
         assert s.stop()[0] == 0
