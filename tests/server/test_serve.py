@@ -24,6 +24,8 @@ CHAT = [{"role": "user", "content": "Why is the sky blue?"}]
 
 
 class Server:
+    model = MODEL  # what requests name; a server started on a file names it by its path
+
     def __init__(self, *args: str, env: dict[str, str] | None = None) -> None:
         with socket.socket() as s:
             s.bind(("127.0.0.1", 0))
@@ -55,54 +57,63 @@ class Server:
 
 
 @pytest.fixture(scope="module")
-def server() -> Iterator[Server]:
-    s = Server("--parallel", "4", "--max-queue", "8")
+def server(f32_path: Path) -> Iterator[Server]:
+    """On the F32 widening of the embedded model: several tests compare two greedy answers
+    to one prompt, and the second is served from the cached prompt (a batch of one token,
+    not the whole prompt). On the quantized model that alone can flip a near-tie
+    (tests/engine/test_engine_threads.py says why); on F32 it cannot."""
+    s = Server(str(f32_path), "--parallel", "4", "--max-queue", "8")
+    s.model = str(f32_path)
     yield s
     code, log = s.stop()
     assert code == 0, log  # SIGTERM drains and exits 0
-    assert f"model={MODEL}" in log and "status=" in log  # one line per request
+    assert f"model={s.model}" in log and "status=" in log  # one line per request
 
 
 def test_health_and_models(server: Server) -> None:
     assert httpx.get(server.url + "/health").json() == {"status": "ok"}
-    assert MODEL in [m.id for m in server.client().models.list().data]
+    assert server.model in [m.id for m in server.client().models.list().data]
 
 
 def test_chat_and_its_stream_agree(server: Server) -> None:
     client = server.client()
-    whole = client.chat.completions.create(model=MODEL, messages=CHAT, max_tokens=16, temperature=0)
+    whole = client.chat.completions.create(model=server.model, messages=CHAT, max_tokens=16, temperature=0)
     assert whole.choices[0].finish_reason == "length" and whole.usage.completion_tokens == 16
-    chunks = list(client.chat.completions.create(model=MODEL, messages=CHAT, max_tokens=16, temperature=0, stream=True, stream_options={"include_usage": True}))
+    chunks = list(client.chat.completions.create(model=server.model, messages=CHAT, max_tokens=16, temperature=0, stream=True, stream_options={"include_usage": True}))
     text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
     assert text == whole.choices[0].message.content
     assert [c.choices[0].finish_reason for c in chunks if c.choices][-1] == "length"
     assert chunks[-1].usage.prompt_tokens == whole.usage.prompt_tokens and chunks[-1].usage.completion_tokens == 16
+    m = server.metrics()
+    for histogram in ("time_to_first_token", "time_per_output_token", "inter_token_latency", "e2e_request_latency"):
+        assert m[f"localinfer_{histogram}_seconds_count"] >= 2, histogram
+    assert m["localinfer_generation_tokens_total"] >= 32 and m['localinfer_requests_total{status="length"}'] >= 2
 
 
 def test_completions_and_stop(server: Server) -> None:
     client = server.client()
-    out = client.completions.create(model=MODEL, prompt="One, two, three, four,", max_tokens=24, temperature=0)
+    out = client.completions.create(model=server.model, prompt="One, two, three, four,", max_tokens=24, temperature=0)
     text = out.choices[0].text
     assert text
     cut = text[len(text) // 2 :].strip()[:3] or text.strip()[:3]
-    stopped = client.completions.create(model=MODEL, prompt="One, two, three, four,", max_tokens=24, temperature=0, stop=[cut])
+    stopped = client.completions.create(model=server.model, prompt="One, two, three, four,", max_tokens=24, temperature=0, stop=[cut])
     assert stopped.choices[0].finish_reason == "stop" and cut not in stopped.choices[0].text
-    streamed = "".join(c.choices[0].text for c in client.completions.create(model=MODEL, prompt="One, two, three, four,", max_tokens=24, temperature=0, stream=True) if c.choices)
+    streamed = "".join(c.choices[0].text for c in client.completions.create(model=server.model, prompt="One, two, three, four,", max_tokens=24, temperature=0, stream=True) if c.choices)
     assert streamed == text
 
 
 def test_second_turn_reuses_the_first(server: Server) -> None:
     client = server.client()
-    first = client.chat.completions.create(model=MODEL, messages=CHAT, max_tokens=12, temperature=0)
+    first = client.chat.completions.create(model=server.model, messages=CHAT, max_tokens=12, temperature=0)
     turn = CHAT + [{"role": "assistant", "content": first.choices[0].message.content}, {"role": "user", "content": "Say it shorter."}]
-    second = client.chat.completions.create(model=MODEL, messages=turn, max_tokens=12, temperature=0)
+    second = client.chat.completions.create(model=server.model, messages=turn, max_tokens=12, temperature=0)
     assert second.usage.prompt_tokens_details.cached_tokens >= first.usage.prompt_tokens - 1
     assert server.metrics()["localinfer_prefix_cache_hit_tokens_total"] >= second.usage.prompt_tokens_details.cached_tokens
 
 
 def test_disconnect_frees_the_slot(server: Server) -> None:
     before = server.metrics().get('localinfer_requests_total{status="disconnected"}', 0)
-    body = {"model": MODEL, "messages": [{"role": "user", "content": "Write a very long story."}], "max_tokens": 2000, "temperature": 0, "stream": True}
+    body = {"model": server.model, "messages": [{"role": "user", "content": "Write a very long story."}], "max_tokens": 2000, "temperature": 0, "stream": True}
     with httpx.stream("POST", server.url + "/v1/chat/completions", json=body, timeout=60) as r:
         lines = r.iter_lines()
         assert sum(1 for _, line in zip(range(6), lines) if line.startswith("data:")) >= 3
@@ -115,7 +126,6 @@ def test_disconnect_frees_the_slot(server: Server) -> None:
     assert m['localinfer_requests_total{status="disconnected"}'] == before + 1
     assert m["localinfer_requests_running"] == 0 and m["localinfer_kv_cache_slots_free"] == 4
     assert m["localinfer_kv_cache_cells_used"] > 0 and m["localinfer_kv_cache_cells_free"] > 0  # the prefixes kept for reuse
-    assert m["localinfer_time_to_first_token_seconds_count"] >= 1 and "localinfer_inter_token_latency_seconds_count" in m
 
 
 @pytest.mark.parametrize(
@@ -198,7 +208,7 @@ def test_api_key() -> None:
 
 def test_presence_penalty_changes_a_greedy_answer(server: Server) -> None:
     client = server.client()
-    ask = lambda **kw: client.chat.completions.create(model=MODEL, messages=CHAT, max_tokens=32, temperature=0, **kw).choices[0].message.content  # noqa: E731
+    ask = lambda **kw: client.chat.completions.create(model=server.model, messages=CHAT, max_tokens=32, temperature=0, **kw).choices[0].message.content  # noqa: E731
     assert ask() == ask(presence_penalty=0.0)
     assert ask(presence_penalty=2.0, frequency_penalty=2.0) != ask()
 
@@ -223,7 +233,7 @@ def test_models_load_on_demand_and_unload_when_idle(model_path: Path, tmp_path: 
 def test_logprobs(server: Server) -> None:
     client = server.client()
     # logprobs are the model's own distribution: without penalties, greedy takes its top-1
-    kw = dict(model=MODEL, messages=CHAT, max_tokens=8, temperature=0, logprobs=True, top_logprobs=3, extra_body={"repeat_penalty": 1.0})
+    kw = dict(model=server.model, messages=CHAT, max_tokens=8, temperature=0, logprobs=True, top_logprobs=3, extra_body={"repeat_penalty": 1.0})
     whole = client.chat.completions.create(**kw)
     content = whole.choices[0].logprobs.content
     assert len(content) == whole.usage.completion_tokens
@@ -235,7 +245,7 @@ def test_logprobs(server: Server) -> None:
     assert "".join(e.token for e in content) == whole.choices[0].message.content
     streamed = [e for c in client.chat.completions.create(**kw, stream=True) if c.choices and c.choices[0].logprobs for e in c.choices[0].logprobs.content]
     assert [(e.token, e.logprob) for e in streamed] == [(e.token, e.logprob) for e in content]
-    legacy = client.completions.create(model=MODEL, prompt="One, two, three,", max_tokens=6, temperature=0, logprobs=2).choices[0]
+    legacy = client.completions.create(model=server.model, prompt="One, two, three,", max_tokens=6, temperature=0, logprobs=2).choices[0]
     assert "".join(legacy.logprobs.tokens) == legacy.text and len(legacy.logprobs.top_logprobs[0]) == 2
     assert legacy.logprobs.text_offset[0] == 0
     r = httpx.post(server.url + "/v1/chat/completions", json={"messages": CHAT, "top_logprobs": 2}, timeout=60)
@@ -246,15 +256,15 @@ def test_n_choices_share_the_prompt(server: Server) -> None:
     client = server.client()
     hits = server.metrics()["localinfer_prefix_cache_hit_tokens_total"]
     prompt = [{"role": "user", "content": "Invent a name for a cat. " + "Think carefully. " * 10}]
-    out = client.chat.completions.create(model=MODEL, messages=prompt, n=3, max_tokens=12, temperature=1.0, seed=7)
+    out = client.chat.completions.create(model=server.model, messages=prompt, n=3, max_tokens=12, temperature=1.0, seed=7)
     assert [c.index for c in out.choices] == [0, 1, 2] and all(c.finish_reason for c in out.choices)
     assert len({c.message.content for c in out.choices}) > 1  # seeds 7, 8, 9: different samples
-    single = client.chat.completions.create(model=MODEL, messages=prompt, max_tokens=12, temperature=0)
+    single = client.chat.completions.create(model=server.model, messages=prompt, max_tokens=12, temperature=0)
     assert out.usage.prompt_tokens == single.usage.prompt_tokens
     # choices 2 and 3 copied the prompt's cache from choice 1 (all but its last token)
     assert server.metrics()["localinfer_prefix_cache_hit_tokens_total"] - hits >= 2 * (out.usage.prompt_tokens - 1)
     seen: dict[int, str | None] = {}
-    for chunk in client.chat.completions.create(model=MODEL, messages=prompt, n=2, max_tokens=6, stream=True):
+    for chunk in client.chat.completions.create(model=server.model, messages=prompt, n=2, max_tokens=6, stream=True):
         for choice in chunk.choices:
             seen[choice.index] = choice.finish_reason or seen.get(choice.index)
     assert set(seen) == {0, 1} and all(seen.values())
