@@ -60,7 +60,6 @@ class _Sequence:
     t_last: float = 0.0
     n_sampled: int = 0  # samples drawn, the end-of-generation one included
     prompt_ms: float = 0.0
-    prefill_chunks: int = 0
     cached_tokens: int = 0  # prompt tokens found in the KV cache, not prefilled again
 
     @property
@@ -286,14 +285,15 @@ class Engine:
         recompute the first). If a busy slot holds a longer prefix (a long system prompt
         shared by many requests), it is copied with kv_copy instead of recomputed."""
         limit = len(seq.prompt) - 1  # at least one token is fed, for the logits of the next
-        slot = max(self._free_slots, key=lambda s: (common_prefix(self._slot_tokens[s], seq.prompt, limit), -len(self._slot_tokens[s])))
+        prefix = {s: common_prefix(tokens, seq.prompt, limit) for s, tokens in enumerate(self._slot_tokens)}
+        slot = max(self._free_slots, key=lambda s: (prefix[s], -len(self._slot_tokens[s])))
         self._free_slots.remove(slot)
-        reuse = common_prefix(self._slot_tokens[slot], seq.prompt, limit)
-        donor = max(self._running.values(), key=lambda r: common_prefix(self._slot_tokens[r.seq_id], seq.prompt, limit), default=None)
-        shared = common_prefix(self._slot_tokens[donor.seq_id], seq.prompt, limit) if donor is not None else 0
+        reuse = prefix[slot]
+        donor = max((r.seq_id for r in self._running.values()), key=prefix.__getitem__, default=None)
+        shared = prefix[donor] if donor is not None else 0
         if shared > reuse:
             self.backend.kv_clear(slot)
-            self.backend.kv_copy(donor.seq_id, slot, shared)  # type: ignore[union-attr]
+            self.backend.kv_copy(donor, slot, shared)  # type: ignore[arg-type]
             self._slot_tokens[slot] = seq.prompt[:shared]
             reuse = shared
         else:
@@ -318,10 +318,8 @@ class Engine:
             prefill = seq.pending is None  # a decode row carries the token sampled last step
             seq.n_past += len(tokens)
             self._slot_tokens[seq.seq_id] += tokens
-            if prefill:
-                seq.prefill_chunks += 1
-                if not seq.prefilling:
-                    seq.prompt_ms = (time.perf_counter() - seq.t_prefill) * 1e3
+            if prefill and not seq.prefilling:
+                seq.prompt_ms = (time.perf_counter() - seq.t_prefill) * 1e3
             if wants:
                 self._accept(seq, logits[out])
                 out += 1

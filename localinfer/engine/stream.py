@@ -21,14 +21,11 @@ class RequestStream:
         self.request_id = request_id
         self._events: deque[Event] = deque()
         self._ready = threading.Condition()
-        self.finished = False  # the CompletionOutput has been put
         self.on_event: Callable[[], None] | None = None  # e.g. an asyncio loop's call_soon_threadsafe wake-up
 
     def put(self, event: Event) -> None:
         with self._ready:
             self._events.append(event)
-            if isinstance(event, CompletionOutput):
-                self.finished = True
             self._ready.notify_all()
         if self.on_event is not None:
             self.on_event()
