@@ -10,23 +10,17 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from localinfer.errors import ModelNotFound
-from localinfer.store import manifests
 from localinfer.store.catalog import load_catalog
-from localinfer.store.pull import local_path
-from localinfer.store.refs import resolve
+from localinfer.store.inventory import catalog_paths, pulled_outside_catalog
 
 
 def _rows(show_all: bool) -> list[dict[str, object]]:
     rows: list[dict[str, object]] = []
     catalog = load_catalog()
-    for entry in catalog.entries.values():
-        try:
-            path = local_path(resolve(entry.alias))  # a package file, or a pulled manifest
-        except ModelNotFound:  # its package is not installed
-            path = None
+    for alias, path in catalog_paths().items():
         if path is None and not show_all:
             continue
+        entry = catalog.entries[alias]
         rows.append(
             {
                 "name": entry.alias,
@@ -38,11 +32,9 @@ def _rows(show_all: bool) -> list[dict[str, object]]:
                 "checked": entry.checked,
             }
         )
-    for m in manifests.all_models():
-        if catalog.get(m.name) is None and m.exists:
-            rows.append({"name": m.name, "local": True, "path": m.path, "size": m.size, "source": m.source, "description": "", "checked": None})
+    for m in pulled_outside_catalog():
+        rows.append({"name": m.name, "local": True, "path": m.path, "size": m.size, "source": m.source, "description": "", "checked": None})
     return rows
-
 
 def list_models(
     show_all: Annotated[bool, typer.Option("--all", "-a", help="Also list catalog models that are not downloaded.")] = False,

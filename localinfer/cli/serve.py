@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import re
 from typing import Annotated, Optional
@@ -40,13 +39,10 @@ def serve(
     prefill_chunk: Annotated[int, typer.Option(help="Most prompt tokens prefilled per step, so a long prompt does not stall running streams.", callback=opt.at_least(16))] = 512,
 ) -> None:
     """Serve models over an OpenAI-compatible HTTP API (chat and text completions, models, health, metrics)."""
-    import uvicorn
-
     from localinfer.engine.loader import LoadOptions
-
-    DrainingServer = _draining_server()
     from localinfer.server.app import create_app
     from localinfer.server.host import ModelHost
+    from localinfer.server.run import serve_app
 
     if host not in LOOPBACK and not api_key:
         err.print(f"[yellow]warning:[/yellow] listening on {host} without --api-key: anyone who can reach this port can use your models")
@@ -54,26 +50,7 @@ def serve(
     models = ModelHost(model, options, prefill_chunk=prefill_chunk, max_loaded=max_loaded, keep_alive=duration(keep_alive))
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s", datefmt="%H:%M:%S")
     app = create_app(models, api_key=api_key, parallel=parallel, max_queue=max_queue)
-    # uvicorn handles Ctrl-C and SIGTERM: it stops accepting, lets the requests in flight
-    # finish, then runs the app's shutdown, which stops each engine.
-    server = DrainingServer(uvicorn.Config(app, host=host, port=port, log_level="warning", timeout_graceful_shutdown=60))
-    server.run()
-
-
-def _draining_server():  # type: ignore[no-untyped-def]
-    import uvicorn
-
-    class DrainingServer(uvicorn.Server):
-        """uvicorn re-raises SIGINT/SIGTERM once it has shut down gracefully, so that the
-        process dies of the signal (exit 130 or 143). A drained shutdown is a clean one: exit 0."""
-
-        @contextlib.contextmanager
-        def capture_signals(self):  # type: ignore[no-untyped-def]
-            with super().capture_signals():
-                yield
-                self._captured_signals.clear()
-
-    return DrainingServer
+    serve_app(app, host, port)
 
 
 def register(app: typer.Typer) -> None:

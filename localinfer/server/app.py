@@ -29,6 +29,7 @@ from localinfer.errors import ModelNotFound, UserError
 from localinfer.server import protocol as p
 from localinfer.server.host import Loaded, ModelHost
 from localinfer.server.metrics import Metrics
+from localinfer.store.inventory import local_names
 
 log = logging.getLogger("localinfer.server")
 MAX_BODY_BYTES = 8 * 1024 * 1024
@@ -131,7 +132,7 @@ def create_app(host: ModelHost, api_key: str | None = None, parallel: int = 4, m
 
     @app.get("/v1/models", dependencies=auth, response_model=p.ModelList)
     async def models() -> p.ModelList:
-        names = list(dict.fromkeys([*host.models, *downloaded()]))
+        names = list(dict.fromkeys([*host.models, *local_names()]))
         return p.ModelList(data=[p.ModelCard(id=name) for name in names])
 
     @app.post("/v1/chat/completions", dependencies=auth)
@@ -386,7 +387,10 @@ def chat_logprobs(engine: Engine, events: list[TokenEvent]) -> p.ChoiceLogprobs:
         if e.logprob is None:
             continue  # a stop string's held-back tail: text, not a token
         text, raw = token_text(engine, e.token)
-        tops = [p.TopLogprob(token=token_text(engine, t)[0], logprob=lp, bytes=token_text(engine, t)[1]) for t, lp in e.top_logprobs or []]
+        tops = []
+        for alternative, lp in e.top_logprobs or []:
+            alt_text, alt_bytes = token_text(engine, alternative)
+            tops.append(p.TopLogprob(token=alt_text, logprob=lp, bytes=alt_bytes))
         content.append(p.TokenLogprob(token=text, logprob=e.logprob, bytes=raw, top_logprobs=tops))
     return p.ChoiceLogprobs(content=content)
 
@@ -414,19 +418,3 @@ def usage(*outs: CompletionOutput) -> p.Usage:
         prompt_tokens_details={"cached_tokens": outs[0].cached_tokens},
     )  # fmt: skip
 
-
-def downloaded() -> list[str]:
-    """Every model on this machine, by the name `run` takes: catalog models present, then pulls."""
-    from localinfer.store import manifests
-    from localinfer.store.catalog import load_catalog
-    from localinfer.store.pull import local_path
-    from localinfer.store.refs import resolve
-
-    names = []
-    for alias in load_catalog().entries:
-        try:
-            if local_path(resolve(alias)) is not None:
-                names.append(alias)
-        except UserError:
-            continue
-    return names + [m.name for m in manifests.all_models() if m.exists]
