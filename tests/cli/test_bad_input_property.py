@@ -157,10 +157,10 @@ def eval_parts(files: dict[str, str]) -> Parts:
     }  # fmt: skip
 
 
-COMMANDS = {
-    "run": (run_parts, ("--max-tokens", "--ctx")),
-    "quantize": (quantize_parts, ("-o", "--allow-requantize")),
-    "eval": (eval_parts, ("--ctx", "--chunks", "--text")),
+COMMANDS = {  # the parts, those in every case, and how many hypothesis combinations to try
+    "run": (run_parts, ("--max-tokens", "--ctx"), 150),
+    "quantize": (quantize_parts, ("-o", "--allow-requantize"), 40),  # a good case quantizes: seconds each
+    "eval": (eval_parts, ("--ctx", "--chunks", "--text"), 60),
 }
 
 
@@ -189,7 +189,7 @@ def each_value_once(parts: Parts, always: tuple[str, ...]) -> list[list[str]]:
 
 @pytest.mark.parametrize("command", sorted(COMMANDS))
 def test_each_value_once(files: dict[str, str], command: str) -> None:
-    make, always = COMMANDS[command]
+    make, always, _ = COMMANDS[command]
     failures = []
     for args in each_value_once(make(files), always):
         try:
@@ -202,23 +202,18 @@ def test_each_value_once(files: dict[str, str], command: str) -> None:
     assert not failures, "\n".join(failures)
 
 
-@settings(SETTINGS, max_examples=150)
-@given(data=st.data())
-def test_run(files: dict[str, str], data: st.DataObject) -> None:
-    check(["run", *case(data.draw, run_parts(files), always=COMMANDS["run"][1])])
+@pytest.mark.parametrize("command", sorted(COMMANDS))
+def test_combinations(files: dict[str, str], command: str) -> None:
+    make, always, examples = COMMANDS[command]
+    parts = make(files)
 
+    @settings(SETTINGS, max_examples=examples)
+    @given(data=st.data())
+    def combination(data: st.DataObject) -> None:
+        check([command, *case(data.draw, parts, always)])
+        clear_outputs(files)
 
-@settings(SETTINGS, max_examples=40)
-@given(data=st.data())
-def test_quantize(files: dict[str, str], data: st.DataObject) -> None:
-    check(["quantize", *case(data.draw, quantize_parts(files), always=COMMANDS["quantize"][1])])
-    clear_outputs(files)
-
-
-@settings(SETTINGS, max_examples=60)
-@given(data=st.data())
-def test_eval(files: dict[str, str], data: st.DataObject) -> None:
-    check(["eval", *case(data.draw, eval_parts(files), always=COMMANDS["eval"][1])])
+    combination()
 
 
 @settings(SETTINGS, max_examples=80)
