@@ -6,8 +6,10 @@ absolute numbers, since these machines are shared.
                the last token), for localinfer on llama.cpp, localinfer native, and
                llama-cpp-python's own server (`llama_cpp.server`) as the anchor.
   itl          the inter-token latency of 3 running streams while a 2,000-token prompt
-               arrives, p99 against the median, for several --prefill-chunk sizes (4096:
-               the whole prompt in one step, i.e. no chunking).
+               arrives, p99 against the median and against the streams' ITL before it
+               arrived, for several --prefill-chunk sizes (4096: the whole prompt in one
+               step, i.e. no chunking), with fixed chunks (--decode-slowdown 0) and with
+               the default time budget (2).
   prefix       the TTFT of turn 2 of a chat with a ~1,500-token history: on the server that
                answered turn 1 (its cache holds the history) against a fresh server (none).
 
@@ -16,7 +18,7 @@ pydantic-settings` into the environment that runs this (it is skipped, and said 
 It serves one request at a time; run with `--interrupt_requests False`, so that a new request
 waits instead of cutting the running stream off (its default), it gets the same load.
 
-    .venv/bin/python bench/serve.py [--threads 2] [--tokens 96] [--rounds 3] [--json] [--skip anchor,native]
+    .venv/bin/python bench/serve.py [--threads 2] [--tokens 96] [--rounds 3] [--json] [--skip anchor,native,concurrency,itl,prefix]
 """
 
 from __future__ import annotations
@@ -134,8 +136,8 @@ def long_prompt(n_tokens: int) -> str:
     return "Summarise this passage in one sentence:\n\n" + TEXT[: int(n_tokens * 3.7)]
 
 
-def bench_itl(threads: int, chunk: int) -> dict:
-    server = Server(localinfer("--threads", str(threads), "--parallel", "4", "--ctx", "2600", "--prefill-chunk", str(chunk)))
+def bench_itl(threads: int, chunk: int, slowdown: float) -> dict:
+    server = Server(localinfer("--threads", str(threads), "--parallel", "4", "--ctx", "2600", "--prefill-chunk", str(chunk), "--decode-slowdown", str(slowdown)))
     try:
         stream(server.url, [{"role": "user", "content": "Hi"}], 8)
         times: list[list[float]] = [[], [], []]
@@ -148,12 +150,17 @@ def bench_itl(threads: int, chunk: int) -> dict:
             t.join()
     finally:
         server.close()
-    gaps = sorted(b - a for ts in times for a, b in zip(ts, ts[1:]))
+    pairs = [(a, b) for ts in times for a, b in zip(ts, ts[1:])]
+    gaps = sorted(b - a for a, b in pairs)
+    alone = statistics.median(b - a for a, b in pairs if b < long["start"])  # before the long prompt arrived
     p99 = gaps[min(len(gaps) - 1, int(0.99 * len(gaps)))]
     med = statistics.median(gaps)
-    r = {"prefill_chunk": chunk, "median_itl_ms": med * 1e3, "p99_itl_ms": p99 * 1e3, "max_itl_ms": gaps[-1] * 1e3,
-         "p99_over_median": p99 / med, "long_prompt_tokens": long["usage"]["prompt_tokens"]}  # fmt: skip
-    print(f"  --prefill-chunk {chunk:5}  median ITL {r['median_itl_ms']:6.1f} ms | p99 {r['p99_itl_ms']:7.1f} ms | max {r['max_itl_ms']:7.1f} ms | p99/median {r['p99_over_median']:5.2f} | long prompt {r['long_prompt_tokens']} tokens", flush=True)
+    r = {"prefill_chunk": chunk, "decode_slowdown": slowdown, "median_itl_ms": med * 1e3, "p99_itl_ms": p99 * 1e3, "max_itl_ms": gaps[-1] * 1e3,
+         "p99_over_median": p99 / med, "itl_alone_ms": alone * 1e3, "p99_over_alone": p99 / alone,
+         "long_prompt_tokens": long["usage"]["prompt_tokens"], "long_prompt_ttft_ms": long["ttft"] * 1e3}  # fmt: skip
+    print(f"  --prefill-chunk {chunk:5} --decode-slowdown {slowdown:3}  median ITL {r['median_itl_ms']:6.1f} ms | p99 {r['p99_itl_ms']:7.1f} ms | max {r['max_itl_ms']:7.1f} ms"
+          f" | p99/median {r['p99_over_median']:5.2f} | alone {r['itl_alone_ms']:5.1f} ms, p99/alone {r['p99_over_alone']:5.2f}"
+          f" | long prompt {r['long_prompt_tokens']} tokens, TTFT {r['long_prompt_ttft_ms']:.0f} ms", flush=True)  # fmt: skip
     return r
 
 
@@ -181,21 +188,12 @@ def bench_prefix(threads: int) -> dict:
     return r
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--threads", type=int, default=2)
-    ap.add_argument("--tokens", type=int, default=96)
-    ap.add_argument("--rounds", type=int, default=3)
-    ap.add_argument("--chunks", default="4096,512,64,16")
-    ap.add_argument("--skip", default="")
-    ap.add_argument("--json", action="store_true")
-    args = ap.parse_args()
-    skip = set(args.skip.split(",")) - {""}
-    results: dict[str, object] = {"concurrency": {}}
-    print(f"concurrency: aggregate decode tokens/s, {args.tokens} tokens per stream, median of {args.rounds}", flush=True)
-    contenders = {"localinfer serve (llama.cpp)": localinfer("--threads", str(args.threads), "--parallel", "4")}
+def bench_all_concurrency(threads: int, tokens: int, rounds: int, skip: set[str]) -> dict:
+    results = {}
+    print(f"concurrency: aggregate decode tokens/s, {tokens} tokens per stream, median of {rounds}", flush=True)
+    contenders = {"localinfer serve (llama.cpp)": localinfer("--threads", str(threads), "--parallel", "4")}
     if "native" not in skip:
-        contenders["localinfer serve (native)"] = localinfer("--threads", str(args.threads), "--parallel", "4", "--engine", "native")
+        contenders["localinfer serve (native)"] = localinfer("--threads", str(threads), "--parallel", "4", "--engine", "native")
     if "anchor" not in skip:
         try:
             import llama_cpp.server.app  # noqa: F401
@@ -204,16 +202,34 @@ def main() -> None:
             from localinfer.store.refs import resolve
 
             contenders["llama_cpp.server (anchor)"] = [sys.executable, "-m", "llama_cpp.server", "--model", str(local_path(resolve(None))),
-                                                       "--model_alias", "smollm2:135m", "--n_threads", str(args.threads), "--n_ctx", "4096",
+                                                       "--model_alias", "smollm2:135m", "--n_threads", str(threads), "--n_ctx", "4096",
                                                        "--interrupt_requests", "False"]  # fmt: skip  (by default a new request cuts the running stream off)
         except ImportError as e:
             print(f"  llama_cpp.server skipped: {e} (pip install starlette-context pydantic-settings)")
     for name, command in contenders.items():
-        results["concurrency"][name] = bench_concurrency(name, command, args.tokens, args.rounds)  # type: ignore[index]
-    print("itl: 3 running streams while a 2,000-token prompt arrives (localinfer, llama.cpp engine)", flush=True)
-    results["itl"] = [bench_itl(args.threads, int(c)) for c in args.chunks.split(",")]
-    print("prefix: TTFT of turn 2 of a chat", flush=True)
-    results["prefix"] = bench_prefix(args.threads)
+        results[name] = bench_concurrency(name, command, tokens, rounds)
+    return results
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--tokens", type=int, default=96)
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--chunks", default="4096:0,512:0,16:0,512:2", help="--prefill-chunk:--decode-slowdown pairs")
+    ap.add_argument("--skip", default="", help="comma-separated: concurrency, itl, prefix, native, anchor")
+    ap.add_argument("--json", action="store_true")
+    args = ap.parse_args()
+    skip = set(args.skip.split(",")) - {""}
+    results: dict[str, object] = {}
+    if "concurrency" not in skip:
+        results["concurrency"] = bench_all_concurrency(args.threads, args.tokens, args.rounds, skip)
+    if "itl" not in skip:
+        print("itl: 3 running streams while a 2,000-token prompt arrives (localinfer, llama.cpp engine)", flush=True)
+        results["itl"] = [bench_itl(args.threads, int(c), float(f)) for c, f in (pair.split(":") for pair in args.chunks.split(","))]
+    if "prefix" not in skip:
+        print("prefix: TTFT of turn 2 of a chat", flush=True)
+        results["prefix"] = bench_prefix(args.threads)
     if args.json:
         print(json.dumps(results, indent=2))
 

@@ -37,6 +37,7 @@ def serve(
     keep_alive: Annotated[str, typer.Option(help="Unload a model idle this long (300, 30s, 5m, 1h; -1: never).")] = "5m",
     max_loaded: Annotated[int, typer.Option(help="Models kept loaded at once; the least recently used is swapped out.", callback=opt.at_least(1))] = 1,
     prefill_chunk: Annotated[int, typer.Option(help="Most prompt tokens prefilled per step, so a long prompt does not stall running streams.", callback=opt.at_least(16))] = 512,
+    decode_slowdown: Annotated[float, typer.Option(help="While others decode, a step that prefills may take this many times a decode step (fewer prompt tokens per step); 0: no limit.", callback=opt.at_least(0))] = 2.0,
 ) -> None:
     """Serve models over an OpenAI-compatible HTTP API (chat and text completions, models, health, metrics)."""
     from localinfer.engine.loader import LoadOptions
@@ -47,7 +48,7 @@ def serve(
     if host not in LOOPBACK and not api_key:
         err.print(f"[yellow]warning:[/yellow] listening on {host} without --api-key: anyone who can reach this port can use your models")
     options = LoadOptions(engine=engine_name, ctx=ctx, threads=threads, n_seq_max=parallel, kernels=kernels)
-    models = ModelHost(model, options, prefill_chunk=prefill_chunk, max_loaded=max_loaded, keep_alive=duration(keep_alive))
+    models = ModelHost(model, options, prefill_chunk=prefill_chunk, decode_slowdown=decode_slowdown, max_loaded=max_loaded, keep_alive=duration(keep_alive))
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s", datefmt="%H:%M:%S")
     app = create_app(models, api_key=api_key, parallel=parallel, max_queue=max_queue)
     serve_app(app, host, port)

@@ -3,7 +3,8 @@
 One `step()` is schedule -> forward -> sample -> update, as in vLLM: every running request
 decodes one token and waiting prompts are prefilled in chunks of at most `prefill_chunk`
 tokens, all in one batched forward, so a long new prompt never freezes the streams already
-running. The CLI, the TUI and the server are thin clients of this object.
+running. While others decode, a chunk is also cut to a time budget (budget.py), so that a
+step carrying prompt tokens stays within a few decode steps' time. The CLI, the TUI and the server are thin clients of this object.
 
 One owner. Only the thread that runs `step()` touches the backend and the scheduler's
 state. Without `start()` that is whoever calls `generate()` (the CLI); after `start()` it
@@ -25,6 +26,7 @@ from typing import Iterator
 import numpy as np
 
 from localinfer.backends.base import Backend, Batch
+from localinfer.engine.budget import DEFAULT_SLOWDOWN, PrefillBudget
 from localinfer.engine.detokenize import StreamDetokenizer
 from localinfer.engine.sampler import Sampler
 from localinfer.engine.stops import StopMatcher
@@ -96,11 +98,12 @@ class StepStats:
 
 
 class Engine:
-    def __init__(self, backend: Backend, defaults: SamplingParams | None = None, load_ms: float = 0.0, prefill_chunk: int = DEFAULT_PREFILL_CHUNK) -> None:
+    def __init__(self, backend: Backend, defaults: SamplingParams | None = None, load_ms: float = 0.0, prefill_chunk: int = DEFAULT_PREFILL_CHUNK, decode_slowdown: float = DEFAULT_SLOWDOWN) -> None:
         self.backend = backend
         self.defaults = defaults or SamplingParams()
         self.load_ms = load_ms
         self.prefill_chunk = max(1, prefill_chunk)
+        self.budget = PrefillBudget(decode_slowdown)  # sizes chunks by time while others decode; see budget.py
         self.name = str(backend.facts.path.name)  # set by the loader to the reference used
         self.info: object | None = None  # the GGUFInfo the loader read, if any
         self.memory: object | None = None  # the loader's MemoryPlan, if any
@@ -254,6 +257,7 @@ class Engine:
     def step(self) -> None:
         """One iteration: apply messages, admit waiting requests to free slots, then one
         forward of every decoding request's next token plus up to `prefill_chunk` prompt tokens."""
+        t0 = time.perf_counter()  # the whole step is what a running stream waits between tokens
         self._apply_inbox()
         self._run_calls()
         while self._waiting and self._free_slots:
@@ -267,16 +271,19 @@ class Engine:
             if seq.pending is not None and seq.stream.backlog < MAX_BACKLOG:
                 rows.append((seq, [seq.pending], seq.n_past, True))
         stats.decoded = len(rows)
-        budget = self.prefill_chunk
+        tokens, seconds = self.prefill_chunk, self.budget.seconds(decoding=bool(rows))
         for seq in self._running.values():
-            if seq.prefilling and budget > 0:
-                chunk = seq.prompt[seq.n_past : seq.n_past + budget]
-                rows.append((seq, chunk, seq.n_past, seq.n_past + len(chunk) == len(seq.prompt)))
-                stats.prefilled[seq.request_id] = len(chunk)
-                budget -= len(chunk)
+            if seq.prefilling and tokens > 0 and (seconds > 0 or not stats.prefilled):
+                n = self.budget.take(seq.n_past, min(tokens, len(seq.prompt) - seq.n_past), seconds)
+                chunk = seq.prompt[seq.n_past : seq.n_past + n]
+                rows.append((seq, chunk, seq.n_past, seq.n_past + n == len(seq.prompt)))
+                stats.prefilled[seq.request_id] = n
+                tokens, seconds = tokens - n, seconds - self.budget.cost(seq.n_past, n)
         self.last_step = stats
         if rows:
             self._forward(rows)
+            chunks = [(start, len(part)) for seq, part, start, _ in rows[stats.decoded :]]
+            self.budget.observe(time.perf_counter() - t0, stats.decoded, chunks)
 
     def _place(self, seq: _Sequence) -> None:
         """Prefix reuse. A finished request leaves its cache in its slot; a new request takes

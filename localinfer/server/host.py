@@ -23,10 +23,11 @@ class Loaded:
 
 
 class ModelHost:
-    def __init__(self, default_ref: str | None, options: LoadOptions, prefill_chunk: int, max_loaded: int = 1, keep_alive: float = 300.0) -> None:
+    def __init__(self, default_ref: str | None, options: LoadOptions, prefill_chunk: int, decode_slowdown: float, max_loaded: int = 1, keep_alive: float = 300.0) -> None:
         self.default_ref = default_ref
         self.options = options
         self.prefill_chunk = prefill_chunk
+        self.decode_slowdown = decode_slowdown
         self.max_loaded = max(1, max_loaded)
         self.keep_alive = keep_alive  # seconds; < 0: forever
         self.models: dict[str, Loaded] = {}
@@ -39,6 +40,7 @@ class ModelHost:
             raise ModelNotFound(f"model '{ref}' is not downloaded; run 'localinfer pull {ref}' first")
         engine = open_engine(ref, self.options)
         engine.prefill_chunk = self.prefill_chunk
+        engine.budget.slowdown = self.decode_slowdown
         engine.start()
         return engine
 

@@ -135,9 +135,10 @@ def test_abort_ends_the_stream_and_frees_the_slot(backend) -> None:
     assert engine.free_slots == backend.facts.n_seq_max and not engine.has_work()
 
 
-def test_chunked_prefill_interleaves_with_decoding(backend) -> None:
+@pytest.mark.parametrize("slowdown", [0, 2.5], ids=["fixed-chunks", "time-budget"])
+def test_chunked_prefill_interleaves_with_decoding(backend, slowdown: float) -> None:
     chunk = 16
-    engine = Engine(backend, prefill_chunk=chunk)
+    engine = Engine(backend, prefill_chunk=chunk, decode_slowdown=slowdown)
     running = engine.submit(tokens_for(engine, PROMPTS[0]), SamplingParams(temperature=0, max_tokens=60))
     while engine.last_step.decoded == 0:
         engine.step()
@@ -156,7 +157,9 @@ def test_chunked_prefill_interleaves_with_decoding(backend) -> None:
     chunked = [e for e in iter(arriving.get_nowait, None)][-1]
     to_prefill = len(long_prompt) - chunked.cached_tokens  # the chat template's start may be cached already
     prefills = [n for n, _ in steps if n]
-    assert sum(prefills) == to_prefill and max(prefills) == chunk and len(prefills) == -(-to_prefill // chunk)
+    assert sum(prefills) == to_prefill and max(prefills) <= chunk
+    if not slowdown:  # fixed chunks; with a time budget they may be cut shorter while the other stream decodes
+        assert max(prefills) == chunk and len(prefills) == -(-to_prefill // chunk)
     assert all(new_tokens == 1 for _, new_tokens in steps[:-1])  # the running stream got a token every step
     whole = Engine(backend).complete(long_prompt, GREEDY)  # prefilled in one piece
     assert chunked.tokens == whole.tokens
