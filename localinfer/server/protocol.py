@@ -12,7 +12,7 @@ import time
 import uuid
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, SerializerFunctionWrapHandler, model_serializer
 
 
 class Lenient(BaseModel):
@@ -131,8 +131,15 @@ class ChatCompletion(BaseModel):
 
 
 class Delta(BaseModel):
+    """As OpenAI sends it: a field a chunk does not carry is left out, not null (the role
+    comes once, the last chunk's delta is {}), which stricter clients than the SDK expect."""
+
     role: Literal["assistant"] | None = None
     content: str | None = None
+
+    @model_serializer(mode="wrap")
+    def _leave_out_none(self, handler: SerializerFunctionWrapHandler) -> dict:
+        return {k: v for k, v in handler(self).items() if v is not None}
 
 
 class ChunkChoice(BaseModel):

@@ -90,6 +90,20 @@ def test_chat_and_its_stream_agree(server: Server) -> None:
     assert m["localinfer_generation_tokens_total"] >= 32 and m['localinfer_requests_total{status="length"}'] >= 2
 
 
+def test_the_stream_on_the_wire_is_openais(server: Server) -> None:
+    """What clients stricter than the SDK parse: SSE `data:` lines ending in [DONE], the role
+    once, and fields a chunk does not carry left out rather than null."""
+    body = {"model": server.model, "messages": CHAT, "max_tokens": 4, "temperature": 0, "stream": True}
+    with httpx.stream("POST", server.url + "/v1/chat/completions", json=body, timeout=60) as r:
+        assert r.headers["content-type"].startswith("text/event-stream")
+        lines = [line for line in r.iter_lines() if line]
+    assert all(line.startswith("data: ") for line in lines) and lines[-1] == "data: [DONE]"
+    deltas = [json.loads(line[6:])["choices"][0] for line in lines[:-1]]
+    assert deltas[0]["delta"] == {"role": "assistant", "content": ""}
+    assert all(set(d["delta"]) == {"content"} for d in deltas[1:-1]) and len(deltas) == 6
+    assert deltas[-1]["delta"] == {} and deltas[-1]["finish_reason"] == "length"
+
+
 def test_completions_and_stop(server: Server) -> None:
     client = server.client()
     out = client.completions.create(model=server.model, prompt="One, two, three, four,", max_tokens=24, temperature=0)
