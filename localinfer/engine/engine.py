@@ -192,6 +192,11 @@ class Engine:
         return sum(len(tokens) for tokens in self._slot_tokens)
 
     @property
+    def kv_cells_cached(self) -> int:
+        """KV-cache cells that free slots keep for prefix reuse (a read from another thread may be a step old)."""
+        return sum(len(self._slot_tokens[s]) for s in list(self._free_slots))
+
+    @property
     def kv_cells_total(self) -> int:
         return self.n_ctx * len(self._slot_tokens)
 

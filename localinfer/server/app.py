@@ -71,6 +71,7 @@ def create_app(host: ModelHost, api_key: str | None = None, parallel: int = 4, m
         slots_free=lambda: sum(m.engine.free_slots for m in host.unique()),
         cells_used=lambda: sum(m.engine.kv_cells_used for m in host.unique()),
         cells_free=lambda: sum(m.engine.kv_cells_total - m.engine.kv_cells_used for m in host.unique()),
+        cells_cached=lambda: sum(m.engine.kv_cells_cached for m in host.unique()),
     )
 
     @asynccontextmanager

@@ -1,5 +1,7 @@
 """Prometheus metrics, in the seeds' vocabulary: TTFT, TPOT, ITL and end-to-end latency
-as histograms; tokens and requests as counters; the scheduler's state as gauges."""
+as histograms; tokens and requests as counters; the scheduler's state as gauges. Prefix-cache
+hits are a counter (rate() of it over that of prompt tokens is the hit rate): a gauge of a
+running count would lose what happened between two scrapes."""
 
 from __future__ import annotations
 
@@ -12,7 +14,7 @@ LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 
 
 class Metrics:
     def __init__(self, running: Callable[[], float], waiting: Callable[[], float], slots_free: Callable[[], float],
-                 cells_used: Callable[[], float], cells_free: Callable[[], float]) -> None:  # fmt: skip
+                 cells_used: Callable[[], float], cells_free: Callable[[], float], cells_cached: Callable[[], float]) -> None:  # fmt: skip
         self.registry = CollectorRegistry()
         r = self.registry
         self.ttft = Histogram("localinfer_time_to_first_token_seconds", "Submit to first token (queue + prefill + first sample)", registry=r, buckets=LATENCY_BUCKETS)
@@ -28,3 +30,4 @@ class Metrics:
         Gauge("localinfer_kv_cache_slots_free", "KV-cache sequences no request holds", registry=r).set_function(slots_free)
         Gauge("localinfer_kv_cache_cells_used", "KV-cache cells holding tokens (running requests and prefixes kept for reuse)", registry=r).set_function(cells_used)
         Gauge("localinfer_kv_cache_cells_free", "KV-cache cells holding nothing", registry=r).set_function(cells_free)
+        Gauge("localinfer_prefix_cache_tokens", "Tokens that free slots keep for prefix reuse", registry=r).set_function(cells_cached)

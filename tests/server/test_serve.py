@@ -122,7 +122,9 @@ def test_second_turn_reuses_the_first(server: Server) -> None:
     turn = CHAT + [{"role": "assistant", "content": first.choices[0].message.content}, {"role": "user", "content": "Say it shorter."}]
     second = client.chat.completions.create(model=server.model, messages=turn, max_tokens=12, temperature=0)
     assert second.usage.prompt_tokens_details.cached_tokens >= first.usage.prompt_tokens - 1
-    assert server.metrics()["localinfer_prefix_cache_hit_tokens_total"] >= second.usage.prompt_tokens_details.cached_tokens
+    m = server.metrics()
+    assert m["localinfer_prefix_cache_hit_tokens_total"] >= second.usage.prompt_tokens_details.cached_tokens
+    assert m["localinfer_prefix_cache_tokens"] >= second.usage.prompt_tokens + second.usage.completion_tokens - 1  # its slot keeps turn 2
 
 
 def test_disconnect_frees_the_slot(server: Server) -> None:
