@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Annotated
+
 import typer
 
 
@@ -80,3 +82,27 @@ def kernel_set(value: str | None) -> str | None:
     if value is not None and value not in KERNEL_SETS:
         raise typer.BadParameter(f"'{value}' is not one of: {', '.join(KERNEL_SETS)}")
     return value
+
+
+def draft_mode(value: str) -> str:
+    if value not in ("prompt-lookup", "none"):
+        raise typer.BadParameter(f"'{value}' is not one of: prompt-lookup, none")
+    return value
+
+
+# Speculation, on every command that decodes (run, serve); one definition, so their --help agrees.
+Draft = Annotated[str, typer.Option("--draft", help="Speculative decoding: prompt-lookup (drafts from the prompt and answer so far, verified in one forward; lossless, and it switches itself off where it would not pay) or none.", callback=draft_mode)]
+DraftMax = Annotated[int, typer.Option("--draft-max", help="Most tokens drafted per step.", callback=between(1, 32))]
+DraftNgramMin = Annotated[int, typer.Option("--draft-ngram-min", help="Shortest n-gram looked up to draft from.", callback=between(1, 16))]
+DraftNgramMax = Annotated[int, typer.Option("--draft-ngram-max", help="Longest n-gram looked up to draft from.", callback=between(1, 16))]
+
+
+def draft_config(mode: str, max_draft: int, ngram_min: int, ngram_max: int):  # -> DraftConfig | None
+    """The engine's speculation settings from the options; BadParameter if they contradict."""
+    if mode == "none":
+        return None
+    if ngram_min > ngram_max:
+        raise typer.BadParameter(f"--draft-ngram-min ({ngram_min}) is more than --draft-ngram-max ({ngram_max})")
+    from localinfer.engine.speculative import DraftConfig
+
+    return DraftConfig(ngram_min=ngram_min, ngram_max=ngram_max, max_draft=max_draft)

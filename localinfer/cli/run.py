@@ -99,6 +99,9 @@ def print_timings(engine: Engine, result: CompletionOutput) -> None:
         f"seed {result.seed} | finish: {result.finish_reason}[/dim]",
         soft_wrap=True,
     )
+    if engine.draft is not None:
+        rate = f"{t.accepted / t.drafted:.0%}" if t.drafted else "-"
+        err.print(f"[dim]prompt lookup: {t.accepted}/{t.drafted} drafted tokens accepted ({rate}), {t.tokens_per_forward:.2f} tokens per forward[/dim]", soft_wrap=True)
     report = engine.backend.runtime_report()
     if "kernels" in report:
         mb = lambda key: report[key] / 1e6  # noqa: E731
@@ -111,6 +114,9 @@ def print_timings(engine: Engine, result: CompletionOutput) -> None:
         )
 
 
+JSON_TIMINGS = ("load_ms", "ttft_ms", "tpot_ms", "tokens_per_s", "prompt_ms", "prompt_tokens_per_s", "drafted", "accepted", "tokens_per_forward")
+
+
 def as_json(engine: Engine, result: CompletionOutput) -> str:
     return json.dumps(
         {
@@ -119,7 +125,7 @@ def as_json(engine: Engine, result: CompletionOutput) -> str:
             "finish_reason": result.finish_reason,
             "seed": result.seed,
             "usage": result.usage(),
-            "timings": {k: round(v, 3) for k, v in result.timings.as_dict().items() if k in ("load_ms", "ttft_ms", "tpot_ms", "tokens_per_s", "prompt_ms", "prompt_tokens_per_s")},
+            "timings": {k: round(v, 3) for k, v in result.timings.as_dict().items() if k in JSON_TIMINGS},
         },
         ensure_ascii=False,
     )
@@ -234,6 +240,10 @@ def run(
     raw: Annotated[bool, typer.Option("--raw", help="Send the prompt as is, without the chat template.")] = False,
     verbose: Annotated[bool, typer.Option("--verbose", "-v", help="Print timings: load, prefill, TTFT, TPOT, tokens/s.")] = False,
     json_out: Annotated[bool, typer.Option("--json", help="Print one JSON object: text, finish_reason, usage, timings.")] = False,
+    draft: opt.Draft = "prompt-lookup",
+    draft_max: opt.DraftMax = 10,
+    draft_ngram_min: opt.DraftNgramMin = 2,
+    draft_ngram_max: opt.DraftNgramMax = 4,
 ) -> None:
     """Answer a prompt with a model, streaming the text as it is generated."""
     model, prompt = split_model_and_prompt(model, prompt)
@@ -247,8 +257,10 @@ def run(
 
     from localinfer.cli.pull import progress_bar
 
+    speculation = opt.draft_config(draft, draft_max, draft_ngram_min, draft_ngram_max)
+
     with progress_bar(enabled=not json_out) as progress:
-        engine = open_engine(model, LoadOptions(engine=engine_name, ctx=ctx, threads=threads, gpu_layers=gpu_layers, kernels=kernels, verbose=DEBUG), progress)
+        engine = open_engine(model, LoadOptions(engine=engine_name, ctx=ctx, threads=threads, gpu_layers=gpu_layers, kernels=kernels, verbose=DEBUG, draft=speculation), progress)
     if verbose and engine.memory is not None:
         err.print(f"[dim]{engine.name}: {engine.memory.describe()}, {engine.memory.n_gpu_layers} layers on GPU[/dim]", soft_wrap=True)
     for warning in engine.memory.warnings if engine.memory is not None else []:

@@ -29,6 +29,7 @@ from localinfer.backends.base import Backend, Batch
 from localinfer.engine.budget import DEFAULT_SLOWDOWN, PrefillBudget
 from localinfer.engine.detokenize import StreamDetokenizer
 from localinfer.engine.sampler import Sampler
+from localinfer.engine.speculative import DraftConfig, DraftState, lookup, measure_verify_cost
 from localinfer.engine.stops import StopMatcher
 from localinfer.engine.stream import Event, RequestStream
 from localinfer.engine.templates import Message, render_chat
@@ -63,6 +64,8 @@ class _Sequence:
     n_sampled: int = 0  # samples drawn, the end-of-generation one included
     prompt_ms: float = 0.0
     cached_tokens: int = 0  # prompt tokens found in the KV cache, not prefilled again
+    spec: DraftState | None = None  # prompt-lookup speculation, when the engine drafts
+    n_forwards: int = 0  # decode forwards this request took part in (tokens per forward = answer / this)
 
     @property
     def prefilling(self) -> bool:
@@ -98,7 +101,8 @@ class StepStats:
 
 
 class Engine:
-    def __init__(self, backend: Backend, defaults: SamplingParams | None = None, load_ms: float = 0.0, prefill_chunk: int = DEFAULT_PREFILL_CHUNK, decode_slowdown: float = DEFAULT_SLOWDOWN) -> None:
+    def __init__(self, backend: Backend, defaults: SamplingParams | None = None, load_ms: float = 0.0, prefill_chunk: int = DEFAULT_PREFILL_CHUNK, decode_slowdown: float = DEFAULT_SLOWDOWN,
+                 draft: DraftConfig | None = None) -> None:  # fmt: skip
         self.backend = backend
         self.defaults = defaults or SamplingParams()
         self.load_ms = load_ms
@@ -119,6 +123,9 @@ class Engine:
         self._thread: threading.Thread | None = None
         self._stopping = False
         self._closed = False
+        self.draft = draft  # None: no speculation
+        # cost of verifying k drafted tokens against plain decoding, measured once, at load, on an empty slot
+        self.verify_cost = measure_verify_cost(backend, 0, draft.max_draft) if draft else None
 
     @property
     def n_ctx(self) -> int:
@@ -172,6 +179,7 @@ class Engine:
             stream=stream,
             history=list(prompt_tokens),
             t_submit=time.perf_counter(),
+            spec=DraftState(self.draft, self.verify_cost) if self.draft else None,  # type: ignore[arg-type]
         )
         self._post(("submit", seq))
         return stream
@@ -271,17 +279,18 @@ class Engine:
             self._place(seq)
             self._running[seq.request_id] = seq
         stats = StepStats()
-        rows: list[tuple[_Sequence, list[int], int, bool]] = []  # (seq, tokens, start position, wants logits)
+        rows: list[tuple[_Sequence, list[int], int, int]] = []  # (seq, tokens, start position, rows wanting logits)
         for seq in self._running.values():
             if seq.pending is not None and seq.stream.backlog < MAX_BACKLOG:
-                rows.append((seq, [seq.pending], seq.n_past, True))
+                fed = [seq.pending] + self._draft(seq)
+                rows.append((seq, fed, seq.n_past, len(fed)))
         stats.decoded = len(rows)
         tokens, seconds = self.prefill_chunk, self.budget.seconds(decoding=bool(rows))
         for seq in self._running.values():
             if seq.prefilling and tokens > 0 and (seconds > 0 or not stats.prefilled):
                 n = self.budget.take(seq.n_past, min(tokens, len(seq.prompt) - seq.n_past), seconds)
                 chunk = seq.prompt[seq.n_past : seq.n_past + n]
-                rows.append((seq, chunk, seq.n_past, seq.n_past + n == len(seq.prompt)))
+                rows.append((seq, chunk, seq.n_past, int(seq.n_past + n == len(seq.prompt))))
                 stats.prefilled[seq.request_id] = n
                 tokens, seconds = tokens - n, seconds - self.budget.cost(seq.n_past, n)
         self.last_step = stats
@@ -313,7 +322,21 @@ class Engine:
             del self._slot_tokens[slot][reuse:]
         seq.seq_id, seq.n_past, seq.cached_tokens = slot, reuse, reuse
 
-    def _forward(self, rows: list[tuple[_Sequence, list[int], int, bool]]) -> None:
+    def _draft(self, seq: _Sequence) -> list[int]:
+        """Tokens to verify after the pending one (speculative.py): none without speculation,
+        and never more than the answer's or the slot's room."""
+        if seq.spec is None:
+            return []
+        room = self.n_ctx - 2 - seq.n_past
+        if seq.params.max_tokens is not None:
+            room = min(room, seq.params.max_tokens - len(seq.generated) - 1)  # k drafted: k + 1 tokens out
+        k = min(seq.spec.draft_length(), room)
+        if k <= 0:
+            return []
+        c = self.draft
+        return lookup(np.asarray(seq.history, dtype=np.int32), c.ngram_min, c.ngram_max, k)  # type: ignore[union-attr]
+
+    def _forward(self, rows: list[tuple[_Sequence, list[int], int, int]]) -> None:
         """One batched forward; if it fails, each sequence alone, so that a failure ends only
         the request it belongs to (with an error event) and never stalls the others."""
         try:
@@ -326,24 +349,44 @@ class Engine:
                     self._forward([row])
             return
         out = 0
-        for seq, tokens, _, wants in rows:
-            prefill = seq.pending is None  # a decode row carries the token sampled last step
+        for seq, tokens, start, n_logits in rows:
+            if seq.pending is not None:  # a decode row: the token sampled last step, then any draft
+                self._verify(seq, tokens, start, logits[out : out + n_logits])
+                out += n_logits
+                continue
             seq.n_past += len(tokens)
             self._slot_tokens[seq.seq_id] += tokens
-            if prefill and not seq.prefilling:
+            if not seq.prefilling:
                 seq.prompt_ms = (time.perf_counter() - seq.t_prefill) * 1e3
-            if wants:
+            if n_logits:
                 self._accept(seq, logits[out])
                 out += 1
 
+    def _verify(self, seq: _Sequence, fed: list[int], start: int, logits: np.ndarray) -> None:
+        """Sample row by row as plain decoding would; keep each drafted token the sampler
+        drew itself, then roll the KV cache back past the first one it did not."""
+        slot, seq.n_forwards = seq.seq_id, seq.n_forwards + 1
+        kept = 0
+        for row in range(len(fed)):
+            kept += 1  # fed[row] is now a valid part of the cache
+            seq.n_past = start + kept
+            self._slot_tokens[slot].append(fed[row])
+            self._accept(seq, logits[row])
+            if seq.seq_id < 0 or row + 1 == len(fed) or seq.pending != fed[row + 1]:
+                break  # finished, the bonus token, or the draft's first miss
+        if seq.spec is not None and len(fed) > 1:
+            seq.spec.record(len(fed) - 1, kept - 1)
+        if kept < len(fed):
+            self.backend.kv_truncate(slot, start + kept)
+
     @staticmethod
-    def _batch(rows: list[tuple[_Sequence, list[int], int, bool]]) -> Batch:
+    def _batch(rows: list[tuple[_Sequence, list[int], int, int]]) -> Batch:
         tokens, positions, seq_ids, want = [], [], [], []
-        for seq, chunk, start, wants in rows:
+        for seq, chunk, start, n_logits in rows:
             tokens += chunk
             positions += range(start, start + len(chunk))
             seq_ids += [seq.seq_id] * len(chunk)
-            want += [False] * (len(chunk) - 1) + [wants]
+            want += [False] * (len(chunk) - n_logits) + [True] * n_logits
         return Batch(
             tokens=np.array(tokens, dtype=np.int32),
             positions=np.array(positions, dtype=np.int32),
@@ -448,6 +491,9 @@ class Engine:
             tpot_ms=tpot,
             tokens_per_s=1e3 / tpot if tpot else 0.0,
             prompt_tokens_per_s=(len(seq.prompt) - seq.cached_tokens) * 1e3 / seq.prompt_ms if seq.prompt_ms else 0.0,
+            drafted=seq.spec.drafted if seq.spec else 0,
+            accepted=seq.spec.accepted if seq.spec else 0,
+            tokens_per_forward=(seq.n_sampled - 1) / seq.n_forwards if seq.n_forwards else 0.0,
         )
 
     # --- the engine's own thread --------------------------------------------------------

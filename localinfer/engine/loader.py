@@ -13,6 +13,7 @@ from localinfer import memory
 from localinfer.backends import get_backend
 from localinfer.backends.base import LoadParams
 from localinfer.engine.engine import Engine
+from localinfer.engine.speculative import DraftConfig
 from localinfer.engine.types import SamplingParams
 from localinfer.modelfile import inspect
 from localinfer.store.pull import Progress, ensure_local
@@ -31,6 +32,7 @@ class LoadOptions:
     n_seq_max: int = 1
     kernels: str | None = None  # native engine only: auto | c | numba
     verbose: bool = False  # let the backend print its own log (LOCALINFER_DEBUG=1)
+    draft: DraftConfig | None = None  # prompt-lookup speculation; None: off
 
 
 def open_engine(ref: str | None, options: LoadOptions | None = None, progress: Progress | None = None) -> Engine:
@@ -65,7 +67,7 @@ def open_engine(ref: str | None, options: LoadOptions | None = None, progress: P
     load_ms = (time.perf_counter() - t0) * 1e3
 
     defaults = SamplingParams().with_overrides(**{k: v for k, v in src.defaults.items() if k in SAMPLING_KEYS})
-    engine = Engine(backend, defaults, load_ms)
+    engine = Engine(backend, defaults, load_ms, draft=options.draft)
     engine.name = src.name
     engine.info = info
     engine.memory = plan

@@ -23,13 +23,23 @@ class Sampler:
         """Pick the next token. `logits` is [n_vocab] float32 and may be modified in place;
         `history` is prompt + answer (repetition penalty), `generated` the answer alone
         (presence and frequency penalties, as OpenAI defines them)."""
+        ids, probs = self.distribution(logits, history, generated)
+        if self.params.temperature <= 0:
+            return int(ids[0])
+        draw = self.rng.random() * probs.sum()
+        choice = min(int(np.searchsorted(np.cumsum(probs), draw, side="right")), len(ids) - 1)
+        return int(ids[choice])
+
+    def distribution(self, logits: np.ndarray, history: list[int], generated: list[int] | None = None) -> tuple[np.ndarray, np.ndarray]:
+        """The distribution a draw is made from, after every filter: token ids and their
+        probabilities (greedy: the argmax alone). Speculation is lossless against this."""
         p = self.params
         if p.repeat_penalty != 1.0 and p.repeat_last_n != 0 and history:
             apply_repeat_penalty(logits, history[-p.repeat_last_n :] if p.repeat_last_n > 0 else history, p.repeat_penalty)
         if (p.presence_penalty or p.frequency_penalty) and generated:
             apply_presence_frequency(logits, generated, p.presence_penalty, p.frequency_penalty)
         if p.temperature <= 0:
-            return int(np.argmax(logits))
+            return np.array([int(np.argmax(logits))]), np.ones(1)
 
         ids, vals = top_k(logits, p.top_k)  # sorted by logit, descending
         probs = softmax(vals)
@@ -39,12 +49,7 @@ class Sampler:
             keep = min(keep, int(np.searchsorted(np.cumsum(probs), p.top_p)) + 1)
         if p.min_p > 0.0:
             keep = min(keep, max(1, int(np.count_nonzero(probs[:keep] >= p.min_p * probs[0]))))
-        ids, vals = ids[:keep], vals[:keep]
-
-        probs = softmax(vals / p.temperature)
-        draw = self.rng.random() * probs.sum()
-        choice = min(int(np.searchsorted(np.cumsum(probs), draw, side="right")), keep - 1)
-        return int(ids[choice])
+        return ids[:keep], softmax(vals[:keep] / p.temperature)
 
 
 def apply_repeat_penalty(logits: np.ndarray, recent: list[int], penalty: float) -> None:

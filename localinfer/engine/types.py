@@ -38,6 +38,9 @@ class Timings:
     tpot_ms: float = 0.0
     tokens_per_s: float = 0.0  # decode rate, 1000 / TPOT
     prompt_tokens_per_s: float = 0.0
+    drafted: int = 0  # speculation: tokens drafted by prompt lookup
+    accepted: int = 0  # ... and kept (acceptance rate = accepted / drafted)
+    tokens_per_forward: float = 0.0  # tokens sampled after the first, per decode forward (1 without speculation)
 
     def as_dict(self) -> dict[str, float]:
         return {k: round(v, 3) for k, v in asdict(self).items()}

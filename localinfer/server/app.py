@@ -365,6 +365,10 @@ def create_app(host: ModelHost, api_key: str | None = None, parallel: int = 4, m
         metrics.prompt_tokens.inc(out.prompt_tokens)
         metrics.generation_tokens.inc(out.completion_tokens)
         metrics.prefix_hit_tokens.inc(out.cached_tokens)
+        metrics.drafted.inc(out.timings.drafted)
+        metrics.accepted.inc(out.timings.accepted)
+        if out.timings.tokens_per_forward:
+            metrics.tokens_per_forward.observe(out.timings.tokens_per_forward)
         if out.timings.ttft_ms:
             metrics.ttft.observe(out.timings.ttft_ms / 1e3)
         if out.timings.tpot_ms:

@@ -1,0 +1,184 @@
+"""Prompt-lookup speculation: lossless on the real model (both engines, F32, so that a
+1-row and a many-row forward agree to the last bit that matters; the module docstring of
+test_engine_threads.py says why), every rollback path, the cache after a rollback, and the
+sampling rule checked statistically."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from localinfer.backends.base import Batch, LoadParams
+from localinfer.engine.engine import Engine
+from localinfer.engine.sampler import Sampler
+from localinfer.engine.speculative import DraftConfig, DraftState, lookup
+from localinfer.engine.types import SamplingParams
+
+from ..conftest import THREADS
+
+TEXT = (Path(__file__).parents[1] / "data" / "alice_in_wonderland.txt").read_text()[:700]
+GROUNDED = [f"Repeat this text exactly:\n\n{TEXT}", f"Quote the first two sentences of this text:\n\n{TEXT}"]
+OPEN = ["Write a short story about a dragon.", "Name three fruits."]
+GREEDY = SamplingParams(temperature=0, max_tokens=96, repeat_penalty=1.0)
+
+
+@pytest.fixture(scope="module", params=["llama.cpp", "native"])
+def backend(request, f32_path: Path):
+    if request.param == "native":
+        from localinfer.backends.native import NativeBackend as cls
+    else:
+        from localinfer.backends.llamacpp import LlamaCppBackend as cls
+    b = cls.load(f32_path, LoadParams(n_ctx=2048, n_threads=THREADS, n_seq_max=2))
+    yield b
+    b.close()
+
+
+class Fresh(Engine):
+    """An engine that forgets what the shared backend's slots held before each request (the
+    other engine on that backend may have overwritten them), so nothing stale is reused."""
+
+    def complete(self, prompt_tokens, params=None):
+        self._slot_tokens = [[] for _ in self._slot_tokens]
+        return super().complete(prompt_tokens, params)
+
+
+@pytest.fixture(scope="module")
+def engines(backend) -> tuple[Engine, Engine]:
+    """(plain, speculative) on one backend."""
+    return Fresh(backend), Fresh(backend, draft=DraftConfig())
+
+
+def chat(engine: Engine, prompt: str) -> list[int]:
+    return engine.tokenize_prompt(engine.render_chat([{"role": "user", "content": prompt}]))
+
+
+def test_lookup_takes_the_longest_latest_match() -> None:
+    ctx = np.array([5, 1, 2, 3, 9, 1, 2, 3, 7, 8, 4, 2, 3], dtype=np.int32)
+    assert lookup(ctx, 2, 4, 3) == [7, 8, 4]  # "2 3" last seen at 6..7, followed by 7 8 4
+    assert lookup(ctx, 1, 1, 2) == [7, 8]  # "3" likewise
+    assert lookup(np.array([1, 2, 3, 4]), 1, 3, 5) == []  # nothing repeats
+    assert lookup(np.array([1, 1, 1]), 2, 2, 4) == [1]  # the match may run into the tail itself
+
+
+def test_draft_length_grows_with_acceptance_and_pauses_below_break_even() -> None:
+    config = DraftConfig(max_draft=8, window=4, retry_after=3)
+    cheap = np.linspace(1.0, 1.4, 9)  # verifying 8 tokens costs 1.4 forwards
+    state = DraftState(config, cheap)
+    for _ in range(4):
+        k = state.draft_length()
+        state.record(k, k)  # every drafted token held
+    assert state.draft_length() == 8
+    dear = np.array([1.0, 2.0, 3.0, 4.0, 5.0, 6.0, 7.0, 8.0, 9.0])  # as dear as decoding each token
+    state = DraftState(config, dear)
+    tried = 0
+    while k := state.draft_length():
+        state.record(k, 0)  # every drafted token missed
+        tried += 1
+    assert tried == 4 and state.paused == 3  # switched off for this request once the window saw enough ...
+    assert [state.draft_length() for _ in range(4)] == [0, 0, 0, 1]  # ... and it tries again later
+
+
+def test_the_sampling_rule_keeps_the_samplers_distribution() -> None:
+    """A drafted token x is kept with probability p(x); a rejection draws from p without x,
+    renormalised; so every token's overall frequency is p. Chi-square on 20,000 draws, with
+    p the sampler's own final distribution (after penalties, top-k, top-p, min-p, temperature)."""
+    rng = np.random.default_rng(7)
+    logits = rng.normal(0, 2, 64).astype(np.float32)
+    params = SamplingParams(temperature=0.9, top_k=20, top_p=0.95, min_p=0.02, repeat_penalty=1.3, seed=11)
+    history = [3, 5, 8]
+    ids, probs = Sampler(params).distribution(logits.copy(), history, [])
+    drafted = int(ids[1])  # not the likeliest: rejections happen often
+    sampler = Sampler(params)
+    kept, counts = 0, dict.fromkeys(ids.tolist(), 0)
+    n = 20_000
+    for _ in range(n):
+        token = sampler.sample(logits.copy(), history, [])  # what the engine does with a drafted row
+        kept += token == drafted
+        counts[token] += 1
+    p_x = probs[1]
+    assert abs(kept / n - p_x) < 4 * np.sqrt(p_x * (1 - p_x) / n)
+    observed = np.array(list(counts.values()))
+    assert fits(observed, probs)
+    rest = np.arange(len(ids)) != 1
+    assert fits(observed[rest], probs[rest])  # the rejections alone: p without x, renormalised
+    skewed = probs.copy()
+    skewed[1] *= 1.1  # a rule that kept drafts 10 % too often
+    assert not fits(observed, skewed)  # would be caught: the test cannot pass by luck
+
+
+def fits(observed: np.ndarray, p: np.ndarray) -> bool:
+    """Pearson's chi-square at the 0.1 % level (Wilson-Hilferty's critical value; no scipy)."""
+    expected = p / p.sum() * observed.sum()
+    stat = float(((observed - expected) ** 2 / expected).sum())
+    df = len(observed) - 1
+    critical = df * (1 - 2 / (9 * df) + 3.09 * np.sqrt(2 / (9 * df))) ** 3
+    return stat < critical
+
+
+@pytest.mark.parametrize("prompt", GROUNDED + OPEN)
+def test_greedy_speculation_is_token_for_token_plain_decoding(engines, prompt: str) -> None:
+    plain, spec = engines
+    tokens = chat(plain, prompt)
+    a, b = plain.complete(tokens, GREEDY), spec.complete(tokens, GREEDY)
+    assert b.tokens == a.tokens and b.finish_reason == a.finish_reason and b.text == a.text
+    if prompt in GROUNDED:
+        assert b.timings.accepted > 0 and b.timings.tokens_per_forward > 1.0
+
+
+def test_every_way_a_draft_can_end(engines) -> None:
+    """Partial and full acceptance, end of generation inside a draft (the copied text is
+    followed by <|im_end|> in the prompt too), a stop string and max_tokens inside a run
+    of accepted drafts: each ends at the token plain decoding ends at."""
+    plain, spec = engines
+    tokens = chat(plain, "Repeat exactly: the cat sat on the mat, the cat sat on the mat.")
+    params = SamplingParams(temperature=0, max_tokens=200, repeat_penalty=1.0)
+    whole, fast = plain.complete(tokens, params), spec.complete(tokens, params)
+    assert fast.tokens == whole.tokens and fast.finish_reason == whole.finish_reason == "stop"
+    outcomes = spec_outcomes(spec, tokens, params)
+    assert any(0 < kept < drafted for drafted, kept in outcomes), outcomes  # a partial accept
+    assert any(kept == drafted > 0 for drafted, kept in outcomes), outcomes  # a full accept
+    stop = whole.text[len(whole.text) // 2 :][:6]
+    with_stop = SamplingParams(temperature=0, max_tokens=200, repeat_penalty=1.0, stop=(stop,))
+    a, b = plain.complete(tokens, with_stop), spec.complete(tokens, with_stop)
+    assert b.text == a.text and b.finish_reason == a.finish_reason == "stop" and stop not in b.text
+    for n in range(1, len(whole.tokens) + 1, 3):
+        cut = SamplingParams(temperature=0, max_tokens=n, repeat_penalty=1.0)
+        assert spec.complete(tokens, cut).tokens == whole.tokens[:n]
+
+
+def spec_outcomes(engine: Engine, tokens: list[int], params: SamplingParams) -> list[tuple[int, int]]:
+    """(drafted, kept) of every verification of one request."""
+    seen: list[tuple[int, int]] = []
+    record = DraftState.record
+
+    def spy(self, drafted: int, accepted: int) -> None:
+        seen.append((drafted, accepted))
+        record(self, drafted, accepted)
+
+    DraftState.record = spy  # type: ignore[method-assign]
+    try:
+        engine.complete(tokens, params)
+    finally:
+        DraftState.record = record  # type: ignore[method-assign]
+    return seen
+
+
+def test_the_cache_after_rollbacks_is_the_one_plain_decoding_builds(engines, backend) -> None:
+    """Same tokens in the slot, and the same logits from it for the next token, as after plain
+    decoding (to float rounding: a verify forward rounds unlike a 1-row one; a rejected draft
+    left in the cache would move them by whole units)."""
+    plain, spec = engines
+    tokens = chat(plain, GROUNDED[0])
+    held, logits = [], []
+    for engine in (plain, spec):
+        out = engine.complete(tokens, GREEDY)
+        slot = next(s for s, cached in enumerate(engine._slot_tokens) if cached)
+        held.append(engine._slot_tokens[slot])
+        logits.append(backend.forward(Batch.for_sequence([out.tokens[-1]], len(held[-1]), slot))[0])
+        backend.kv_clear(slot)
+        engine._slot_tokens[slot] = []
+    assert out.timings.drafted > out.timings.accepted > 0  # some drafts held, some were rolled back
+    assert held[0] == held[1]
+    assert np.abs(logits[0] - logits[1]).max() < 0.1 and logits[0].argmax() == logits[1].argmax()
