@@ -356,9 +356,9 @@ static inline __attribute__((always_inline)) void dot_legacy(const int KIND, con
         as[r] = a->s + r * ss;
     }
 #ifdef LI_SIMD
-    /* acc: the products; accc: the corrections (d_w or m times s), kept apart with one
-     * activation row (two short dependency chains), folded into acc with more rows */
-    const int SPLIT = R == 1;
+    /* acc: the products; accc: the corrections (d_w or m times s), kept apart (two short
+     * dependency chains). Every R sums in the same order, so a row's result never depends
+     * on the rows beside it: a K-row speculative verify matches 1-row decoding bit for bit. */
     const __m256 c = _mm256_set1_ps(CORR(KIND));
     __m256 acc[4], accc[4];
     float corr[4];
@@ -380,16 +380,10 @@ static inline __attribute__((always_inline)) void dot_legacy(const int KIND, con
         }
         __m256 d8, m8;
         octet_scales(KIND, wo, &d8, &m8);
-        const __m256 cm8 = SPLIT ? m8 : _mm256_mul_ps(c, m8);
         for (int r = 0; r < R; r++) {
             const __m256 sums = _mm256_cvtepi32_ps(octet_sums(KIND, h[r][0], h[r][1]));
             acc[r] = _mm256_fmadd_ps(_mm256_mul_ps(d8, _mm256_loadu_ps(ad[r] + o * 8)), sums, acc[r]);
-            if (KIND != 4) {
-                if (SPLIT)
-                    accc[r] = _mm256_fmadd_ps(cm8, _mm256_loadu_ps(as[r] + o * 8), accc[r]);
-                else
-                    acc[r] = _mm256_fmadd_ps(cm8, _mm256_loadu_ps(as[r] + o * 8), acc[r]);
-            }
+            if (KIND != 4) accc[r] = _mm256_fmadd_ps(m8, _mm256_loadu_ps(as[r] + o * 8), accc[r]);
         }
     }
     /* pairs after the last octet, then a last odd block; scales in natural order */
@@ -428,7 +422,7 @@ static inline __attribute__((always_inline)) void dot_legacy(const int KIND, con
     }
     for (int r = 0; r < R; r++) {
         __m256 t = acc[r];
-        if (KIND != 4 && SPLIT) t = _mm256_fmadd_ps(c, accc[r], t);
+        if (KIND != 4) t = _mm256_fmadd_ps(c, accc[r], t);
         out[r] = li_hsum8(t) + (KIND != 4 ? CORR(KIND) * corr[r] : 0.0f);
     }
 #else
@@ -513,27 +507,29 @@ static inline __attribute__((always_inline)) void dot_float(const int FP16, cons
     const float *wf = (const float *)w;
     int64_t i = 0;
 #ifdef LI_SIMD
-    if (R == 1) {
-        __m256 a0 = _mm256_setzero_ps(), a1 = _mm256_setzero_ps(), a2 = _mm256_setzero_ps(), a3 = _mm256_setzero_ps();
+    /* four accumulators a row, summed alike for every R: a row's result never depends on
+     * the rows beside it (a speculative verify must match decoding bit for bit) */
+    __m256 acc[2][4];
+    for (int r = 0; r < R; r++)
+        for (int j = 0; j < 4; j++) acc[r][j] = _mm256_setzero_ps();
 #define LOADW(off) (FP16 ? _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(wh + i + (off)))) : _mm256_loadu_ps(wf + i + (off)))
-        for (; i + 32 <= k; i += 32) {
-            a0 = _mm256_fmadd_ps(LOADW(0), _mm256_loadu_ps(x + i), a0);
-            a1 = _mm256_fmadd_ps(LOADW(8), _mm256_loadu_ps(x + i + 8), a1);
-            a2 = _mm256_fmadd_ps(LOADW(16), _mm256_loadu_ps(x + i + 16), a2);
-            a3 = _mm256_fmadd_ps(LOADW(24), _mm256_loadu_ps(x + i + 24), a3);
+    for (; i + 32 <= k; i += 32) {
+        const __m256 w0 = LOADW(0), w1 = LOADW(8), w2 = LOADW(16), w3 = LOADW(24);
+        for (int r = 0; r < R; r++) {
+            const float *xr = x + r * k + i;
+            acc[r][0] = _mm256_fmadd_ps(w0, _mm256_loadu_ps(xr), acc[r][0]);
+            acc[r][1] = _mm256_fmadd_ps(w1, _mm256_loadu_ps(xr + 8), acc[r][1]);
+            acc[r][2] = _mm256_fmadd_ps(w2, _mm256_loadu_ps(xr + 16), acc[r][2]);
+            acc[r][3] = _mm256_fmadd_ps(w3, _mm256_loadu_ps(xr + 24), acc[r][3]);
         }
-        for (; i + 8 <= k; i += 8) a0 = _mm256_fmadd_ps(LOADW(0), _mm256_loadu_ps(x + i), a0);
-        out[0] = li_hsum8(_mm256_add_ps(_mm256_add_ps(a0, a1), _mm256_add_ps(a2, a3)));
-    } else {
-        __m256 acc[4];
-        for (int r = 0; r < R; r++) acc[r] = _mm256_setzero_ps();
-        for (; i + 8 <= k; i += 8) {
-            const __m256 wv = LOADW(0);
-            for (int r = 0; r < R; r++) acc[r] = _mm256_fmadd_ps(wv, _mm256_loadu_ps(x + r * k + i), acc[r]);
-        }
-        for (int r = 0; r < R; r++) out[r] = li_hsum8(acc[r]);
-#undef LOADW
     }
+    for (; i + 8 <= k; i += 8) {
+        const __m256 w0 = LOADW(0);
+        for (int r = 0; r < R; r++) acc[r][0] = _mm256_fmadd_ps(w0, _mm256_loadu_ps(x + r * k + i), acc[r][0]);
+    }
+#undef LOADW
+    for (int r = 0; r < R; r++)
+        out[r] = li_hsum8(_mm256_add_ps(_mm256_add_ps(acc[r][0], acc[r][1]), _mm256_add_ps(acc[r][2], acc[r][3])));
 #else
     for (int r = 0; r < R; r++) out[r] = 0.0f;
 #endif
@@ -554,15 +550,13 @@ static inline __attribute__((always_inline)) void rows_float(const int FP16, con
             y[r] = res[0];
             continue;
         }
-        for (int64_t j = 0; j < n; j += 4) {
+        for (int64_t j = 0; j < n; j += 2) { /* tiles of 2: four accumulators a row fill the registers */
             const float *xt = x + j * k;
-            const int64_t R = n - j < 4 ? n - j : 4;
-            switch (R) {
-            case 1: dot_float(FP16, 1, k, wr, xt, res); break;
-            case 2: dot_float(FP16, 2, k, wr, xt, res); break;
-            case 3: dot_float(FP16, 3, k, wr, xt, res); break;
-            default: dot_float(FP16, 4, k, wr, xt, res); break;
-            }
+            const int64_t R = n - j < 2 ? n - j : 2;
+            if (R == 1)
+                dot_float(FP16, 1, k, wr, xt, res);
+            else
+                dot_float(FP16, 2, k, wr, xt, res);
             for (int64_t i = 0; i < R; i++) y[(j + i) * ldy + r] = res[i];
         }
     }

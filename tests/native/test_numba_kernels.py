@@ -207,3 +207,23 @@ def test_threads_and_describe(kernels):
     check(m, x, out)
     kernels.set_threads(2)
     assert "2 threads" in kernels.describe()
+
+
+@pytest.mark.parametrize("qtype", sorted(SUPPORTED_TYPES, key=int), ids=lambda t: t.name)
+def test_a_row_never_depends_on_the_rows_beside_it(kernels, qtype):
+    """As for the C kernels: row j of an n-row product is the 1-row product, bit for bit, so a
+    speculative verify gives exactly the logits decoding would."""
+    rng = np.random.default_rng(int(qtype))
+    cols = 512
+    m = random_qmatrix(qtype, 37, cols, rng)
+    x = rng.standard_normal((9, cols)).astype(np.float32)
+    op = kernels.matmul_op([m])
+
+    def product(rows: np.ndarray) -> np.ndarray:
+        out = np.empty((len(rows), m.rows), np.float32)
+        op(np.ascontiguousarray(rows), (out,))
+        return out
+
+    singles = np.concatenate([product(x[j : j + 1]) for j in range(len(x))])
+    for n in range(2, len(x) + 1):
+        np.testing.assert_array_equal(product(x[:n]), singles[:n])
