@@ -99,9 +99,10 @@ def print_timings(engine: Engine, result: CompletionOutput) -> None:
         f"seed {result.seed} | finish: {result.finish_reason}[/dim]",
         soft_wrap=True,
     )
-    if engine.draft is not None:
-        rate = f"{t.accepted / t.drafted:.0%}" if t.drafted else "-"
-        err.print(f"[dim]prompt lookup: {t.accepted}/{t.drafted} drafted tokens accepted ({rate}), {t.tokens_per_forward:.2f} tokens per forward[/dim]", soft_wrap=True)
+    if engine.draft is not None and t.drafted:
+        err.print(f"[dim]prompt lookup: {t.accepted}/{t.drafted} drafted tokens accepted ({t.accepted / t.drafted:.0%}), {t.tokens_per_forward:.2f} tokens per forward[/dim]", soft_wrap=True)
+    elif engine.draft is not None:
+        err.print("[dim]prompt lookup: nothing drafted (no repeated n-gram, or drafting did not pay)[/dim]", soft_wrap=True)
     report = engine.backend.runtime_report()
     if "kernels" in report:
         mb = lambda key: report[key] / 1e6  # noqa: E731
