@@ -44,7 +44,8 @@ class DraftConfig:
     ngram_max: int = 4
     max_draft: int = 10  # K at most
     window: int = 16  # verifications the acceptance rate is measured over
-    retry_after: int = 64  # decode steps a request waits before drafting again once switched off
+    evidence: int = 8  # drafted tokens seen before drafting may be switched off
+    retry_after: int = 128  # decode steps a request waits before drafting again once switched off
 
 
 def lookup(context: np.ndarray, ngram_min: int, ngram_max: int, k: int) -> list[int]:
@@ -110,7 +111,7 @@ class DraftState:
         rate = (accepted + 1) / (drafted + 2)  # Laplace: one of each before any evidence
         gains = [expected_tokens(rate, k) / self.cost[k] for k in range(1, self.config.max_draft + 1)]
         best = int(np.argmax(gains))
-        if gains[best] <= 1.0 and drafted >= self.config.window:
+        if gains[best] <= 1.0 and drafted >= self.config.evidence:
             self.paused, self.recent = self.config.retry_after, deque(maxlen=self.config.window)
             return 0
         return best + 1

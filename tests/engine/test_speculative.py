@@ -67,7 +67,7 @@ def test_lookup_takes_the_longest_latest_match() -> None:
 
 
 def test_draft_length_grows_with_acceptance_and_pauses_below_break_even() -> None:
-    config = DraftConfig(max_draft=8, window=4, retry_after=3)
+    config = DraftConfig(max_draft=8, window=4, evidence=4, retry_after=3)
     cheap = np.linspace(1.0, 1.4, 9)  # verifying 8 tokens costs 1.4 forwards
     state = DraftState(config, cheap)
     for _ in range(4):
