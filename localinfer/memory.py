@@ -16,7 +16,9 @@ from localinfer.errors import OutOfMemory
 from localinfer.modelfile import GGUFInfo
 
 GiB = 1024**3
-KV_BYTES_PER_ELEMENT = 2  # f16 cache, llama.cpp's default
+# Bytes per cached element of each KV-cache type: ggml's block sizes (32 values a block).
+KV_TYPE_BYTES = {"f16": 2.0, "q8_0": 34 / 32, "q5_1": 24 / 32, "q5_0": 22 / 32, "q4_1": 20 / 32, "q4_0": 18 / 32, "iq4_nl": 18 / 32}
+AUTO_CACHE = (("f16", "f16"), ("q8_0", "q8_0"), ("q4_0", "q4_0"))  # --cache-type auto tries these in order
 
 
 @dataclass
@@ -28,6 +30,8 @@ class MemoryPlan:
     ram_free: int
     vram_free: int  # free memory on the devices the layers go to
     warnings: list[str] = field(default_factory=list)
+    cache_types: tuple[str, str] = ("f16", "f16")  # K and V
+    cache_note: str = ""  # why --cache-type auto chose what it chose
 
     @property
     def total(self) -> int:
@@ -35,13 +39,36 @@ class MemoryPlan:
 
     def describe(self) -> str:
         return (
-            f"weights {self.weights / GiB:.2f} GiB + KV cache {self.kv_cache / GiB:.2f} GiB"
+            f"weights {self.weights / GiB:.2f} GiB + KV cache {self.kv_cache / GiB:.2f} GiB ({'/'.join(self.cache_types)})"
             f" + compute {self.compute / GiB:.2f} GiB = {self.total / GiB:.2f} GiB"
         )
 
 
-def kv_cache_bytes(info: GGUFInfo, n_ctx: int) -> int:
-    return 2 * info.n_layer * n_ctx * info.n_head_kv * info.head_dim * KV_BYTES_PER_ELEMENT
+def kv_cache_bytes(info: GGUFInfo, n_ctx: int, cache_types: tuple[str, str] = ("f16", "f16")) -> int:
+    elements = info.n_layer * n_ctx * info.n_head_kv * info.head_dim  # of K, and as many of V
+    return int(elements * (KV_TYPE_BYTES[cache_types[0]] + KV_TYPE_BYTES[cache_types[1]]))
+
+
+def plan_cache(info: GGUFInfo, n_ctx: int, gpu_layers: int | str, cache: tuple[str, str] | str, devices: Sequence[Device] = (), ram_free: int | None = None) -> MemoryPlan:
+    """plan() with the KV-cache types given, or for cache "auto" the first of f16, q8_0, q4_0
+    that fits (saying why), before refusing."""
+    if cache != "auto":
+        return plan(info, n_ctx, gpu_layers, devices, ram_free, cache)  # type: ignore[arg-type]
+    refused: OutOfMemory | None = None
+    for types in AUTO_CACHE:
+        try:
+            result = plan(info, n_ctx, gpu_layers, devices, ram_free, types)
+        except OutOfMemory as e:
+            refused = e  # the last: the smallest cache tried
+            continue
+        if types != AUTO_CACHE[0]:
+            f16 = kv_cache_bytes(info, n_ctx)
+            result.cache_note = f"KV cache {'/'.join(types)}: an f16 cache ({f16 / GiB:.2f} GiB) would not fit in {result.ram_free / GiB:.2f} GiB free"
+        else:
+            result.cache_note = "KV cache f16/f16: it fits"
+        return result
+    assert refused is not None
+    raise OutOfMemory(f"{refused} (even with a q4_0 KV cache)")
 
 
 def compute_bytes(info: GGUFInfo, n_ctx: int, n_ubatch: int = 512) -> int:
@@ -50,7 +77,8 @@ def compute_bytes(info: GGUFInfo, n_ctx: int, n_ubatch: int = 512) -> int:
     return 4 * n_ubatch * (info.n_vocab + n_ctx * info.n_head // 4 + 8 * info.n_embd)
 
 
-def plan(info: GGUFInfo, n_ctx: int, gpu_layers: int | str, devices: Sequence[Device] = (), ram_free: int | None = None) -> MemoryPlan:
+def plan(info: GGUFInfo, n_ctx: int, gpu_layers: int | str, devices: Sequence[Device] = (), ram_free: int | None = None,
+         cache_types: tuple[str, str] = ("f16", "f16")) -> MemoryPlan:  # fmt: skip
     """Choose GPU layers (for "auto") and check that the rest fits in RAM; raises OutOfMemory.
 
     `devices` are the ones this llama.cpp build can offload to (none on a CPU-only build).
@@ -58,7 +86,7 @@ def plan(info: GGUFInfo, n_ctx: int, gpu_layers: int | str, devices: Sequence[De
     integrated GPU's memory is the system's RAM, so its layers still count against RAM.
     llama.cpp counts the output layer as one more, so "all layers" is n_layer + 1.
     """
-    weights, kv, compute = info.tensor_bytes, kv_cache_bytes(info, n_ctx), compute_bytes(info, n_ctx)
+    weights, kv, compute = info.tensor_bytes, kv_cache_bytes(info, n_ctx, cache_types), compute_bytes(info, n_ctx)
     ram_free = psutil.virtual_memory().available if ram_free is None else ram_free
     n_layer = max(1, info.n_layer)
     discrete = [d for d in devices if d.kind == "GPU"]
@@ -77,7 +105,7 @@ def plan(info: GGUFInfo, n_ctx: int, gpu_layers: int | str, devices: Sequence[De
         n_gpu = int(gpu_layers)
     on_gpu_fraction = 0.0 if shared else min(n_gpu, n_layer) / n_layer
     needed_ram = (weights + kv) * (1 - on_gpu_fraction) + (compute if n_gpu == 0 or shared else 0)
-    result = MemoryPlan(weights, kv, compute, n_gpu, ram_free, vram_free, warnings)
+    result = MemoryPlan(weights, kv, compute, n_gpu, ram_free, vram_free, warnings, cache_types)
     if needed_ram > ram_free:
         raise OutOfMemory(
             f"the model needs {needed_ram / GiB:.2f} GiB of RAM ({result.describe()}) "

@@ -26,6 +26,7 @@ class LoadParams:
     n_batch: int = 512  # most tokens one forward() call may carry
     verbose: bool = False  # let the engine print its own log
     kernels: str | None = None  # native engine: auto | c | numba (None: $LOCALINFER_KERNELS, else auto)
+    cache_types: tuple[str, str] = ("f16", "f16")  # the KV cache's K and V element types (memory.KV_TYPE_BYTES)
 
 
 @dataclass

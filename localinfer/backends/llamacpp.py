@@ -70,6 +70,11 @@ def log_listener(listener: Callable[[str], None]) -> Iterator[None]:
         _listeners.remove(listener)
 
 
+def ggml_type(name: str) -> int:
+    """ggml's enum for a KV-cache type name (memory.KV_TYPE_BYTES lists them)."""
+    return int(getattr(C, f"GGML_TYPE_{name.upper()}"))
+
+
 def last_error() -> str:
     """The last line of llama.cpp's log that reports an error, for a one-line message."""
     errors = [line.strip() for line in _log_lines if "error" in line.lower() or "failed" in line.lower()]
@@ -131,12 +136,18 @@ class LlamaCppBackend(LlamaTokenized, Backend):
         cparams.n_ubatch = min(params.n_batch, 512)
         cparams.n_seq_max = params.n_seq_max
         cparams.kv_unified = True  # sequences share one cache, so kv_copy shares cells instead of copying
+        type_k, type_v = params.cache_types
+        cparams.type_k, cparams.type_v = ggml_type(type_k), ggml_type(type_v)
+        if type_v != "f16":
+            cparams.flash_attn_type = C.LLAMA_FLASH_ATTN_TYPE_ENABLED  # llama.cpp reads a quantized V only in flash attention
         cparams.no_perf = True
         threads = params.n_threads or default_threads()
         cparams.n_threads = threads
         cparams.n_threads_batch = threads
         self._ctx = C.llama_init_from_model(self._model, cparams)
         if not self._ctx:
+            if type_v != "f16":
+                raise BackendError(f"llama.cpp could not create a context with a {type_v} V cache, which needs flash attention; this build or device cannot do it there: use --cache-type-v f16 ({last_error() or 'no detail'})")
             raise BackendError(f"llama.cpp could not create a context of {params.n_ctx} tokens: {last_error()}")
         self._mem = C.llama_get_memory(self._ctx)
         self._n_batch = C.llama_n_batch(self._ctx)  # llama.cpp clamps it to n_ctx

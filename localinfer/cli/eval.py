@@ -4,6 +4,7 @@ from a reference model: what a quantization cost, measured like llama.cpp's perp
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from pathlib import Path
 from typing import Annotated, Optional
 
@@ -38,6 +39,10 @@ def eval_command(
     engine_name: Annotated[str, typer.Option("--engine", help="Inference engine for both models: llama.cpp or native.", callback=opt.engine_name)] = "llama.cpp",
     kernels: Annotated[Optional[str], typer.Option("--kernels", envvar="LOCALINFER_KERNELS", help="Native engine kernels: auto, c or numba.", callback=opt.kernel_set, show_default=False)] = None,
     threads: Annotated[Optional[int], typer.Option(help="CPU threads. [default: physical cores]", callback=opt.threads)] = None,
+    cache_type: opt.CacheType = None,
+    cache_type_k: opt.CacheTypeK = None,
+    cache_type_v: opt.CacheTypeV = None,
+    ref_cache: Annotated[Optional[str], typer.Option("--ref-cache", help="Score against the same weights (or --ref) with this KV-cache type for K and V: the cost of a quantized cache, e.g. --cache-type q8_0 --ref-cache f16.", callback=opt.cache_type, show_default=False)] = None,
     json_out: Annotated[bool, typer.Option("--json", help='Print {"perplexity", "tokens", "kld": {"mean", "p99", "max"}, "top1_agreement"} (kld and top1_agreement with --ref).')] = False,
 ) -> None:
     """Measure perplexity over a text, and with --ref the KL divergence from a reference model."""
@@ -45,9 +50,15 @@ def eval_command(
     from localinfer.quality.evaluate import evaluate
 
     content = read_text(text or default_text())
-    load = LoadOptions(engine=engine_name, ctx=ctx, threads=threads, gpu_layers=0 if engine_name == "native" else "auto", kernels=kernels)
+    if ref_cache == "auto":
+        raise typer.BadParameter("give the reference a type (e.g. f16), not auto", param_hint="--ref-cache")
+    load = LoadOptions(engine=engine_name, ctx=ctx, threads=threads, gpu_layers=0 if engine_name == "native" else "auto", kernels=kernels,
+                       cache=opt.cache_choice(cache_type, cache_type_k, cache_type_v))  # fmt: skip
     subject = open_engine(model, load)
-    reference = open_engine(ref, load) if ref else None
+    reference = None
+    if ref or ref_cache:
+        reference = open_engine(ref or model, replace(load, cache=(ref_cache, ref_cache)) if ref_cache else load)
+        ref = ref or f"{model or subject.name} with a {ref_cache} KV cache"
     try:
         tokens = subject.backend.tokenize(content, add_special=False)
         if reference is not None and reference.backend.tokenize(content, add_special=False) != tokens:

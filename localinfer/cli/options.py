@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Annotated
+from typing import Annotated, Optional
 
 import typer
 
@@ -106,3 +106,26 @@ def draft_config(mode: str, max_draft: int, ngram_min: int, ngram_max: int):  # 
     from localinfer.engine.speculative import DraftConfig
 
     return DraftConfig(ngram_min=ngram_min, ngram_max=ngram_max, max_draft=max_draft)
+
+
+def cache_type(value: str | None) -> str | None:
+    from localinfer.memory import KV_TYPE_BYTES
+
+    if value is not None and value not in (*KV_TYPE_BYTES, "auto"):
+        raise typer.BadParameter(f"'{value}' is not a KV-cache type: f16, q8_0, q4_0 (llama.cpp also q4_1, q5_0, q5_1, iq4_nl), or auto")
+    return value
+
+
+# The KV cache's element types, on every command that loads a model to decode or score.
+CacheType = Annotated[Optional[str], typer.Option("--cache-type", help="KV-cache type of K and V: f16 (default), q8_0, q4_0 (llama.cpp also q4_1, q5_0, q5_1, iq4_nl), or auto: f16 if it fits in memory, else q8_0, else q4_0.", callback=cache_type, show_default=False)]
+CacheTypeK = Annotated[Optional[str], typer.Option("--cache-type-k", help="KV-cache type of K alone (overrides --cache-type).", callback=cache_type, show_default=False)]
+CacheTypeV = Annotated[Optional[str], typer.Option("--cache-type-v", help="KV-cache type of V alone (overrides --cache-type; a quantized V turns on flash attention on llama.cpp).", callback=cache_type, show_default=False)]
+
+
+def cache_choice(both: str | None, k: str | None, v: str | None) -> tuple[str, str] | str:
+    """(K type, V type), or "auto"; BadParameter if auto is mixed with explicit types."""
+    if "auto" in (k, v) or (both == "auto" and (k or v)):
+        raise typer.BadParameter("'auto' picks K and V together: give it to --cache-type alone")
+    if both == "auto":
+        return "auto"
+    return (k or both or "f16", v or both or "f16")

@@ -99,6 +99,9 @@ def print_timings(engine: Engine, result: CompletionOutput) -> None:
         f"seed {result.seed} | finish: {result.finish_reason}[/dim]",
         soft_wrap=True,
     )
+    used = engine.kv_bytes_used()
+    if used is not None:
+        err.print(f"[dim]KV cache {'/'.join(engine.cache_types)}: {engine.kv_cells_used} tokens, {used / 1e6:.2f} MB in use[/dim]", soft_wrap=True)
     if engine.draft is not None and t.drafted:
         err.print(f"[dim]prompt lookup: {t.accepted}/{t.drafted} drafted tokens accepted ({t.accepted / t.drafted:.0%}), {t.tokens_per_forward:.2f} tokens per forward[/dim]", soft_wrap=True)
     elif engine.draft is not None:
@@ -241,6 +244,9 @@ def run(
     raw: Annotated[bool, typer.Option("--raw", help="Send the prompt as is, without the chat template.")] = False,
     verbose: Annotated[bool, typer.Option("--verbose", "-v", help="Print timings: load, prefill, TTFT, TPOT, tokens/s.")] = False,
     json_out: Annotated[bool, typer.Option("--json", help="Print one JSON object: text, finish_reason, usage, timings.")] = False,
+    cache_type: opt.CacheType = None,
+    cache_type_k: opt.CacheTypeK = None,
+    cache_type_v: opt.CacheTypeV = None,
     draft: opt.Draft = "prompt-lookup",
     draft_max: opt.DraftMax = 10,
     draft_ngram_min: opt.DraftNgramMin = 2,
@@ -259,9 +265,10 @@ def run(
     from localinfer.cli.pull import progress_bar
 
     speculation = opt.draft_config(draft, draft_max, draft_ngram_min, draft_ngram_max)
+    cache = opt.cache_choice(cache_type, cache_type_k, cache_type_v)
 
     with progress_bar(enabled=not json_out) as progress:
-        engine = open_engine(model, LoadOptions(engine=engine_name, ctx=ctx, threads=threads, gpu_layers=gpu_layers, kernels=kernels, verbose=DEBUG, draft=speculation), progress)
+        engine = open_engine(model, LoadOptions(engine=engine_name, ctx=ctx, threads=threads, gpu_layers=gpu_layers, kernels=kernels, verbose=DEBUG, draft=speculation, cache=cache), progress)
     if verbose and engine.memory is not None:
         err.print(f"[dim]{engine.name}: {engine.memory.describe()}, {engine.memory.n_gpu_layers} layers on GPU[/dim]", soft_wrap=True)
     for warning in engine.memory.warnings if engine.memory is not None else []:

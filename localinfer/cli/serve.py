@@ -37,6 +37,9 @@ def serve(
     keep_alive: Annotated[str, typer.Option(help="Unload a model idle this long (300, 30s, 5m, 1h; -1: never).")] = "5m",
     max_loaded: Annotated[int, typer.Option(help="Models kept loaded at once; the least recently used is swapped out.", callback=opt.at_least(1))] = 1,
     prefill_chunk: Annotated[int, typer.Option(help="Most prompt tokens prefilled per step, so a long prompt does not stall running streams.", callback=opt.at_least(16))] = 512,
+    cache_type: opt.CacheType = None,
+    cache_type_k: opt.CacheTypeK = None,
+    cache_type_v: opt.CacheTypeV = None,
     draft: opt.Draft = "prompt-lookup",
     draft_max: opt.DraftMax = 10,
     draft_ngram_min: opt.DraftNgramMin = 2,
@@ -52,7 +55,8 @@ def serve(
     if host not in LOOPBACK and not api_key:
         err.print(f"[yellow]warning:[/yellow] listening on {host} without --api-key: anyone who can reach this port can use your models")
     speculation = opt.draft_config(draft, draft_max, draft_ngram_min, draft_ngram_max)
-    options = LoadOptions(engine=engine_name, ctx=ctx, threads=threads, n_seq_max=parallel, kernels=kernels, draft=speculation)
+    options = LoadOptions(engine=engine_name, ctx=ctx, threads=threads, n_seq_max=parallel, kernels=kernels, draft=speculation,
+                          cache=opt.cache_choice(cache_type, cache_type_k, cache_type_v))  # fmt: skip
     models = ModelHost(model, options, prefill_chunk=prefill_chunk, decode_slowdown=decode_slowdown, max_loaded=max_loaded, keep_alive=duration(keep_alive))
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s", datefmt="%H:%M:%S")
     app = create_app(models, api_key=api_key, parallel=parallel, max_queue=max_queue)

@@ -200,6 +200,17 @@ class Engine:
         return sum(len(tokens) for tokens in self._slot_tokens)
 
     @property
+    def cache_types(self) -> tuple[str, str]:
+        """The KV cache's K and V types, as the loader planned them."""
+        return getattr(self.memory, "cache_types", ("f16", "f16"))
+
+    def kv_bytes_used(self) -> int | None:
+        """Bytes the KV cells in use hold (None without the model's header to size a cell)."""
+        from localinfer.memory import kv_cache_bytes
+
+        return kv_cache_bytes(self.info, self.kv_cells_used, self.cache_types) if self.info is not None else None  # type: ignore[arg-type]
+
+    @property
     def kv_cells_cached(self) -> int:
         """KV-cache cells that free slots keep for prefix reuse (a read from another thread may be a step old)."""
         return sum(len(self._slot_tokens[s]) for s in list(self._free_slots))

@@ -15,6 +15,7 @@ from localinfer.backends.base import LoadParams
 from localinfer.engine.engine import Engine
 from localinfer.engine.speculative import DraftConfig
 from localinfer.engine.types import SamplingParams
+from localinfer.errors import UserError
 from localinfer.modelfile import inspect
 from localinfer.store.pull import Progress, ensure_local
 from localinfer.store.refs import resolve
@@ -33,6 +34,7 @@ class LoadOptions:
     kernels: str | None = None  # native engine only: auto | c | numba
     verbose: bool = False  # let the backend print its own log (LOCALINFER_DEBUG=1)
     draft: DraftConfig | None = None  # prompt-lookup speculation; None: off
+    cache: tuple[str, str] | str = ("f16", "f16")  # KV-cache K and V types, or "auto": the first of f16, q8_0, q4_0 that fits
 
 
 def open_engine(ref: str | None, options: LoadOptions | None = None, progress: Progress | None = None) -> Engine:
@@ -52,7 +54,10 @@ def open_engine(ref: str | None, options: LoadOptions | None = None, progress: P
         devices = list_devices() if supports_gpu_offload() else []
     # n_ctx is per sequence; the cache holds one for each (llama.cpp's is one shared pool)
     total_ctx = n_ctx * options.n_seq_max
-    plan = memory.plan(info, total_ctx, options.gpu_layers if options.engine == "llama.cpp" else 0, devices)
+    if options.engine != "llama.cpp" and options.cache not in ("auto", ("f16", "f16")):
+        raise UserError(f"the {options.engine} engine keeps its KV cache in f16 for now; a {'/'.join(options.cache)} cache needs --engine llama.cpp")
+    cache = ("f16", "f16") if options.engine != "llama.cpp" else options.cache
+    plan = memory.plan_cache(info, total_ctx, options.gpu_layers if options.engine == "llama.cpp" else 0, cache, devices)
     backend = backend_cls.load(
         path,
         LoadParams(
@@ -62,6 +67,7 @@ def open_engine(ref: str | None, options: LoadOptions | None = None, progress: P
             n_seq_max=options.n_seq_max,
             kernels=options.kernels,
             verbose=options.verbose,
+            cache_types=plan.cache_types,
         ),
     )
     load_ms = (time.perf_counter() - t0) * 1e3

@@ -129,6 +129,11 @@ def create_app(host: ModelHost, api_key: str | None = None, parallel: int = 4, m
 
     @app.get("/metrics", dependencies=auth)
     async def prometheus() -> Response:
+        metrics.kv_bytes.clear()
+        for m in host.unique():
+            used = m.engine.kv_bytes_used()
+            if used is not None:
+                metrics.kv_bytes.labels(m.engine.name, *m.engine.cache_types).set(used)
         return Response(generate_latest(metrics.registry), media_type=CONTENT_TYPE_LATEST)
 
     @app.get("/v1/models", dependencies=auth, response_model=p.ModelList)

@@ -34,4 +34,5 @@ class Metrics:
         Gauge("localinfer_kv_cache_slots_free", "KV-cache sequences no request holds", registry=r).set_function(slots_free)
         Gauge("localinfer_kv_cache_cells_used", "KV-cache cells holding tokens (running requests and prefixes kept for reuse)", registry=r).set_function(cells_used)
         Gauge("localinfer_kv_cache_cells_free", "KV-cache cells holding nothing", registry=r).set_function(cells_free)
+        self.kv_bytes = Gauge("localinfer_kv_cache_bytes_used", "Bytes the KV cells in use hold, by model and K/V type", ["model", "type_k", "type_v"], registry=r)
         Gauge("localinfer_prefix_cache_tokens", "Tokens that free slots keep for prefix reuse", registry=r).set_function(cells_cached)

@@ -1,0 +1,97 @@
+"""KV-cache types: the memory plan against the bytes llama.cpp itself allocates (its own log
+line is the reference), --cache-type auto's order, a quantized cache that still decodes and
+still truncates and copies, eval --ref-cache, and the bad values."""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from localinfer import memory
+from localinfer.backends.base import Batch, LoadParams
+from localinfer.backends.llamacpp import LlamaCppBackend, log_listener
+from localinfer.errors import OutOfMemory
+from localinfer.modelfile import inspect
+
+from .cli.test_errors import assert_one_line_error
+from .conftest import THREADS, run_cli
+
+MiB = 2**20
+
+
+@pytest.mark.parametrize("types", [("f16", "f16"), ("q8_0", "q8_0"), ("q8_0", "q4_0"), ("q4_1", "q5_1"), ("q5_0", "iq4_nl")])
+def test_the_plan_counts_the_bytes_llama_cpp_allocates(model_path: Path, types: tuple[str, str]) -> None:
+    lines: list[str] = []
+    with log_listener(lines.append):
+        LlamaCppBackend.load(model_path, LoadParams(n_ctx=1024, n_threads=THREADS, cache_types=types)).close()
+    size = next(m for line in lines if (m := re.search(r"llama_kv_cache: size = +([\d.]+) MiB.*K \((\w+)\).*V \((\w+)\)", line)))
+    assert (size.group(2), size.group(3)) == types
+    assert abs(float(size.group(1)) - memory.kv_cache_bytes(inspect(model_path), 1024, types) / MiB) < 0.01
+
+
+def test_cache_type_auto_keeps_f16_then_q8_0_then_q4_0(model_path: Path) -> None:
+    info = inspect(model_path)
+    n_ctx = 8192
+
+    def ram_for(types: tuple[str, str]) -> int:
+        return info.tensor_bytes + memory.kv_cache_bytes(info, n_ctx, types) + memory.compute_bytes(info, n_ctx)
+
+    picks = {}
+    for label, ram in [("roomy", ram_for(("f16", "f16"))), ("tighter", ram_for(("q8_0", "q8_0"))), ("tight", ram_for(("q4_0", "q4_0")))]:
+        plan = memory.plan_cache(info, n_ctx, 0, "auto", ram_free=ram)
+        picks[label] = plan.cache_types
+        assert plan.cache_note
+    assert picks == {"roomy": ("f16", "f16"), "tighter": ("q8_0", "q8_0"), "tight": ("q4_0", "q4_0")}
+    assert "would not fit" in memory.plan_cache(info, n_ctx, 0, "auto", ram_free=ram_for(("q8_0", "q8_0"))).cache_note
+    with pytest.raises(OutOfMemory, match="even with a q4_0 KV cache"):
+        memory.plan_cache(info, n_ctx, 0, "auto", ram_free=ram_for(("q4_0", "q4_0")) - 1)
+
+
+def test_a_q8_0_cache_decodes_truncates_and_copies_like_f16(model_path: Path) -> None:
+    backends = {t: LlamaCppBackend.load(model_path, LoadParams(n_ctx=512, n_threads=THREADS, n_seq_max=2, cache_types=(t, t))) for t in ("f16", "q8_0")}
+    try:
+        prompt = backends["f16"].tokenize("The capital of France is Paris. The capital of Italy is", add_special=True)
+        logits = {}
+        for t, b in backends.items():
+            b.forward(Batch.for_sequence(prompt + [1, 2, 3], 0, 0))  # three tokens too many ...
+            b.kv_truncate(0, len(prompt) - 1)  # ... rolled back with the prompt's last token
+            b.kv_copy(0, 1, len(prompt) - 1)
+            logits[t] = [b.forward(Batch.for_sequence(prompt[-1:], len(prompt) - 1, seq))[0] for seq in (0, 1)]
+        q8, f16 = logits["q8_0"], logits["f16"]
+        np.testing.assert_array_equal(q8[0], q8[1])  # the copy is the original
+        assert q8[0].argmax() == f16[0].argmax() and kl(f16[0], q8[0]) < 0.02  # the same next-token distribution, nearly
+    finally:
+        for b in backends.values():
+            b.close()
+
+
+def kl(p_logits: np.ndarray, q_logits: np.ndarray) -> float:
+    p, q = (np.exp(x - x.max()) for x in (p_logits.astype(np.float64), q_logits.astype(np.float64)))
+    p, q = p / p.sum(), q / q.sum()
+    return float((p * np.log(p / q)).sum())
+
+
+def test_eval_measures_a_quantized_cache_against_f16() -> None:
+    r = run_cli("eval", "smollm2:135m", "--cache-type", "q8_0", "--ref-cache", "f16", "--ctx", "256", "--chunks", "2", "--json")
+    assert r.returncode == 0, r.stderr
+    result = json.loads(r.stdout)
+    assert 0 <= result["kld"]["mean"] < 0.01 and result["top1_agreement"] > 0.9
+
+
+@pytest.mark.parametrize(
+    "args, needle",
+    [
+        (("--cache-type-k", "q3_z"), "not a KV-cache type"),
+        (("--cache-type", "auto", "--cache-type-v", "f16"), "give it to --cache-type alone"),
+    ],
+)
+def test_bad_cache_types_get_one_line(args: tuple[str, ...], needle: str) -> None:
+    assert_one_line_error(run_cli("run", *args, "Hi"), needle, code=2)
+
+
+def test_the_native_engine_says_its_cache_is_f16() -> None:
+    assert_one_line_error(run_cli("run", "--engine", "native", "--cache-type", "q8_0", "Hi"), "keeps its KV cache in f16")
