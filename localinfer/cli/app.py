@@ -4,7 +4,9 @@ where errors become a single line on stderr."""
 from __future__ import annotations
 
 import os
+import signal
 import sys
+import threading
 
 import typer
 
@@ -39,10 +41,12 @@ def main(argv: list[str] | None = None) -> None:
     """Entry point. Library code raises; here a UserError or an OSError (a file the machine
     refused) becomes `error: ...` and exit 1, a usage error exit 2, Ctrl-C exit 130.
     LOCALINFER_DEBUG=1 keeps tracebacks."""
-    _register()
-    command = typer.main.get_command(app)
     debug = os.environ.get("LOCALINFER_DEBUG") == "1"
     try:
+        if threading.current_thread() is threading.main_thread():
+            signal.signal(signal.SIGINT, signal.default_int_handler)  # cli/__init__.py silenced it while loading
+        _register()
+        command = typer.main.get_command(app)
         result = command.main(args=argv, prog_name="localinfer", standalone_mode=False)
     except UsageError as e:
         hint = f" (see '{e.ctx.command_path} --help')" if e.ctx else ""

@@ -198,3 +198,20 @@ def test_bytes_that_are_not_utf8(model_path: Path, tmp_path: Path) -> None:
     for r in (cli(b"caf\xe9 au lait"), cli(b"--system", b"\xff", b"hi"), cli(stdin=b"caf\xe9\n"), cli(os.fsencode(odd_name), b"hi")):
         assert r.returncode == 0, r.stderr.decode(errors="replace")
         assert json.loads(r.stdout)["text"]
+
+
+@pytest.mark.parametrize("delay", [0.02, 0.06, 0.12, 0.25])
+def test_ctrl_c_while_the_command_line_loads_prints_no_traceback(delay: float) -> None:
+    """Before main() can catch KeyboardInterrupt (Python is still importing the CLI), Ctrl-C
+    ends the process as the signal does (the shell shows 130), without a traceback."""
+    import signal
+    import time
+
+    from ..conftest import start_cli
+
+    proc = start_cli("run", "--max-tokens", "1", "Hi", stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    time.sleep(delay)
+    proc.send_signal(signal.SIGINT)
+    _, stderr = proc.communicate(timeout=60)
+    assert proc.returncode in (130, -signal.SIGINT, 0), stderr  # 0: it had already answered
+    assert b"Traceback" not in stderr
