@@ -124,8 +124,10 @@ class Engine:
         self._stopping = False
         self._closed = False
         self.draft = draft  # None: no speculation
-        # cost of verifying k drafted tokens against plain decoding, measured once, at load, on an empty slot
-        self.verify_cost = measure_verify_cost(backend, 0, draft.max_draft) if draft else None
+        # The cost of verifying k drafted tokens against plain decoding: measured once, by the owner
+        # thread (start() has its thread do it at once). Measured on another thread, it would leave
+        # that thread's OpenMP team spinning beside the owner's, and every later forward slower.
+        self.verify_cost: np.ndarray | None = None
 
     @property
     def n_ctx(self) -> int:
@@ -179,7 +181,6 @@ class Engine:
             stream=stream,
             history=list(prompt_tokens),
             t_submit=time.perf_counter(),
-            spec=DraftState(self.draft, self.verify_cost) if self.draft else None,  # type: ignore[arg-type]
         )
         self._post(("submit", seq))
         return stream
@@ -283,10 +284,14 @@ class Engine:
         forward of every decoding request's next token plus up to `prefill_chunk` prompt tokens."""
         t0 = time.perf_counter()  # the whole step is what a running stream waits between tokens
         self._apply_inbox()
+        if self.draft is not None and self.verify_cost is None and len(self._free_slots) == len(self._slot_tokens):
+            self._calibrate()
         self._run_calls()
         while self._waiting and self._free_slots:
             seq = self._waiting.popleft()
             seq.t_prefill = time.perf_counter()
+            if self.draft is not None and self.verify_cost is not None:
+                seq.spec = DraftState(self.draft, self.verify_cost)
             self._place(seq)
             self._running[seq.request_id] = seq
         stats = StepStats()
@@ -332,6 +337,11 @@ class Engine:
             self.backend.kv_truncate(slot, reuse)
             del self._slot_tokens[slot][reuse:]
         seq.seq_id, seq.n_past, seq.cached_tokens = slot, reuse, reuse
+
+    def _calibrate(self) -> None:
+        slot = min(self._free_slots, key=lambda s: len(self._slot_tokens[s]))  # the emptiest: least reuse lost
+        self._slot_tokens[slot] = []
+        self.verify_cost = measure_verify_cost(self.backend, slot, self.draft.max_draft)  # type: ignore[union-attr]
 
     def _draft(self, seq: _Sequence) -> list[int]:
         """Tokens to verify after the pending one (speculative.py): none without speculation,
@@ -516,6 +526,8 @@ class Engine:
         self._stopping = False
         self._thread = threading.Thread(target=self._loop, name="localinfer-engine", daemon=True)
         self._thread.start()
+        if self.draft is not None and self.verify_cost is None:
+            self._post(("call", (lambda: None, concurrent.futures.Future())))  # a first step now: it measures the verify cost
 
     def stop(self) -> None:
         """Finish the requests in flight, then end the engine's thread."""

@@ -50,7 +50,7 @@ def engines(backend) -> tuple[Engine, Engine]:
     curve instead of the one it timed at load, so that its draft lengths, and the rollback
     paths a test walks, do not depend on how busy the machine was."""
     spec = Fresh(backend, draft=DraftConfig())
-    spec.verify_cost = np.linspace(1.0, 1.5, len(spec.verify_cost))
+    spec.verify_cost = np.linspace(1.0, 1.5, spec.draft.max_draft + 1)
     return Fresh(backend), spec
 
 
@@ -189,3 +189,29 @@ def test_the_cache_after_rollbacks_is_the_one_plain_decoding_builds(engines, bac
     assert out.timings.drafted > out.timings.accepted > 0  # some drafts held, some were rolled back
     assert held[0] == held[1]
     assert np.abs(logits[0] - logits[1]).max() < 0.1 and logits[0].argmax() == logits[1].argmax()
+
+
+def test_the_verify_cost_is_measured_by_the_thread_that_runs_the_engine(backend, monkeypatch) -> None:
+    """Measured on another thread, the backend's threads (OpenMP teams are per calling thread)
+    would keep spinning beside the engine's and slow every later forward (seen: 2.5x)."""
+    import threading
+    import time
+
+    from localinfer.engine import engine as engine_module
+
+    measured_on = []
+    real = engine_module.measure_verify_cost
+
+    def spy(*args, **kwargs):
+        measured_on.append(threading.current_thread().name)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(engine_module, "measure_verify_cost", spy)
+    engine = Engine(backend, draft=DraftConfig())
+    assert engine.verify_cost is None  # not at construction, on the caller's thread
+    engine.start()
+    deadline = time.monotonic() + 60
+    while engine.verify_cost is None and time.monotonic() < deadline:
+        time.sleep(0.01)
+    engine.stop()
+    assert measured_on == ["localinfer-engine"] and engine.verify_cost is not None
