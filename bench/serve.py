@@ -3,7 +3,8 @@ absolute numbers, since these machines are shared.
 
   concurrency  aggregate decode tokens/s with 4 concurrent greedy streams against 1 (each
                stream's tokens after its first, over the span from the first first-token to
-               the last token), for localinfer on llama.cpp, localinfer native, and
+               the last token), for localinfer on llama.cpp and native with --draft none
+               (batching alone), on llama.cpp with speculation on (the default), and
                llama-cpp-python's own server (`llama_cpp.server`) as the anchor.
   itl          the inter-token latency of 3 running streams while a 2,000-token prompt
                arrives, p99 against the median and against the streams' ITL before it
@@ -191,9 +192,11 @@ def bench_prefix(threads: int) -> dict:
 def bench_all_concurrency(threads: int, tokens: int, rounds: int, skip: set[str]) -> dict:
     results = {}
     print(f"concurrency: aggregate decode tokens/s, {tokens} tokens per stream, median of {rounds}", flush=True)
-    contenders = {"localinfer serve (llama.cpp)": localinfer("--threads", str(threads), "--parallel", "4")}
+    # Batching alone (--draft none), as issue 10 measures it; speculation (issue 11) shown beside it.
+    contenders = {"localinfer serve (llama.cpp)": localinfer("--threads", str(threads), "--parallel", "4", "--draft", "none")}
     if "native" not in skip:
-        contenders["localinfer serve (native)"] = localinfer("--threads", str(threads), "--parallel", "4", "--engine", "native")
+        contenders["localinfer serve (native)"] = localinfer("--threads", str(threads), "--parallel", "4", "--engine", "native", "--draft", "none")
+    contenders["localinfer serve (llama.cpp, speculation on)"] = localinfer("--threads", str(threads), "--parallel", "4")
     if "anchor" not in skip:
         try:
             import llama_cpp.server.app  # noqa: F401
