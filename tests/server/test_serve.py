@@ -314,7 +314,9 @@ def test_embeddings_match_llama_cpp_pythons_own(engine: str, model_path: Path) -
 
 
 def test_a_disconnect_lets_a_queued_request_start() -> None:
-    s = Server("--parallel", "1", "--max-queue", "4")
+    # --draft none: no verify-cost timing at start, which would hold the engine thread while the
+    # first request arrives and count it as waiting too
+    s = Server("--parallel", "1", "--max-queue", "4", "--draft", "none")
     try:
         long = {"messages": [{"role": "user", "content": "Write a very long story."}], "max_tokens": 2000, "temperature": 0, "stream": True}
         done: list[int] = []
