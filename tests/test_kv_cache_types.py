@@ -16,6 +16,7 @@ from localinfer.backends.base import Batch, LoadParams
 from localinfer.backends.llamacpp import LlamaCppBackend, log_listener
 from localinfer.errors import OutOfMemory
 from localinfer.modelfile import inspect
+from localinfer.quality.evaluate import log_softmax
 
 from .cli.test_errors import assert_one_line_error
 from .conftest import THREADS, run_cli
@@ -70,9 +71,8 @@ def test_a_q8_0_cache_decodes_truncates_and_copies_like_f16(model_path: Path) ->
 
 
 def kl(p_logits: np.ndarray, q_logits: np.ndarray) -> float:
-    p, q = (np.exp(x - x.max()) for x in (p_logits.astype(np.float64), q_logits.astype(np.float64)))
-    p, q = p / p.sum(), q / q.sum()
-    return float((p * np.log(p / q)).sum())
+    lp, lq = log_softmax(p_logits), log_softmax(q_logits)
+    return float((np.exp(lp) * (lp - lq)).sum())
 
 
 def test_eval_measures_a_quantized_cache_against_f16() -> None:

@@ -41,7 +41,7 @@ class PrefillBudget:
         """Tokens of a prompt at `start` that fit in `seconds` (at least 1: every step makes progress)."""
         if math.isinf(seconds) or wanted <= 1:
             return wanted
-        unit = self.unit_s if self.unit_s is not None else self.decode_s / FIRST_GUESS  # type: ignore[operator]
+        unit = self._unit()
         lo, hi = 1, wanted  # the largest n with work(start, n) * unit <= seconds; work grows with n
         while lo < hi:
             mid = (lo + hi + 1) // 2
@@ -49,8 +49,11 @@ class PrefillBudget:
         return lo
 
     def cost(self, start: int, n: int) -> float:
-        unit = self.unit_s if self.unit_s is not None else (self.decode_s or 0.0) / FIRST_GUESS
-        return work(start, n) * unit
+        return work(start, n) * self._unit()
+
+    def _unit(self) -> float:
+        """Seconds per work unit: as fitted, or a first guess from the decode step's time."""
+        return self.unit_s if self.unit_s is not None else (self.decode_s or 0.0) / FIRST_GUESS
 
     def observe(self, seconds: float, decoded: int, chunks: list[tuple[int, int]]) -> None:
         """Learn from a step's time: `decoded` decode rows and prompt `chunks` (start, tokens)."""

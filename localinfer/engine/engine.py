@@ -4,7 +4,8 @@ One `step()` is schedule -> forward -> sample -> update, as in vLLM: every runni
 decodes one token and waiting prompts are prefilled in chunks of at most `prefill_chunk`
 tokens, all in one batched forward, so a long new prompt never freezes the streams already
 running. While others decode, a chunk is also cut to a time budget (budget.py), so that a
-step carrying prompt tokens stays within a few decode steps' time. The CLI, the TUI and the server are thin clients of this object.
+step carrying prompt tokens stays within a few decode steps' time. The CLI, the TUI and the
+server are thin clients of this object.
 
 One owner. Only the thread that runs `step()` touches the backend and the scheduler's
 state. Without `start()` that is whoever calls `generate()` (the CLI); after `start()` it
@@ -35,6 +36,7 @@ from localinfer.engine.stream import Event, RequestStream
 from localinfer.engine.templates import Message, render_chat
 from localinfer.engine.types import CompletionOutput, SamplingParams, Timings, TokenEvent
 from localinfer.errors import BackendError, ContextOverflow, UserError
+from localinfer.memory import kv_cache_bytes
 
 DEFAULT_PREFILL_CHUNK = 512
 MAX_BACKLOG = 256  # unread events after which a request waits for its reader
@@ -207,8 +209,6 @@ class Engine:
 
     def kv_bytes_used(self) -> int | None:
         """Bytes the KV cells in use hold (None without the model's header to size a cell)."""
-        from localinfer.memory import kv_cache_bytes
-
         return kv_cache_bytes(self.info, self.kv_cells_used, self.cache_types) if self.info is not None else None  # type: ignore[arg-type]
 
     @property
