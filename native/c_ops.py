@@ -10,7 +10,9 @@ import weakref
 
 import numpy as np
 
-_P, _I64, _F = ctypes.c_void_p, ctypes.c_int64, ctypes.c_float
+from localinfer_native.types import KV_TYPES, kv_rotation, kv_row_bytes
+
+_P, _I64, _F, _INT = ctypes.c_void_p, ctypes.c_int64, ctypes.c_float, ctypes.c_int
 
 
 def bind(lib: ctypes.CDLL) -> None:
@@ -21,13 +23,14 @@ def bind(lib: ctypes.CDLL) -> None:
     lib.li_swiglu.restype = None
     lib.li_swiglu.argtypes = [_P, _P, _I64]
     lib.li_attention.restype = ctypes.c_int
-    lib.li_attention.argtypes = [_P, _P, _P, _P, _P, _P, _P, _I64, _I64, _I64, _I64, _I64, _F, ctypes.c_int]
+    lib.li_attention.argtypes = [_P, _P, _P, _P, _P, _INT, _INT, _I64, _I64, _P, _P, _I64, _I64, _I64, _I64, _I64, _F, _INT]
 
 
 _view = {
     np.dtype(np.float32): ctypes.c_float.from_buffer,
     np.dtype(np.int32): ctypes.c_int32.from_buffer,
     np.dtype(np.float16): ctypes.c_uint16.from_buffer,
+    np.dtype(np.uint8): ctypes.c_uint8.from_buffer,
 }
 _byref = ctypes.byref
 
@@ -86,14 +89,17 @@ class COps:
 
     def attention(
         self, q: np.ndarray, k_new: np.ndarray, v_new: np.ndarray, keys: np.ndarray, values: np.ndarray,
-        positions: np.ndarray, out: np.ndarray, scale: float,
+        positions: np.ndarray, out: np.ndarray, scale: float, kv_types: tuple[str, str] = ("f16", "f16"),
     ) -> None:  # fmt: skip
         m, n_head, head_dim = q.shape
         n_head_kv, n_ctx, _ = keys.shape
-        assert k_new.shape == v_new.shape == (m, n_head_kv, head_dim) and values.shape == keys.shape
+        type_k, type_v = KV_TYPES[kv_types[0]], KV_TYPES[kv_types[1]]
+        assert keys.shape[2] == kv_row_bytes(kv_types[0], head_dim) and values.shape == (n_head_kv, n_ctx, kv_row_bytes(kv_types[1], head_dim))
+        assert k_new.shape == v_new.shape == (m, n_head_kv, head_dim)
         assert out.shape == (m, n_head * head_dim) and len(positions) == m
         rc = self._lib.li_attention(
-            _pinned_ptr(q), _pinned_ptr(k_new), _pinned_ptr(v_new), _pinned_ptr(keys, np.float16), _pinned_ptr(values, np.float16),
+            _pinned_ptr(q), _pinned_ptr(k_new), _pinned_ptr(v_new), _pinned_ptr(keys, np.uint8), _pinned_ptr(values, np.uint8),
+            int(type_k), int(type_v), kv_rotation(kv_types[0], head_dim, True), kv_rotation(kv_types[1], head_dim, False),
             _ptr(positions, np.int32), _pinned_ptr(out),
             m, n_head, n_head_kv, head_dim, n_ctx, scale, self._threads.value,
         )  # fmt: skip

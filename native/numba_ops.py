@@ -3,10 +3,13 @@ KV cache, SwiGLU. The same loops as native/c/ops.c, compiled by Numba (cached on
 
 from __future__ import annotations
 
+import functools
 import math
 
 import numpy as np
 from numba import njit, prange
+
+from localinfer_native.types import KV_TYPES, kv_rotation
 
 
 @njit(cache=True)
@@ -98,6 +101,170 @@ def _attention_parallel(q, keys, values, half, pos, out, scale, group):
         _attend_one(q, keys, values, half, pos, out, scale, task, n_head, group, scores)
 
 
+# ---- quantized KV rows (ggml's block_q8_0 and block_q4_0; see native/c/kvcache.c) ------
+_F16, _Q8_0, _Q4_0 = 1, 8, 2  # ggml's type ids
+
+
+@njit(cache=True, inline="always")
+def _round_away(v):
+    """ggml's roundf: half away from zero."""
+    a = abs(v)
+    t = np.float32(np.int32(a))
+    if a - t >= np.float32(0.5):
+        t += np.float32(1.0)
+    return -t if v < 0 else t
+
+
+@njit(cache=True)
+def _quantize_q8_0(x, qs, d):
+    """x [rows, k] -> qs int8 [rows, k] and d [rows, k/32] = amax/127 (before fp16 rounding)."""
+    for r in range(x.shape[0]):
+        for b in range(x.shape[1] // 32):
+            amax = np.float32(0.0)
+            for e in range(32):
+                amax = max(amax, abs(x[r, b * 32 + e]))
+            db = amax / np.float32(127.0)
+            inv = np.float32(1.0) / db if db != 0 else np.float32(0.0)
+            d[r, b] = db
+            for e in range(32):
+                qs[r, b * 32 + e] = np.int8(_round_away(x[r, b * 32 + e] * inv))
+
+
+@njit(cache=True)
+def _quantize_q4_0(x, nib, d):
+    """x [rows, k] -> nibbles uint8 [rows, k/2] (block b's byte i: element i low, i+16 high)
+    and d [rows, k/32] = the value of largest magnitude / -8, as ggml's quantize_row_q4_0_ref."""
+    for r in range(x.shape[0]):
+        for b in range(x.shape[1] // 32):
+            amax, mx = np.float32(0.0), np.float32(0.0)
+            for e in range(32):
+                v = x[r, b * 32 + e]
+                if abs(v) > amax:
+                    amax, mx = abs(v), v
+            db = mx / np.float32(-8.0)
+            inv = np.float32(1.0) / db if db != 0 else np.float32(0.0)
+            d[r, b] = db
+            for e in range(16):
+                lo = min(15, np.int32(x[r, b * 32 + e] * inv + np.float32(8.5)))
+                hi = min(15, np.int32(x[r, b * 32 + e + 16] * inv + np.float32(8.5)))
+                nib[r, b * 16 + e] = np.uint8(lo | (hi << 4))
+
+
+@functools.lru_cache(maxsize=4)
+def hadamard(n: int) -> np.ndarray:
+    """The orthonormal Walsh-Hadamard matrix of size n (a power of two), by Sylvester's doubling."""
+    h = np.ones((1, 1), np.float32)
+    while len(h) < n:
+        h = np.block([[h, h], [h, -h]])
+    return h / np.float32(np.sqrt(n))
+
+
+def _rotated(x: np.ndarray, n: int) -> np.ndarray:
+    """x times the Walsh-Hadamard matrix, chunk by chunk of n values along its last axis."""
+    return (np.ascontiguousarray(x, np.float32).reshape(-1, n) @ hadamard(n)).reshape(x.shape)
+
+
+def kv_rows(x: np.ndarray, kv_type: str) -> np.ndarray:
+    """Rows [..., hd] float32 as the cache stores them: uint8 [..., kv_row_bytes]."""
+    hd = x.shape[-1]
+    flat = np.ascontiguousarray(x, np.float32).reshape(-1, hd)
+    if kv_type == "f16":
+        return flat.astype(np.float16).view(np.uint8).reshape(*x.shape[:-1], 2 * hd)
+    nb = hd // 32
+    d = np.empty((len(flat), nb), np.float32)
+    if kv_type == "q8_0":
+        q = np.empty((len(flat), hd), np.int8)
+        _quantize_q8_0(flat, q, d)
+    else:
+        q = np.empty((len(flat), hd // 2), np.uint8)
+        _quantize_q4_0(flat, q, d)
+    blocks = np.concatenate([d.astype(np.float16).view(np.uint8).reshape(-1, nb, 2), q.view(np.uint8).reshape(len(flat), nb, -1)], axis=2)
+    return blocks.reshape(*x.shape[:-1], -1)
+
+
+@njit(cache=True, inline="always")
+def _byte_i8(b):
+    v = np.int32(b)
+    return v - 256 if v > 127 else v
+
+
+@njit(cache=True, inline="always")
+def _half_at(row, off, half):
+    return half[np.int32(row[off]) | (np.int32(row[off + 1]) << 8)]
+
+
+@njit(cache=True, inline="always")
+def _score(row, kt, qf, qs, qd, half):
+    """One cached key row (bytes) against one query head: floats for f16, q8_0 otherwise."""
+    hd = qf.shape[0]
+    s = np.float32(0.0)
+    if kt == _F16:
+        for e in range(hd):
+            s += qf[e] * _half_at(row, 2 * e, half)
+        return s
+    size = 34 if kt == _Q8_0 else 18
+    for b in range(hd // 32):
+        off = b * size
+        isum = 0
+        if kt == _Q8_0:
+            for e in range(32):
+                isum += _byte_i8(row[off + 2 + e]) * np.int32(qs[b * 32 + e])
+        else:
+            for e in range(16):
+                byte = np.int32(row[off + 2 + e])
+                isum += ((byte & 15) - 8) * np.int32(qs[b * 32 + e]) + ((byte >> 4) - 8) * np.int32(qs[b * 32 + e + 16])
+        s += _half_at(row, off, half) * qd[b] * np.float32(isum)
+    return s
+
+
+@njit(cache=True, inline="always")
+def _accumulate(row, vt, p, o, half):
+    """o += p * (one cached value row, bytes)."""
+    hd = o.shape[0]
+    if vt == _F16:
+        for e in range(hd):
+            o[e] += p * _half_at(row, 2 * e, half)
+        return
+    size = 34 if vt == _Q8_0 else 18
+    for b in range(hd // 32):
+        off = b * size
+        w = p * _half_at(row, off, half)
+        if vt == _Q8_0:
+            for e in range(32):
+                o[b * 32 + e] += w * np.float32(_byte_i8(row[off + 2 + e]))
+        else:
+            for e in range(16):
+                byte = np.int32(row[off + 2 + e])
+                o[b * 32 + e] += w * np.float32((byte & 15) - 8)
+                o[b * 32 + e + 16] += w * np.float32((byte >> 4) - 8)
+
+
+@njit(cache=True, parallel=True)
+def _attention_typed(qf, qs, qd, keys, values, kt, vt, half, pos, out, scale, group):
+    """_attention_parallel for caches of any KV types (rows of bytes), one task per query head."""
+    m, n_head, hd = qf.shape
+    longest = pos.max() + 1
+    for task in prange(m * n_head):
+        i, h = task // n_head, task % n_head
+        kvh = h // group
+        t = pos[i] + 1
+        scores = np.empty(longest, np.float32)
+        mx = -np.inf
+        for j in range(t):
+            s = _score(keys[kvh, j], kt, qf[i, h], qs[i, h], qd[i, h], half) * scale
+            scores[j] = s
+            mx = max(mx, s)
+        total = np.float32(0.0)
+        for j in range(t):
+            scores[j] = np.exp(scores[j] - mx)
+            total += scores[j]
+        inv = np.float32(1.0) / total
+        o = out[i, h * hd : (h + 1) * hd]
+        o[:] = 0.0
+        for j in range(t):
+            _accumulate(values[kvh, j], vt, scores[j] * inv, o, half)
+
+
 # Every float16 bit pattern as float32: one load decodes a cached key or value.
 _HALF = np.arange(1 << 16, dtype=np.uint32).astype(np.uint16).view(np.float16).astype(np.float32)
 
@@ -117,11 +284,12 @@ class NumbaOps:
         table = np.ones((4, 2), f32)
         for neox in (False, True):
             self.rope(q, np.zeros(1, np.int32), table, table, neox)
-        cache = np.zeros((1, 4, 4), np.float16)
-        attn = np.empty((1, 8), f32)
-        self.attention(q, kv, kv, cache, cache.copy(), np.zeros(1, np.int32), attn, 0.5)
-        half = _HALF
-        _attention_parallel(q, cache.view(np.uint16), cache.view(np.uint16), half, np.zeros(1, np.int32), attn, f32(0.5), 2)
+        attn, pos = np.empty((1, 8), f32), np.zeros(1, np.int32)
+        cache = np.zeros((1, 4, 8), np.uint8)
+        self.attention(q, kv, kv, cache, cache.copy(), pos, attn, 0.5)
+        _attention_parallel(q, cache.view(np.uint16), cache.view(np.uint16), _HALF, pos, attn, f32(0.5), 2)
+        q, kv = np.ones((1, 2, 32), f32), np.ones((1, 1, 32), f32)
+        self.attention(q, kv, kv, np.zeros((1, 4, 34), np.uint8), np.zeros((1, 4, 18), np.uint8), pos, np.empty((1, 64), f32), 0.5, ("q8_0", "q4_0"))
 
     def rms_norm(self, x: np.ndarray, weight: np.ndarray, eps: float, out: np.ndarray) -> None:
         _rms_norm(x, weight, np.float32(eps), out)
@@ -134,16 +302,44 @@ class NumbaOps:
 
     def attention(
         self, q: np.ndarray, k_new: np.ndarray, v_new: np.ndarray, keys: np.ndarray, values: np.ndarray,
-        positions: np.ndarray, out: np.ndarray, scale: float,
+        positions: np.ndarray, out: np.ndarray, scale: float, kv_types: tuple[str, str] = ("f16", "f16"),
     ) -> None:  # fmt: skip
         if int(positions.max()) >= keys.shape[1] or int(positions.min()) < 0:
             raise ValueError("position outside the KV cache")
+        group = q.shape[1] // keys.shape[0]
+        if kv_types != ("f16", "f16"):
+            self._attention_typed(q, k_new, v_new, keys, values, positions, out, scale, kv_types)
+            return
         # The cache holds float16 (read through a table); queries are rounded to float16
         # too, as llama.cpp's flash attention takes them.
         keys, values = keys.view(np.uint16), values.view(np.uint16)
         q = q.astype(np.float16).astype(np.float32)
         _store(k_new.astype(np.float16).view(np.uint16), v_new.astype(np.float16).view(np.uint16), keys, values, positions)
-        group = q.shape[1] // keys.shape[0]
         work = q.shape[0] * q.shape[1] * (int(positions.max()) + 1) * q.shape[2]
         attend = _attention_parallel if work >= 1 << 18 else _attention_serial  # decode: no thread wake-up
         attend(q, keys, values, _HALF, positions, out, np.float32(scale), group)
+
+    def _attention_typed(
+        self, q: np.ndarray, k_new: np.ndarray, v_new: np.ndarray, keys: np.ndarray, values: np.ndarray,
+        positions: np.ndarray, out: np.ndarray, scale: float, kv_types: tuple[str, str],
+    ) -> None:  # fmt: skip
+        """A quantized K or V: rows stored rotated (kv_rotation) as ggml's blocks, q rotated
+        likewise and quantized to q8_0 for quantized K, the output rotated back."""
+        m, n_head, hd = q.shape
+        rot_k, rot_v = kv_rotation(kv_types[0], hd, True), kv_rotation(kv_types[1], hd, False)
+        if rot_k:
+            q, k_new = _rotated(q, rot_k), _rotated(k_new, rot_k)
+        keys[:, positions] = kv_rows(k_new, kv_types[0]).transpose(1, 0, 2)
+        values[:, positions] = kv_rows(_rotated(v_new, rot_v) if rot_v else v_new, kv_types[1]).transpose(1, 0, 2)
+        if kv_types[0] == "f16":
+            qf = q.astype(np.float16).astype(np.float32)
+            qs, qd = np.zeros((m, n_head, hd), np.int8), np.zeros((m, n_head, hd // 32), np.float32)
+        else:
+            qf = np.ascontiguousarray(q, np.float32)
+            qs, qd = np.empty((m * n_head, hd), np.int8), np.empty((m * n_head, hd // 32), np.float32)
+            _quantize_q8_0(qf.reshape(-1, hd), qs, qd)
+            qs, qd = qs.reshape(m, n_head, hd), qd.astype(np.float16).astype(np.float32).reshape(m, n_head, -1)
+        kt, vt = int(KV_TYPES[kv_types[0]]), int(KV_TYPES[kv_types[1]])
+        _attention_typed(qf, qs, qd, keys, values, kt, vt, _HALF, positions, out, np.float32(scale), q.shape[1] // keys.shape[0])
+        if rot_v:
+            out[...] = _rotated(out, rot_v)

@@ -20,6 +20,30 @@ Q = GGMLQuantizationType
 SUPPORTED_TYPES: frozenset[Q] = frozenset({Q.F32, Q.F16, Q.Q4_0, Q.Q4_1, Q.Q5_0, Q.Q5_1, Q.Q8_0, Q.Q4_K, Q.Q5_K, Q.Q6_K})
 
 
+# The KV cache's element types: ggml's ids, and the bytes of one 32-value block.
+KV_TYPES: dict[str, Q] = {"f16": Q.F16, "q8_0": Q.Q8_0, "q4_0": Q.Q4_0}
+
+
+def kv_row_bytes(kv_type: str, head_dim: int) -> int:
+    """Bytes of one cached position of one kv head: f16 halves, or ggml's 32-value blocks."""
+    block, size = GGML_QUANT_SIZES[KV_TYPES[kv_type]]
+    if head_dim % block:
+        raise ValueError(f"a {kv_type} KV cache needs a head size that is a multiple of {block}, not {head_dim}")
+    return head_dim // block * size
+
+
+def kv_rotation(kv_type: str, head_dim: int, keys: bool) -> int:
+    """The chunk size of the Walsh-Hadamard rotation a cache of this type stores its rows
+    in, as llama.cpp chooses it (0: none): quantized types only, head sizes that are a
+    multiple of 64; keys in the largest power-of-two chunk dividing the head, values in 64."""
+    if kv_type == "f16" or head_dim % 64:
+        return 0
+    n = 64
+    while keys and head_dim % (2 * n) == 0:
+        n *= 2
+    return n
+
+
 @dataclass(frozen=True)
 class QMatrix:
     """A [rows, cols] weight matrix as GGUF stores it: each row a run of blocks.
@@ -55,7 +79,7 @@ MatmulOp = Callable[[np.ndarray, Sequence[np.ndarray]], None]
 class Kernels(Protocol):
     """A kernel set: products over quantized weights, and the small per-token operations
     of a layer. `matmul_op` binds matrices once, so the per-token call stays cheap.
-    All arrays are C-contiguous float32 (positions int32, the KV cache float16) and owned
+    All arrays are C-contiguous float32 (positions int32, the KV cache bytes) and owned
     by the caller."""
 
     name: str  # "c" or "numba"
@@ -81,12 +105,15 @@ class Kernels(Protocol):
 
     def attention(
         self, q: np.ndarray, k_new: np.ndarray, v_new: np.ndarray, keys: np.ndarray, values: np.ndarray,
-        positions: np.ndarray, out: np.ndarray, scale: float,
+        positions: np.ndarray, out: np.ndarray, scale: float, kv_types: tuple[str, str] = ("f16", "f16"),
     ) -> None:  # fmt: skip
         """Store k_new/v_new [m, n_head_kv, hd] at `positions` of one sequence's layer cache
-        keys/values (float16 [n_head_kv, n_ctx, hd], as llama.cpp's F16 cache); then causal
-        grouped-query attention of q (rounded to float16, as llama.cpp's flash attention
-        takes it) [m, n_head, hd] over positions [0, pos] into out [m, n_head * hd].
+        keys/values (uint8 [n_head_kv, n_ctx, kv_row_bytes]: rows of kv_types, KV_TYPES); then
+        causal grouped-query attention of q [m, n_head, hd] over positions [0, pos] into out
+        [m, n_head * hd]. Against f16 keys q is rounded to float16, as llama.cpp's flash
+        attention takes it; against quantized keys each head is quantized to q8_0 and the
+        scores are integer dot products, as ggml's vec_dot. A quantized cache holds its rows
+        rotated as llama.cpp's does (kv_rotation), and the rotation is undone in `out`.
         Query head h reads kv head h // (n_head / n_head_kv)."""
         ...
 

@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 
 from localinfer import memory
+from localinfer.backends import get_backend
 from localinfer.backends.base import Batch, LoadParams
 from localinfer.backends.llamacpp import LlamaCppBackend, log_listener
 from localinfer.errors import OutOfMemory
@@ -52,8 +53,10 @@ def test_cache_type_auto_keeps_f16_then_q8_0_then_q4_0(model_path: Path) -> None
         memory.plan_cache(info, n_ctx, 0, "auto", ram_free=ram_for(("q4_0", "q4_0")) - 1)
 
 
-def test_a_q8_0_cache_decodes_truncates_and_copies_like_f16(model_path: Path) -> None:
-    backends = {t: LlamaCppBackend.load(model_path, LoadParams(n_ctx=512, n_threads=THREADS, n_seq_max=2, cache_types=(t, t))) for t in ("f16", "q8_0")}
+@pytest.mark.parametrize("engine", ["llama.cpp", "native"])
+def test_a_q8_0_cache_decodes_truncates_and_copies_like_f16(model_path: Path, engine: str) -> None:
+    backend_cls = get_backend(engine)
+    backends = {t: backend_cls.load(model_path, LoadParams(n_ctx=512, n_threads=THREADS, n_seq_max=2, cache_types=(t, t))) for t in ("f16", "q8_0")}
     try:
         prompt = backends["f16"].tokenize("The capital of France is Paris. The capital of Italy is", add_special=True)
         logits = {}
@@ -93,5 +96,27 @@ def test_bad_cache_types_get_one_line(args: tuple[str, ...], needle: str) -> Non
     assert_one_line_error(run_cli("run", *args, "Hi"), needle, code=2)
 
 
-def test_the_native_engine_says_its_cache_is_f16() -> None:
-    assert_one_line_error(run_cli("run", "--engine", "native", "--cache-type", "q8_0", "Hi"), "keeps its KV cache in f16")
+@pytest.mark.parametrize("types", [("f16", "f16"), ("q8_0", "q8_0"), ("q8_0", "q4_0"), ("q4_0", "q4_0")])
+def test_the_plan_counts_the_bytes_the_native_cache_holds(model_path: Path, types: tuple[str, str]) -> None:
+    from localinfer.backends.native import NativeBackend
+
+    b = NativeBackend.load(model_path, LoadParams(n_ctx=256, n_threads=THREADS, cache_types=types))
+    try:
+        b.forward(Batch.for_sequence(list(range(1, 101)), 0, 0))
+        assert b.cache.used_bytes() == memory.kv_cache_bytes(inspect(model_path), 100, types)
+    finally:
+        b.close()
+
+
+@pytest.mark.parametrize("engine", ["llama.cpp", "native"])
+def test_run_with_a_q8_0_cache_reports_it(model_path: Path, engine: str) -> None:
+    r = run_cli("run", "--engine", engine, "--cache-type-k", "q8_0", "--cache-type-v", "q8_0", "--verbose", "--max-tokens", "8", "--temperature", "0", "Hi")
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.strip()
+    used = re.search(r"KV cache q8_0/q8_0: (\d+) tokens, ([\d.]+) MB in use", r.stderr)
+    assert used, r.stderr
+    assert abs(float(used.group(2)) * 1e6 - memory.kv_cache_bytes(inspect(model_path), int(used.group(1)), ("q8_0", "q8_0"))) < 0.01e6
+
+
+def test_the_native_engine_names_the_cache_types_it_keeps() -> None:
+    assert_one_line_error(run_cli("run", "--engine", "native", "--cache-type-v", "q5_1", "Hi"), "q5_1 cache needs --engine llama.cpp")

@@ -15,7 +15,6 @@ from localinfer.backends.base import LoadParams
 from localinfer.engine.engine import Engine
 from localinfer.engine.speculative import DraftConfig
 from localinfer.engine.types import SamplingParams
-from localinfer.errors import UserError
 from localinfer.modelfile import inspect
 from localinfer.store.pull import Progress, ensure_local
 from localinfer.store.refs import resolve
@@ -54,10 +53,7 @@ def open_engine(ref: str | None, options: LoadOptions | None = None, progress: P
         devices = list_devices() if supports_gpu_offload() else []
     # n_ctx is per sequence; the cache holds one for each (llama.cpp's is one shared pool)
     total_ctx = n_ctx * options.n_seq_max
-    if options.engine != "llama.cpp" and options.cache not in ("auto", ("f16", "f16")):
-        raise UserError(f"the {options.engine} engine keeps its KV cache in f16 for now; a {'/'.join(options.cache)} cache needs --engine llama.cpp")
-    cache = ("f16", "f16") if options.engine != "llama.cpp" else options.cache
-    plan = memory.plan_cache(info, total_ctx, options.gpu_layers if options.engine == "llama.cpp" else 0, cache, devices)
+    plan = memory.plan_cache(info, total_ctx, options.gpu_layers if options.engine == "llama.cpp" else 0, options.cache, devices)
     backend = backend_cls.load(
         path,
         LoadParams(

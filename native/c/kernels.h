@@ -99,6 +99,36 @@ static inline float li_hsum8(__m256 v) {
 }
 #endif
 
+/* ggml's roundf: half away from zero (|v| <= 128 here) */
+static inline float li_round_away(float v) {
+    float a = v < 0.0f ? -v : v;
+    float t = (float)(int32_t)a;
+    if (a - t >= 0.5f) t += 1.0f;
+    return v < 0.0f ? -t : t;
+}
+
+#if defined(__AVX2__)
+/* 16 bytes of nibbles -> 32 bytes 0..15: low nibbles (elements 0..15), then high (16..31) */
+static inline __m256i li_unpack_nibbles(const uint8_t *p) {
+    const __m128i t = _mm_loadu_si128((const __m128i *)p);
+    const __m256i v = _mm256_inserti128_si256(_mm256_castsi128_si256(t), _mm_srli_epi16(t, 4), 1);
+    return _mm256_and_si256(v, _mm256_set1_epi8(0x0F));
+}
+
+static inline __m256i li_madd1(__m256i v) { return _mm256_madd_epi16(v, _mm256_set1_epi16(1)); }
+
+/* unsigned bytes (<= 31) times signed bytes: 8 int32 partial sums */
+static inline __m256i li_dot_u8_i8(__m256i u, const int8_t *a) {
+    return li_madd1(_mm256_maddubs_epi16(u, _mm256_loadu_si256((const __m256i *)a)));
+}
+
+/* signed times signed, by moving w's sign onto a (|w| <= 128 fits maddubs' unsigned side) */
+static inline __m256i li_dot_i8_i8(__m256i w, const int8_t *a) {
+    const __m256i av = _mm256_loadu_si256((const __m256i *)a);
+    return li_madd1(_mm256_maddubs_epi16(_mm256_sign_epi8(w, w), _mm256_sign_epi8(av, w)));
+}
+#endif
+
 #define LI_QK_K 256
 
 /* Q8_K activation block: float scale, 256 int8, and 16 sums of 16 values each
@@ -114,5 +144,18 @@ void li_quantize_row_q8_K(const float *x, void *y, int64_t k);
 void li_vec_dot_q4_K_q8_K(int64_t k, float *s, const void *w, const void *y);
 void li_vec_dot_q5_K_q8_K(int64_t k, float *s, const void *w, const void *y);
 void li_vec_dot_q6_K_q8_K(int64_t k, float *s, const void *w, const void *y);
+
+/* legacy.c */
+void li_quantize_row_q8_0(const float *x, void *y, int64_t k);
+
+/* kvcache.c: the KV cache's rows in f16, q8_0 or q4_0 (LI_F16, LI_Q8_0, LI_Q4_0) */
+#define LI_KV_MAX_HD 512
+int64_t li_kv_row_bytes(int type, int64_t hd); /* -1: not a cache type, or hd not a multiple of 32 */
+void li_fwht(float *x, int64_t len, int64_t n);
+void li_kv_store(int type, const float *x, uint8_t *row, int64_t hd, int64_t rot);
+void li_kv_query(int type, const float *q, int64_t g, int64_t hd, int64_t rot, void *qbuf);
+void li_kv_scores(int type, const void *qbuf, int64_t g, const uint8_t *keys, int64_t t, int64_t hd, float scale,
+                  float *scores);
+void li_kv_weighted(int type, const float *p, const uint8_t *values, int64_t t, int64_t hd, float *out);
 
 #endif

@@ -51,25 +51,10 @@ static inline uint32_t load_u32(const uint8_t *p) {
     return v;
 }
 
-/* ggml's roundf: half away from zero (|v| <= 128 here) */
-static inline float round_away(float v) {
-    float a = fabsf(v);
-    float t = (float)(int32_t)a;
-    if (a - t >= 0.5f) t += 1.0f;
-    return copysignf(t, v);
-}
-
 /* ---- AVX2 building blocks ---------------------------------------------------------- */
 
 #if defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
 #define LI_SIMD 1
-
-/* 16 bytes of nibbles -> 32 bytes 0..15: low nibbles (elements 0..15), then high (16..31) */
-static inline __m256i unpack_nibbles(const uint8_t *p) {
-    const __m128i t = _mm_loadu_si128((const __m128i *)p);
-    const __m256i v = _mm256_inserti128_si256(_mm256_castsi128_si256(t), _mm_srli_epi16(t, 4), 1);
-    return _mm256_and_si256(v, _mm256_set1_epi8(0x0F));
-}
 
 /* 16 bytes at p in the low lane, 16 bytes at q in the high lane: a load, a broadcast load
  * and a blend (on Zen 3 a vinserti128 from memory takes a whole cycle of a shuffle pipe) */
@@ -92,19 +77,6 @@ static inline __m256i high_bits(uint32_t bits) {
     const __m256i spread = _mm256_setr_epi8(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1,
                                             2, 2, 2, 2, 2, 2, 2, 2, 3, 3, 3, 3, 3, 3, 3, 3);
     return bits_to_0x10(_mm256_set1_epi32((int)bits), spread);
-}
-
-static inline __m256i madd1(__m256i v) { return _mm256_madd_epi16(v, _mm256_set1_epi16(1)); }
-
-/* unsigned bytes (<= 31) times signed bytes: 8 int32 partial sums */
-static inline __m256i dot_u8_i8(__m256i u, const int8_t *a) {
-    return madd1(_mm256_maddubs_epi16(u, _mm256_loadu_si256((const __m256i *)a)));
-}
-
-/* signed times signed, by moving w's sign onto a (|w| <= 128 fits maddubs' unsigned side) */
-static inline __m256i dot_i8_i8(__m256i w, const int8_t *a) {
-    const __m256i av = _mm256_loadu_si256((const __m256i *)a);
-    return madd1(_mm256_maddubs_epi16(_mm256_sign_epi8(w, w), _mm256_sign_epi8(av, w)));
 }
 
 #endif
@@ -184,7 +156,7 @@ static inline int quantize_block(const float *x, int8_t *lo, int8_t *hi, float *
     *dout = d;
     int sum = 0;
     for (int i = 0; i < QK; i++) {
-        const int q = (int)round_away(x[i] * id);
+        const int q = (int)li_round_away(x[i] * id);
         (i < 16 ? lo : hi - 16)[i] = (int8_t)q;
         sum += q;
     }
@@ -290,7 +262,7 @@ static inline __attribute__((always_inline)) void unpack_pair(const int KIND, co
  * int32 sums of 8. Per 128-bit lane: the block of that lane. */
 static inline __attribute__((always_inline)) __m256i pair_products(const int KIND, __m256i lo, __m256i hi,
                                                                    const int8_t *y) {
-    if (KIND == 4) return _mm256_add_epi32(dot_i8_i8(lo, y), dot_i8_i8(hi, y + 32));
+    if (KIND == 4) return _mm256_add_epi32(li_dot_i8_i8(lo, y), li_dot_i8_i8(hi, y + 32));
     return _mm256_add_epi16(_mm256_maddubs_epi16(lo, _mm256_loadu_si256((const __m256i *)y)),
                             _mm256_maddubs_epi16(hi, _mm256_loadu_si256((const __m256i *)(y + 32))));
 }
@@ -307,8 +279,8 @@ static inline __attribute__((always_inline)) __m256i hadd_pairs(const int KIND, 
  * and [C C D D] per lane -> int32 block sums in the octet order [0 2 4 6 1 3 5 7] */
 static inline __attribute__((always_inline)) __m256i octet_sums(const int KIND, __m256i h0, __m256i h1) {
     if (KIND != 4) {
-        h0 = madd1(h0);
-        h1 = madd1(h1);
+        h0 = li_madd1(h0);
+        h1 = li_madd1(h1);
     }
     const __m256 a = _mm256_castsi256_ps(h0), b = _mm256_castsi256_ps(h1);
     return _mm256_add_epi32(_mm256_castps_si256(_mm256_shuffle_ps(a, b, 0x88)),
@@ -396,7 +368,7 @@ static inline __attribute__((always_inline)) void dot_legacy(const int KIND, con
         const float c1 = HAS_M(KIND) ? li_fp16_to_fp32(load_u16(b0 + bs + 2)) : d1;
         for (int r = 0; r < R; r++) {
             __m256i dot = pair_products(KIND, lo, hi, aq[r] + p * 64);
-            if (KIND != 4) dot = madd1(dot);
+            if (KIND != 4) dot = li_madd1(dot);
             const __m256 sc = _mm256_setr_m128(_mm_set1_ps(d0 * ad[r][2 * p]), _mm_set1_ps(d1 * ad[r][2 * p + 1]));
             acc[r] = _mm256_fmadd_ps(sc, _mm256_cvtepi32_ps(dot), acc[r]);
             corr[r] += c0 * as[r][2 * p] + c1 * as[r][2 * p + 1];
@@ -410,12 +382,12 @@ static inline __attribute__((always_inline)) void dot_legacy(const int KIND, con
         if (KIND == 4) {
             q = _mm256_loadu_si256((const __m256i *)(b + 2));
         } else {
-            q = unpack_nibbles(b + QOFF(KIND));
+            q = li_unpack_nibbles(b + QOFF(KIND));
             if (HAS_QH(KIND)) q = _mm256_or_si256(q, high_bits(load_u32(b + (KIND == 2 ? 2 : 4))));
         }
         for (int r = 0; r < R; r++) {
             const int8_t *y = aq[r] + (nb - 1) * QK;
-            const __m256i dot = KIND == 4 ? dot_i8_i8(q, y) : dot_u8_i8(q, y);
+            const __m256i dot = KIND == 4 ? li_dot_i8_i8(q, y) : li_dot_u8_i8(q, y);
             acc[r] = _mm256_fmadd_ps(_mm256_set1_ps(d0 * ad[r][nb - 1]), _mm256_cvtepi32_ps(dot), acc[r]);
             corr[r] += c0 * as[r][nb - 1];
         }

@@ -1,6 +1,7 @@
 /* The small per-token operations of a llama-family layer: RMSNorm, RoPE, attention over
  * the KV cache, SwiGLU. Each is tiny on its own; as numpy calls they cost more than the
- * matmuls, so each is one C call here. Plain loops, with AVX2 for attention's inner loops.
+ * matmuls, so each is one C call here. Plain loops, with AVX2 for the softmax; attention's
+ * reads of the cache, in each of its types, are in kvcache.c.
  */
 #include <math.h>
 #include <stdint.h>
@@ -11,10 +12,6 @@
 #ifdef _OPENMP
 #include <omp.h>
 #endif
-
-/* The KV cache stores IEEE halves, as llama.cpp's default F16 cache does: half the memory,
- * and half the bytes attention reads. */
-static inline float li_round_half(float x) { return li_fp16_to_fp32(li_fp32_to_fp16(x)); }
 
 void li_rms_norm(const float *x, const float *w, float *out, int64_t n, int64_t d, float eps) {
     for (int64_t i = 0; i < n; i++) {
@@ -107,66 +104,11 @@ static void softmax_exp(float *s, int64_t t) {
     for (; j < t; j++) s[j] = exp_nonpositive(s[j] - mx);
 }
 
-/* scores[h * t + j] = scale * (q_h . key_j) for the g heads, j < t */
-static void group_scores(const float *qg, int64_t g, const uint16_t *keys, int64_t t, int64_t hd, float scale,
-                         float *scores) {
-#if defined(__AVX2__) && defined(__FMA__)
-    if (hd % 16 == 0) {
-        for (int64_t j = 0; j < t; j++) {
-            const uint16_t *k = keys + j * hd;
-            for (int64_t h = 0; h < g; h++) {
-                const float *qh = qg + h * hd;
-                __m256 a0 = _mm256_setzero_ps(), a1 = _mm256_setzero_ps();
-                for (int64_t e = 0; e < hd; e += 16) {
-                    a0 = _mm256_fmadd_ps(_mm256_loadu_ps(qh + e), _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(k + e))), a0);
-                    a1 = _mm256_fmadd_ps(_mm256_loadu_ps(qh + e + 8), _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(k + e + 8))), a1);
-                }
-                scores[h * t + j] = li_hsum8(_mm256_add_ps(a0, a1)) * scale;
-            }
-        }
-        return;
-    }
-#endif
-    for (int64_t j = 0; j < t; j++)
-        for (int64_t h = 0; h < g; h++) {
-            float s = 0.0f;
-            for (int64_t e = 0; e < hd; e++) s += qg[h * hd + e] * li_fp16_to_fp32(keys[j * hd + e]);
-            scores[h * t + j] = s * scale;
-        }
-}
-
-/* out = sum_j p[j] * value_j, for one head: p has t weights */
-static void weighted_values(const float *p, const uint16_t *values, int64_t t, int64_t hd, float *out) {
-#if defined(__AVX2__) && defined(__FMA__)
-    if (hd == 64) { /* the common head size: the whole output row stays in 8 registers */
-        __m256 o0 = _mm256_setzero_ps(), o1 = o0, o2 = o0, o3 = o0, o4 = o0, o5 = o0, o6 = o0, o7 = o0;
-        for (int64_t j = 0; j < t; j++) {
-            const __m128i *v = (const __m128i *)(values + j * 64);
-            const __m256 w = _mm256_broadcast_ss(p + j);
-            o0 = _mm256_fmadd_ps(w, _mm256_cvtph_ps(_mm_loadu_si128(v)), o0);
-            o1 = _mm256_fmadd_ps(w, _mm256_cvtph_ps(_mm_loadu_si128(v + 1)), o1);
-            o2 = _mm256_fmadd_ps(w, _mm256_cvtph_ps(_mm_loadu_si128(v + 2)), o2);
-            o3 = _mm256_fmadd_ps(w, _mm256_cvtph_ps(_mm_loadu_si128(v + 3)), o3);
-            o4 = _mm256_fmadd_ps(w, _mm256_cvtph_ps(_mm_loadu_si128(v + 4)), o4);
-            o5 = _mm256_fmadd_ps(w, _mm256_cvtph_ps(_mm_loadu_si128(v + 5)), o5);
-            o6 = _mm256_fmadd_ps(w, _mm256_cvtph_ps(_mm_loadu_si128(v + 6)), o6);
-            o7 = _mm256_fmadd_ps(w, _mm256_cvtph_ps(_mm_loadu_si128(v + 7)), o7);
-        }
-        _mm256_storeu_ps(out, o0), _mm256_storeu_ps(out + 8, o1), _mm256_storeu_ps(out + 16, o2), _mm256_storeu_ps(out + 24, o3);
-        _mm256_storeu_ps(out + 32, o4), _mm256_storeu_ps(out + 40, o5), _mm256_storeu_ps(out + 48, o6), _mm256_storeu_ps(out + 56, o7);
-        return;
-    }
-#endif
-    memset(out, 0, sizeof(float) * (size_t)hd);
-    for (int64_t j = 0; j < t; j++)
-        for (int64_t e = 0; e < hd; e++) out[e] += p[j] * li_fp16_to_fp32(values[j * hd + e]);
-}
-
 /* The g query heads of one row that share a kv head, against its positions [0, t):
- * qg: [g, hd] (float16-rounded), scores: [g, t] scratch, out: g rows of hd. */
-static void attend_group(const float *qg, int64_t g, const uint16_t *keys, const uint16_t *values, int64_t t,
-                         int64_t hd, float scale, float *scores, float *out) {
-    group_scores(qg, g, keys, t, hd, scale, scores);
+ * qbuf: the heads as li_kv_query prepared them, scores: [g, t] scratch, out: g rows of hd. */
+static void attend_group(int type_k, int type_v, const void *qbuf, int64_t g, const uint8_t *keys,
+                         const uint8_t *values, int64_t t, int64_t hd, float scale, float *scores, float *out) {
+    li_kv_scores(type_k, qbuf, g, keys, t, hd, scale, scores);
     for (int64_t h = 0; h < g; h++) {
         float *s = scores + h * t;
         softmax_exp(s, t);
@@ -178,35 +120,37 @@ static void attend_group(const float *qg, int64_t g, const uint16_t *keys, const
         for (; j < t; j++) sum += s[j];
         const float inv = 1.0f / sum;
         for (j = 0; j < t; j++) s[j] *= inv;
-        weighted_values(s, values, t, hd, out + h * hd);
+        li_kv_weighted(type_v, s, values, t, hd, out + h * hd);
     }
 }
 
-/* Store m new keys/values ([m, n_head_kv, hd]) as float16 at their positions of one
- * sequence's cache ([n_head_kv, n_ctx, hd] halves per layer), then causal
+/* Store m new keys/values ([m, n_head_kv, hd]) in the cache's types (kvcache.c), rotated
+ * in chunks of rot_k / rot_v values where those are not 0, at their positions of one
+ * sequence's cache ([n_head_kv, n_ctx] rows per layer), then causal
  * grouped-query attention of the m queries ([m, n_head, hd]) into out ([m, n_head*hd]).
  * Query head h reads kv head h / (n_head / n_head_kv), as llama.cpp broadcasts. */
-int li_attention(const float *q, const float *k_new, const float *v_new, uint16_t *keys, uint16_t *values,
-                 const int32_t *pos, float *out, int64_t m, int64_t n_head, int64_t n_head_kv,
-                 int64_t hd, int64_t n_ctx, float scale, int nthreads) {
+int li_attention(const float *q, const float *k_new, const float *v_new, uint8_t *keys, uint8_t *values,
+                 int type_k, int type_v, int64_t rot_k, int64_t rot_v, const int32_t *pos, float *out, int64_t m,
+                 int64_t n_head, int64_t n_head_kv, int64_t hd, int64_t n_ctx, float scale, int nthreads) {
+    const int64_t kb = li_kv_row_bytes(type_k, hd), vb = li_kv_row_bytes(type_v, hd);
+    if (kb < 0 || vb < 0 || hd > LI_KV_MAX_HD) return 2;
+    if ((rot_k && (hd % rot_k || (rot_k & (rot_k - 1)))) || (rot_v && (hd % rot_v || (rot_v & (rot_v - 1))))) return 2;
     for (int64_t i = 0; i < m; i++) {
         if (pos[i] < 0 || pos[i] >= n_ctx) return 3;
         for (int64_t h = 0; h < n_head_kv; h++) {
-            const float *ks = k_new + (i * n_head_kv + h) * hd, *vs = v_new + (i * n_head_kv + h) * hd;
-            uint16_t *kd = keys + (h * n_ctx + pos[i]) * hd, *vd = values + (h * n_ctx + pos[i]) * hd;
-            for (int64_t e = 0; e < hd; e++) {
-                kd[e] = li_fp32_to_fp16(ks[e]);
-                vd[e] = li_fp32_to_fp16(vs[e]);
-            }
+            const int64_t at = (int64_t)h * n_ctx + pos[i], src = (i * n_head_kv + h) * hd;
+            li_kv_store(type_k, k_new + src, keys + at * kb, hd, rot_k);
+            li_kv_store(type_v, v_new + src, values + at * vb, hd, rot_v);
         }
     }
     int64_t longest = 0;
     for (int64_t i = 0; i < m; i++) longest = pos[i] + 1 > longest ? pos[i] + 1 : longest;
     const int64_t group = n_head / n_head_kv, tasks = m * n_head_kv;
-    if (hd > 512 || group > 64) return 3;
+    if (group > 64) return 3;
     /* Decode attends over a few hundred positions: not worth waking threads for. */
     if (m * n_head * longest * hd < (1 << 18)) nthreads = 1;
     if (nthreads < 1) nthreads = 1;
+    /* per thread: the group's queries (g*hd floats' room, li_kv_query), then its scores */
     float *scratch = malloc(sizeof(float) * (size_t)group * (size_t)(longest + hd) * (size_t)nthreads);
     if (!scratch) return 4;
 #pragma omp parallel for schedule(dynamic, 1) num_threads(nthreads) if (nthreads > 1)
@@ -216,11 +160,12 @@ int li_attention(const float *q, const float *k_new, const float *v_new, uint16_
         thread = omp_get_thread_num();
 #endif
         const int64_t i = task / n_head_kv, kvh = task % n_head_kv;
-        float *qg = scratch + (size_t)thread * (size_t)group * (size_t)(longest + hd), *scores = qg + group * hd;
-        const float *qi = q + (i * n_head + kvh * group) * hd;
-        for (int64_t e = 0; e < group * hd; e++) qg[e] = li_round_half(qi[e]);
-        attend_group(qg, group, keys + kvh * n_ctx * hd, values + kvh * n_ctx * hd, (int64_t)pos[i] + 1, hd, scale,
-                     scores, out + (i * n_head + kvh * group) * hd);
+        float *qbuf = scratch + (size_t)thread * (size_t)group * (size_t)(longest + hd), *scores = qbuf + group * hd;
+        float *o = out + (i * n_head + kvh * group) * hd;
+        li_kv_query(type_k, q + (i * n_head + kvh * group) * hd, group, hd, rot_k, qbuf);
+        attend_group(type_k, type_v, qbuf, group, keys + kvh * n_ctx * kb, values + kvh * n_ctx * vb,
+                     (int64_t)pos[i] + 1, hd, scale, scores, o);
+        if (rot_v) li_fwht(o, group * hd, rot_v); /* the values were stored rotated */
     }
     free(scratch);
     return 0;

@@ -10,9 +10,6 @@ installed library (AVX2 here) and through a portable build compiled in the test.
 from __future__ import annotations
 
 import shutil
-import subprocess
-import sys
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -34,7 +31,6 @@ except (ImportError, OSError, KernelsUnavailable) as e:  # pragma: no cover - de
         raise AssertionError(f"a C compiler is here but the C kernels did not build or load ({e}); run pip install -e . -v") from e
     pytest.skip(f"no C compiler, so no C kernels ({e})", allow_module_level=True)
 
-SRC = Path(__file__).resolve().parents[2] / "native" / "c"
 K_TYPES = {Q.Q4_K, Q.Q5_K, Q.Q6_K}
 FLOAT_TYPES = {Q.F32, Q.F16}
 LEGACY_TYPES = {Q.Q4_0, Q.Q4_1, Q.Q5_0, Q.Q5_1, Q.Q8_0}
@@ -43,19 +39,6 @@ assert set(ALL_TYPES) == K_TYPES | FLOAT_TYPES | LEGACY_TYPES
 
 
 # ------------------------------------------------------------------ the two builds
-
-
-@pytest.fixture(scope="session")
-def portable_library(tmp_path_factory) -> Path:
-    """native/c compiled without -march: the scalar paths, single-threaded (no OpenMP)."""
-    cc = shutil.which("gcc") or shutil.which("cc")
-    if cc is None or sys.platform == "win32":
-        pytest.skip("no C compiler for the portable build")
-    out = tmp_path_factory.mktemp("portable") / "_ckernels_portable.so"
-    sources = sorted(str(p) for p in SRC.glob("*.c"))
-    subprocess.run([cc, "-O2", "-std=gnu11", "-shared", "-fPIC", "-I", str(SRC), *sources, "-o", str(out), "-lm"],
-                   check=True, capture_output=True, text=True)  # fmt: skip
-    return out
 
 
 @pytest.fixture(scope="session", params=["installed", "portable"])

@@ -154,3 +154,26 @@ def test_prefill_in_one_batch_equals_token_by_token(f32_path: Path) -> None:
         assert (batched.argmax(axis=1) == stepped.argmax(axis=1)).all()
         assert np.abs(batched - stepped).max() < 0.05  # float16 rounding of the cache, summation order
         native.close()
+
+
+def test_a_q8_0_cache_agrees_with_llama_cpps(f32_path: Path, record_property) -> None:
+    """Both engines with q8_0 keys and values (each rotated and quantized as llama.cpp does).
+    An 8-bit rounding step is a cliff again, so the bar is our own spread: the C and Numba
+    kernels, the same block math summed in another order, measured here."""
+    types = ("q8_0", "q8_0")
+    ref = LlamaCppBackend.load(f32_path, LoadParams(n_ctx=N_CTX, n_threads=THREADS, cache_types=types))
+    tokens = ref.tokenize(TEXT, add_special=False)[:N_FORCED]
+    theirs = forced_logits(ref, tokens)
+    ref.close()
+    ours = {}
+    for kernels in ("c", "numba"):
+        native = NativeBackend.load(f32_path, LoadParams(n_ctx=N_CTX, n_threads=THREADS, kernels=kernels, cache_types=types))
+        ours[kernels] = forced_logits(native, tokens)
+        native.close()
+    _, spread, _ = agreement(ours["c"], ours["numba"])
+    for kernels, logits in ours.items():
+        top1, mean, worst = agreement(logits, theirs)
+        line = f"q8_0 cache [{kernels}] vs llama.cpp: top-1 {top1:.4f}, mean |diff| {mean:.4f}, max {worst:.4f} | c vs numba mean |diff| {spread:.4f}"
+        print(f"\n{line}")
+        record_property(f"q8_0 agreement {kernels}", line)
+        assert top1 >= 0.98 and mean <= 1.5 * spread, line

@@ -20,6 +20,19 @@ from localinfer.backends.native.weights import Weights
 from localinfer.errors import BackendError, UserError
 from localinfer.modelfile import inspect
 from localinfer_native import KernelsUnavailable, load_kernels
+from localinfer_native.types import KV_TYPES, kv_row_bytes
+
+
+def native_cache_types(types: tuple[str, str], head_dim: int) -> tuple[str, str]:
+    """The KV-cache types asked for, if the native engine keeps them; else a UserError that says what to do."""
+    for t in types:
+        if t not in KV_TYPES:
+            raise UserError(f"the native engine's KV cache is f16, q8_0 or q4_0; a {t} cache needs --engine llama.cpp")
+        try:
+            kv_row_bytes(t, head_dim)
+        except ValueError as e:
+            raise UserError(f"{e}; use --cache-type f16 or --engine llama.cpp") from None
+    return types
 
 
 class NativeBackend(LlamaTokenized, Backend):
@@ -36,7 +49,7 @@ class NativeBackend(LlamaTokenized, Backend):
             raise UserError(str(e)) from None
         self._tok = Tokenizer.load(path, params.verbose)
         self.weights = Weights.open(path, info, config)
-        self.cache = KVCache(config, params.n_ctx, params.n_seq_max)
+        self.cache = KVCache(config, params.n_ctx, params.n_seq_max, native_cache_types(params.cache_types, config.head_dim))
         self.model = Transformer(config, self.weights, self.kernels, params.n_ctx)  # compiles or loads kernels
         # Code, vocabulary and compiled kernels are fixed costs; from here on, what the
         # model's use adds: KV cache pages and activations.

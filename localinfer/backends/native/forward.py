@@ -121,10 +121,10 @@ class Transformer:
             for seq, rows in groups:
                 keys, values = cache.layers(seq)
                 if rows is None:  # the whole batch is one sequence
-                    k_ops.attention(q3, k3, v3, keys[layer], values[layer], positions, attn, self.scale)
+                    k_ops.attention(q3, k3, v3, keys[layer], values[layer], positions, attn, self.scale, cache.types)
                 else:
                     part = np.empty((len(rows), q_dim), np.float32)
-                    k_ops.attention(q3[rows], k3[rows], v3[rows], keys[layer], values[layer], positions[rows], part, self.scale)
+                    k_ops.attention(q3[rows], k3[rows], v3[rows], keys[layer], values[layer], positions[rows], part, self.scale, cache.types)
                     attn[rows] = part
             self.attn_out[layer](attn, ws.o_out)
             x += ws.o

@@ -1,11 +1,12 @@
 """Keys and values per sequence, for every layer.
 
-Each sequence gets its own [n_layer, n_head_kv, n_ctx, head_dim] arrays in anonymous
+Each sequence gets its own [n_layer, n_head_kv, n_ctx, row_bytes] byte arrays in anonymous
 memory that the OS fills in lazily, 4 KiB at a time, so only the positions a sequence has
 reached take resident memory.
-Values are stored as float16, as llama.cpp's default F16 cache stores them: half the
-memory, half the bytes attention reads per token, and both engines attend over the same
-numbers.
+A row (one position of one kv head) is stored in the cache's type, as llama.cpp stores it:
+f16 halves (the default: half the memory of floats, and both engines attend over the same
+numbers), or ggml's q8_0 / q4_0 blocks of 32 values (kv_row_bytes), for more context and
+slots in the same memory.
 """
 
 from __future__ import annotations
@@ -16,9 +17,10 @@ import numpy as np
 
 from localinfer.backends.native.config import ModelConfig
 from localinfer.errors import BackendError, ContextOverflow
+from localinfer_native.types import kv_row_bytes
 
 
-def lazy_zeros(shape: tuple[int, ...], dtype: type = np.float16) -> np.ndarray:
+def lazy_zeros(shape: tuple[int, ...], dtype: type = np.uint8) -> np.ndarray:
     """Zeros that take RAM only where written. Not np.zeros: numpy asks for 2 MiB
     huge pages on big arrays, and one write per layer and head would then make 2 MiB each
     resident (hundreds of MB for a cache that holds a few tokens)."""
@@ -31,9 +33,11 @@ def lazy_zeros(shape: tuple[int, ...], dtype: type = np.float16) -> np.ndarray:
 
 
 class KVCache:
-    def __init__(self, config: ModelConfig, n_ctx: int, n_seq_max: int) -> None:
-        self.n_ctx, self.n_seq_max = n_ctx, n_seq_max
-        self._shape = (config.n_layer, config.n_head_kv, n_ctx, config.head_dim)
+    def __init__(self, config: ModelConfig, n_ctx: int, n_seq_max: int, types: tuple[str, str] = ("f16", "f16")) -> None:
+        self.n_ctx, self.n_seq_max, self.types = n_ctx, n_seq_max, types
+        rows = (config.n_layer, config.n_head_kv, n_ctx)
+        self._shapes = tuple((*rows, kv_row_bytes(t, config.head_dim)) for t in types)  # K, V
+        self._bytes_per_position = config.n_layer * config.n_head_kv * sum(shape[3] for shape in self._shapes)
         self.keys: dict[int, np.ndarray] = {}
         self.values: dict[int, np.ndarray] = {}
         self.length: dict[int, int] = {}
@@ -44,8 +48,8 @@ class KVCache:
         if seq_id not in self.keys:
             if not 0 <= seq_id < self.n_seq_max:
                 raise BackendError(f"sequence id {seq_id} is out of range (n_seq_max {self.n_seq_max})")
-            self.keys[seq_id] = lazy_zeros(self._shape)
-            self.values[seq_id] = lazy_zeros(self._shape)
+            self.keys[seq_id] = lazy_zeros(self._shapes[0])
+            self.values[seq_id] = lazy_zeros(self._shapes[1])
             self.length[seq_id] = 0
         return self.keys[seq_id], self.values[seq_id]
 
@@ -84,5 +88,4 @@ class KVCache:
         self.length[dst] = max(self.length[dst], n)
 
     def used_bytes(self) -> int:
-        per_position = 2 * self._shape[0] * self._shape[1] * self._shape[3] * 2
-        return sum(self.length.values()) * per_position
+        return sum(self.length.values()) * self._bytes_per_position
