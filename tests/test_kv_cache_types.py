@@ -120,3 +120,22 @@ def test_run_with_a_q8_0_cache_reports_it(model_path: Path, engine: str) -> None
 
 def test_the_native_engine_names_the_cache_types_it_keeps() -> None:
     assert_one_line_error(run_cli("run", "--engine", "native", "--cache-type-v", "q5_1", "Hi"), "q5_1 cache needs --engine llama.cpp")
+
+
+def test_the_catalog_can_set_a_models_cache_types() -> None:
+    from localinfer.engine.loader import cache_types
+
+    assert cache_types((None, None), {}) == ("f16", "f16")
+    assert cache_types((None, None), {"cache_type": "q8_0"}) == ("q8_0", "q8_0")
+    assert cache_types((None, None), {"cache_type": "q8_0", "cache_type_v": "q4_0"}) == ("q8_0", "q4_0")
+    assert cache_types(("f16", None), {"cache_type": "q8_0"}) == ("f16", "q8_0")  # an option overrides its half
+    assert cache_types((None, None), {"cache_type": "auto"}) == "auto"
+    assert cache_types(("q4_0", None), {"cache_type": "auto"}) == ("q4_0", "f16")
+    assert cache_types("auto", {"cache_type": "q8_0"}) == "auto"
+
+
+def test_the_catalogs_cache_defaults_are_cache_types() -> None:
+    from localinfer.store.catalog import load_catalog
+
+    named = {str(e.defaults[key]) for e in load_catalog().entries.values() for key in ("cache_type", "cache_type_k", "cache_type_v") if key in e.defaults}
+    assert named and named <= {*memory.KV_TYPE_BYTES, "auto"}

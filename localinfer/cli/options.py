@@ -122,10 +122,11 @@ CacheTypeK = Annotated[Optional[str], typer.Option("--cache-type-k", help="KV-ca
 CacheTypeV = Annotated[Optional[str], typer.Option("--cache-type-v", help="KV-cache type of V alone (overrides --cache-type; a quantized V turns on flash attention on llama.cpp).", callback=cache_type, show_default=False)]
 
 
-def cache_choice(both: str | None, k: str | None, v: str | None) -> tuple[str, str] | str:
-    """(K type, V type), or "auto"; BadParameter if auto is mixed with explicit types."""
+def cache_choice(both: str | None, k: str | None, v: str | None) -> tuple[str | None, str | None] | str:
+    """(K type, V type), None where not given (the catalog's default, else f16), or "auto";
+    BadParameter if auto is mixed with explicit types."""
     if "auto" in (k, v) or (both == "auto" and (k or v)):
         raise typer.BadParameter("'auto' picks K and V together: give it to --cache-type alone")
     if both == "auto":
         return "auto"
-    return (k or both or "f16", v or both or "f16")
+    return (k or both, v or both)

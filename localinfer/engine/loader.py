@@ -33,7 +33,20 @@ class LoadOptions:
     kernels: str | None = None  # native engine only: auto | c | numba
     verbose: bool = False  # let the backend print its own log (LOCALINFER_DEBUG=1)
     draft: DraftConfig | None = None  # prompt-lookup speculation; None: off
-    cache: tuple[str, str] | str = ("f16", "f16")  # KV-cache K and V types, or "auto": the first of f16, q8_0, q4_0 that fits
+    # KV-cache K and V types (None: the catalog's cache_type / cache_type_k / cache_type_v,
+    # else f16), or "auto": the first of f16, q8_0, q4_0 that fits
+    cache: tuple[str | None, str | None] | str = (None, None)
+
+
+def cache_types(asked: tuple[str | None, str | None] | str, defaults: dict[str, object]) -> tuple[str, str] | str:
+    """The options' KV-cache types, each one not given taken from the catalog entry, else f16."""
+    if asked == "auto" or (asked == (None, None) and defaults.get("cache_type") == "auto"):
+        return "auto"
+    both = defaults.get("cache_type")
+    both = None if both == "auto" else both
+    k = asked[0] or defaults.get("cache_type_k") or both or "f16"
+    v = asked[1] or defaults.get("cache_type_v") or both or "f16"
+    return (str(k), str(v))
 
 
 def open_engine(ref: str | None, options: LoadOptions | None = None, progress: Progress | None = None) -> Engine:
@@ -53,7 +66,7 @@ def open_engine(ref: str | None, options: LoadOptions | None = None, progress: P
         devices = list_devices() if supports_gpu_offload() else []
     # n_ctx is per sequence; the cache holds one for each (llama.cpp's is one shared pool)
     total_ctx = n_ctx * options.n_seq_max
-    plan = memory.plan_cache(info, total_ctx, options.gpu_layers if options.engine == "llama.cpp" else 0, options.cache, devices)
+    plan = memory.plan_cache(info, total_ctx, options.gpu_layers if options.engine == "llama.cpp" else 0, cache_types(options.cache, src.defaults), devices)
     backend = backend_cls.load(
         path,
         LoadParams(

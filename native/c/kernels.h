@@ -117,15 +117,35 @@ static inline __m256i li_unpack_nibbles(const uint8_t *p) {
 
 static inline __m256i li_madd1(__m256i v) { return _mm256_madd_epi16(v, _mm256_set1_epi16(1)); }
 
+/* VNNI's vpdpbusd multiplies unsigned by signed bytes and adds each 4 products into an
+ * int32 in one instruction, where AVX2 needs vpmaddubsw (to int16 pairs) and vpmaddwd.
+ * AVX512-VNNI has it on 256-bit registers with AVX512VL; AVX-VNNI (Alder Lake, Zen 5) too.
+ * The build's -march picks it (the compiler defines the macros below). */
+#if defined(__AVX512VNNI__) && defined(__AVX512VL__)
+#define LI_VNNI 1
+static inline __m256i li_dpbusd(__m256i acc, __m256i u, __m256i s) { return _mm256_dpbusd_epi32(acc, u, s); }
+#elif defined(__AVXVNNI__)
+#define LI_VNNI 1
+static inline __m256i li_dpbusd(__m256i acc, __m256i u, __m256i s) { return _mm256_dpbusd_avx_epi32(acc, u, s); }
+#endif
+
 /* unsigned bytes (<= 31) times signed bytes: 8 int32 partial sums */
 static inline __m256i li_dot_u8_i8(__m256i u, const int8_t *a) {
+#ifdef LI_VNNI
+    return li_dpbusd(_mm256_setzero_si256(), u, _mm256_loadu_si256((const __m256i *)a));
+#else
     return li_madd1(_mm256_maddubs_epi16(u, _mm256_loadu_si256((const __m256i *)a)));
+#endif
 }
 
-/* signed times signed, by moving w's sign onto a (|w| <= 128 fits maddubs' unsigned side) */
+/* signed times signed, by moving w's sign onto a (|w| <= 128 fits the unsigned side) */
 static inline __m256i li_dot_i8_i8(__m256i w, const int8_t *a) {
     const __m256i av = _mm256_loadu_si256((const __m256i *)a);
+#ifdef LI_VNNI
+    return li_dpbusd(_mm256_setzero_si256(), _mm256_sign_epi8(w, w), _mm256_sign_epi8(av, w));
+#else
     return li_madd1(_mm256_maddubs_epi16(_mm256_sign_epi8(w, w), _mm256_sign_epi8(av, w)));
+#endif
 }
 #endif
 

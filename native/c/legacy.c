@@ -257,28 +257,40 @@ static inline __attribute__((always_inline)) void unpack_pair(const int KIND, co
     *hi = h;
 }
 
+/* Are a pair's products int32 sums (Q8_0, or any type with VNNI) or int16 (Q4/Q5 on AVX2)? */
+#ifdef LI_VNNI
+#define SUMS32(KIND) 1
+#else
+#define SUMS32(KIND) ((KIND) == 4)
+#endif
+
 /* A pair's products with one activation pair (64 bytes at y), partly reduced: Q4/Q5 as
- * int16 sums of 4 products (<= 4*31*128, so two of them still fit an int16), Q8_0 as
- * int32 sums of 8. Per 128-bit lane: the block of that lane. */
+ * int16 sums of 4 products (<= 4*31*128, so two of them still fit an int16), or with VNNI
+ * int32 sums of 8; Q8_0 as int32 sums of 8. Per 128-bit lane: the block of that lane. */
 static inline __attribute__((always_inline)) __m256i pair_products(const int KIND, __m256i lo, __m256i hi,
                                                                    const int8_t *y) {
     if (KIND == 4) return _mm256_add_epi32(li_dot_i8_i8(lo, y), li_dot_i8_i8(hi, y + 32));
+#ifdef LI_VNNI
+    const __m256i s = li_dpbusd(_mm256_setzero_si256(), lo, _mm256_loadu_si256((const __m256i *)y));
+    return li_dpbusd(s, hi, _mm256_loadu_si256((const __m256i *)(y + 32)));
+#else
     return _mm256_add_epi16(_mm256_maddubs_epi16(lo, _mm256_loadu_si256((const __m256i *)y)),
                             _mm256_maddubs_epi16(hi, _mm256_loadu_si256((const __m256i *)(y + 32))));
+#endif
 }
 
 /* two pairs' products (pair_products) -> per lane [sums of pair A's block | of B's]:
- * 4 int16 sums of 8 products (<= 8*31*128) each for Q4/Q5, 2 int32 each for Q8_0.
+ * 4 int16 sums of 8 products (<= 8*31*128) each, or 2 int32 sums (SUMS32).
  * (vphadd costs 2 cycles on Zen 3; two unpacks and an add are cheaper.) */
 static inline __attribute__((always_inline)) __m256i hadd_pairs(const int KIND, __m256i a, __m256i b) {
     const __m256i l = _mm256_unpacklo_epi64(a, b), h = _mm256_unpackhi_epi64(a, b);
-    return KIND == 4 ? _mm256_add_epi32(l, h) : _mm256_add_epi16(l, h);
+    return SUMS32(KIND) ? _mm256_add_epi32(l, h) : _mm256_add_epi16(l, h);
 }
 
 /* the two halves of an octet (hadd_pairs of pairs 0,1 and of 2,3), as int32 [A A B B]
  * and [C C D D] per lane -> int32 block sums in the octet order [0 2 4 6 1 3 5 7] */
 static inline __attribute__((always_inline)) __m256i octet_sums(const int KIND, __m256i h0, __m256i h1) {
-    if (KIND != 4) {
+    if (!SUMS32(KIND)) {
         h0 = li_madd1(h0);
         h1 = li_madd1(h1);
     }
@@ -368,7 +380,7 @@ static inline __attribute__((always_inline)) void dot_legacy(const int KIND, con
         const float c1 = HAS_M(KIND) ? li_fp16_to_fp32(load_u16(b0 + bs + 2)) : d1;
         for (int r = 0; r < R; r++) {
             __m256i dot = pair_products(KIND, lo, hi, aq[r] + p * 64);
-            if (KIND != 4) dot = li_madd1(dot);
+            if (!SUMS32(KIND)) dot = li_madd1(dot);
             const __m256 sc = _mm256_setr_m128(_mm_set1_ps(d0 * ad[r][2 * p]), _mm_set1_ps(d1 * ad[r][2 * p + 1]));
             acc[r] = _mm256_fmadd_ps(sc, _mm256_cvtepi32_ps(dot), acc[r]);
             corr[r] += c0 * as[r][2 * p] + c1 * as[r][2 * p + 1];

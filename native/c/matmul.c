@@ -53,6 +53,9 @@ const char *li_build_info(void) {
 #if defined(__AVX512VNNI__)
            "avx512vnni "
 #endif
+#if defined(__AVXVNNI__)
+           "avxvnni "
+#endif
 #if defined(__AVX2__)
            "avx2 "
 #endif

@@ -17,14 +17,34 @@ __all__ = ["llama_quantize"]  # benchmarks import it from here
 SRC = Path(__file__).resolve().parents[2] / "native" / "c"
 
 
+def build_library(out: Path, flags: list[str]) -> Path:
+    """native/c compiled with these flags into `out` (a test-only build beside the installed one)."""
+    cc = shutil.which("gcc") or shutil.which("cc")
+    if cc is None or sys.platform == "win32":
+        pytest.skip("no C compiler for a test build of the kernels")
+    sources = sorted(str(p) for p in SRC.glob("*.c"))
+    subprocess.run([cc, "-O2", "-std=gnu11", "-shared", "-fPIC", *flags, "-I", str(SRC), *sources, "-o", str(out), "-lm"],
+                   check=True, capture_output=True, text=True)  # fmt: skip
+    return out
+
+
+def cpu_flags() -> set[str]:
+    try:
+        text = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return set()
+    return set(next((line.split(":", 1)[1].split() for line in text.splitlines() if line.startswith("flags")), []))
+
+
 @pytest.fixture(scope="session")
 def portable_library(tmp_path_factory) -> Path:
     """native/c compiled without -march: the scalar paths, single-threaded (no OpenMP)."""
-    cc = shutil.which("gcc") or shutil.which("cc")
-    if cc is None or sys.platform == "win32":
-        pytest.skip("no C compiler for the portable build")
-    out = tmp_path_factory.mktemp("portable") / "_ckernels_portable.so"
-    sources = sorted(str(p) for p in SRC.glob("*.c"))
-    subprocess.run([cc, "-O2", "-std=gnu11", "-shared", "-fPIC", "-I", str(SRC), *sources, "-o", str(out), "-lm"],
-                   check=True, capture_output=True, text=True)  # fmt: skip
-    return out
+    return build_library(tmp_path_factory.mktemp("portable") / "_ckernels_portable.so", [])
+
+
+@pytest.fixture(scope="session")
+def avx2_library(tmp_path_factory) -> Path:
+    """native/c for AVX2 alone (no AVX-512, no VNNI), so the AVX2 paths stay tested on CPUs that have more."""
+    if not {"avx2", "fma", "f16c"} <= cpu_flags():
+        pytest.skip("this CPU has no AVX2")
+    return build_library(tmp_path_factory.mktemp("avx2") / "_ckernels_avx2.so", ["-mavx2", "-mfma", "-mf16c"])

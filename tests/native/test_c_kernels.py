@@ -4,7 +4,8 @@ Activations are quantized to 8 bits before the integer dots (Q8_0 values for the
 types, Q8_K for the K-quants), so the tight reference is dequant(W) @ dequant(quantize(x)):
 only float32 rounding separates it from the kernels. The plain float64 product is checked
 too, within the bound the activation rounding allows. Every type runs through the
-installed library (AVX2 here) and through a portable build compiled in the test.
+installed library (built for this CPU: AVX2, or AVX-512 with VNNI's byte dots where it has
+them), through an AVX2-only build and through a portable build, both compiled in the test.
 """
 
 from __future__ import annotations
@@ -41,12 +42,15 @@ assert set(ALL_TYPES) == K_TYPES | FLOAT_TYPES | LEGACY_TYPES
 # ------------------------------------------------------------------ the two builds
 
 
-@pytest.fixture(scope="session", params=["installed", "portable"])
+@pytest.fixture(scope="session", params=["installed", "avx2", "portable"])
 def kernels(request) -> CKernels:
     if request.param == "installed":
         return CKernels(threads=2)
-    kc = CKernels(threads=2, library=request.getfixturevalue("portable_library"))
-    assert "scalar" in kc.describe()
+    kc = CKernels(threads=2, library=request.getfixturevalue(f"{request.param}_library"))
+    if request.param == "avx2":
+        assert "avx2" in kc.describe() and "vnni" not in kc.describe()
+    else:
+        assert "scalar" in kc.describe()
     return kc
 
 

@@ -22,7 +22,7 @@ N_HEAD, N_HEAD_KV, HD, N_CTX = 6, 2, 128, 48
 TYPES = [("q8_0", "q8_0"), ("q4_0", "q4_0"), ("q8_0", "q4_0"), ("f16", "q4_0"), ("q4_0", "f16"), ("f16", "f16")]
 
 
-@pytest.fixture(scope="module", params=["c", "c-portable", "numba"])
+@pytest.fixture(scope="module", params=["c", "c-avx2", "c-portable", "numba"])
 def kernels(request):
     if request.param == "numba":
         from localinfer_native.numba_kernels import NumbaKernels
@@ -32,7 +32,7 @@ def kernels(request):
 
     if request.param == "c":
         return CKernels(threads=2)
-    return CKernels(threads=2, library=request.getfixturevalue("portable_library"))
+    return CKernels(threads=2, library=request.getfixturevalue(f"{request.param[2:]}_library"))
 
 
 def rotated(x: np.ndarray, n: int) -> np.ndarray:
