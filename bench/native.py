@@ -12,7 +12,7 @@ Three parts, all at the same thread count:
   cold      wall time from starting `localinfer run --engine native` to its first byte of
             answer on stdout: C kernels, Numba with its cache warm, Numba with an empty cache.
 
-    .venv/bin/python bench/native.py [--threads 2] [--rounds 7] [--json] [--skip cold]
+    .venv/bin/python bench/native.py [--threads 2] [--rounds 7] [--json] [--skip cold] [--model Q4_K_M.gguf --prefill 512]
 """
 
 from __future__ import annotations
@@ -102,6 +102,7 @@ def decode_rate(engine: Engine, prompt: list[int], n: int) -> tuple[list[int], f
 
 
 def prefill_rate(backend, tokens: list[int]) -> float:
+    backend.kv_clear(0)  # the engine keeps a finished request's cache in its slot for reuse
     t = time.perf_counter()
     backend.forward(Batch.for_sequence(tokens, 0))
     elapsed = time.perf_counter() - t
@@ -112,10 +113,10 @@ def prefill_rate(backend, tokens: list[int]) -> float:
 CONTENDERS = ["native c", "native numba", "llama.cpp"]
 
 
-def engine_worker(name: str, threads: int, n_tokens: int, n_prefill: int) -> None:
+def engine_worker(name: str, threads: int, n_tokens: int, n_prefill: int, model: str | None) -> None:
     """One contender in its own process (so no two thread pools spin against each other):
     warm up, then print one JSON line with its decode and prefill rates and its tokens."""
-    path = local_path(resolve(None))
+    path = Path(model) if model else local_path(resolve(None))
     params = LoadParams(n_ctx=2048, n_threads=threads)
     if name == "llama.cpp":
         backend = LlamaCppBackend.load(path, params)
@@ -131,7 +132,7 @@ def engine_worker(name: str, threads: int, n_tokens: int, n_prefill: int) -> Non
     print(json.dumps({"decode": rate, "prefill": prefill_rate(backend, long_prompt), "tokens": tokens, "n_prefill": len(long_prompt)}))
 
 
-def bench_engine(threads: int, rounds: int, n_tokens: int, n_prefill: int) -> dict:
+def bench_engine(threads: int, rounds: int, n_tokens: int, n_prefill: int, model: str | None) -> dict:
     decode: dict[str, list[float]] = {n: [] for n in CONTENDERS}
     prefill: dict[str, list[float]] = {n: [] for n in CONTENDERS}
     outputs: dict[str, list[int]] = {}
@@ -139,7 +140,8 @@ def bench_engine(threads: int, rounds: int, n_tokens: int, n_prefill: int) -> di
     for r in range(rounds):  # interleaved, a fresh process per contender and round
         for name in CONTENDERS:
             out = subprocess.run(
-                [sys.executable, __file__, "--engine-worker", name, "--threads", str(threads), "--tokens", str(n_tokens), "--prefill", str(n_prefill)],
+                [sys.executable, __file__, "--engine-worker", name, "--threads", str(threads), "--tokens", str(n_tokens), "--prefill", str(n_prefill),
+                 *(["--model", model] if model else [])],
                 capture_output=True, text=True, check=True,
             )  # fmt: skip
             row = json.loads(out.stdout.strip().splitlines()[-1])
@@ -205,17 +207,18 @@ def main() -> None:
     ap.add_argument("--tokens", type=int, default=128, help="tokens generated per decode round")
     ap.add_argument("--prefill", type=int, default=256, help="prompt tokens per prefill round")
     ap.add_argument("--skip", action="append", default=[], choices=["kernels", "engine", "cold"])
+    ap.add_argument("--model", help="a GGUF file for the engine part (default: the embedded model)")
     ap.add_argument("--json", action="store_true", help="print all results as one JSON object at the end")
     ap.add_argument("--engine-worker", choices=CONTENDERS, help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.engine_worker:
-        return engine_worker(args.engine_worker, args.threads, args.tokens, args.prefill)
+        return engine_worker(args.engine_worker, args.threads, args.tokens, args.prefill, args.model)
     out: dict[str, object] = {"threads": args.threads, "kernels": {name: load_kernels(name, args.threads).describe() for name in SETS}}
     print(f"threads {args.threads}; " + "; ".join(f"{k}" for k in out["kernels"].values()), flush=True)  # type: ignore[union-attr]
     if "kernels" not in args.skip:
         out["kernel_bandwidth"] = bench_kernels(args.threads, args.rounds)
     if "engine" not in args.skip:
-        out["engine"] = bench_engine(args.threads, args.rounds, args.tokens, args.prefill)
+        out["engine"] = bench_engine(args.threads, args.rounds, args.tokens, args.prefill, args.model)
         e = out["engine"]
         print("decode tok/s (median): " + ", ".join(f"{n} {v:.1f} ({e['decode_ratio'][n]:.2f}x)" for n, v in e["decode_tok_s"].items()))  # type: ignore[index]
         print("prefill tok/s (median): " + ", ".join(f"{n} {v:.0f} ({e['prefill_ratio'][n]:.2f}x)" for n, v in e["prefill_tok_s"].items()))  # type: ignore[index]
