@@ -328,12 +328,20 @@ static inline __attribute__((always_inline)) void octet_scales(const int KIND, c
 }
 #endif
 
-/* R activation rows (1..4) at a: row r's qs at a->qs + r*k, its scales at + r*ss */
+/* Activation rows per tile: each weight block is unpacked once per tile. AVX-512 has 32
+ * vector registers, room for 8 rows' accumulators; AVX2's 16 hold 4. */
+#if defined(__AVX512VL__) && defined(LI_SIMD)
+#define LI_TILE 8
+#else
+#define LI_TILE 4
+#endif
+
+/* R activation rows (1..LI_TILE) at a: row r's qs at a->qs + r*k, its scales at + r*ss */
 static inline __attribute__((always_inline)) void dot_legacy(const int KIND, const int R, int64_t k, int64_t ss,
                                                              const uint8_t *w, const li_q8a *a, float *out) {
     const int64_t nb = k / QK;
-    const int8_t *aq[4];
-    const float *ad[4], *as[4];
+    const int8_t *aq[LI_TILE];
+    const float *ad[LI_TILE], *as[LI_TILE];
     for (int r = 0; r < R; r++) {
         aq[r] = a->qs + r * k;
         ad[r] = a->d + r * ss;
@@ -344,8 +352,8 @@ static inline __attribute__((always_inline)) void dot_legacy(const int KIND, con
      * dependency chains). Every R sums in the same order, so a row's result never depends
      * on the rows beside it: a K-row speculative verify matches 1-row decoding bit for bit. */
     const __m256 c = _mm256_set1_ps(CORR(KIND));
-    __m256 acc[4], accc[4];
-    float corr[4];
+    __m256 acc[LI_TILE], accc[LI_TILE];
+    float corr[LI_TILE];
     for (int r = 0; r < R; r++) {
         acc[r] = accc[r] = _mm256_setzero_ps();
         corr[r] = 0.0f;
@@ -353,9 +361,9 @@ static inline __attribute__((always_inline)) void dot_legacy(const int KIND, con
     const int64_t bs = BSZ(KIND), no = nb / 8;
     for (int64_t o = 0; o < no; o++) {
         const uint8_t *wo = w + o * 8 * bs;
-        __m256i h[4][2];
+        __m256i h[LI_TILE][2];
         for (int half = 0; half < 2; half++) {
-            __m256i lo, hi, pa[4];
+            __m256i lo, hi, pa[LI_TILE];
             const int64_t p = o * 4 + half * 2;
             unpack_pair(KIND, wo + half * 4 * bs, &lo, &hi);
             for (int r = 0; r < R; r++) pa[r] = pair_products(KIND, lo, hi, aq[r] + p * 64);
@@ -410,7 +418,7 @@ static inline __attribute__((always_inline)) void dot_legacy(const int KIND, con
         out[r] = li_hsum8(t) + (KIND != 4 ? CORR(KIND) * corr[r] : 0.0f);
     }
 #else
-    float acc[4] = {0, 0, 0, 0}, corr[4] = {0, 0, 0, 0};
+    float acc[LI_TILE] = {0}, corr[LI_TILE] = {0};
     for (int64_t b = 0; b < nb; b++) {
         const uint8_t *blk = w + b * BSZ(KIND);
         const float dw = li_fp16_to_fp32(load_u16(blk));
@@ -448,7 +456,7 @@ static inline __attribute__((always_inline)) void rows_legacy(const int KIND, co
                                                               int64_t r0, int64_t r1, int64_t k, const li_q8a *a,
                                                               int64_t n, float *y, int64_t ldy) {
     const int64_t ss = li_q8a_scale_stride(k);
-    float res[4];
+    float res[LI_TILE];
     for (int64_t r = r0; r < r1; r++) {
         const uint8_t *wr = w + r * row_bytes;
         if (n == 1) {
@@ -456,14 +464,17 @@ static inline __attribute__((always_inline)) void rows_legacy(const int KIND, co
             y[r] = res[0];
             continue;
         }
-        for (int64_t j = 0; j < n; j += 4) {
+        for (int64_t j = 0, R; j < n; j += R) {
             const li_q8a t = {a->qs + j * k, a->d + j * ss, a->s + j * ss};
-            const int64_t R = n - j < 4 ? n - j : 4;
+            R = n - j >= LI_TILE ? LI_TILE : n - j > 4 ? 4 : n - j; /* tiles of LI_TILE, then of 4 or fewer */
             switch (R) {
             case 1: dot_legacy(KIND, 1, k, ss, wr, &t, res); break;
             case 2: dot_legacy(KIND, 2, k, ss, wr, &t, res); break;
             case 3: dot_legacy(KIND, 3, k, ss, wr, &t, res); break;
-            default: dot_legacy(KIND, 4, k, ss, wr, &t, res); break;
+            case 4: dot_legacy(KIND, 4, k, ss, wr, &t, res); break;
+#if LI_TILE == 8
+            default: dot_legacy(KIND, 8, k, ss, wr, &t, res); break;
+#endif
             }
             for (int64_t i = 0; i < R; i++) y[(j + i) * ldy + r] = res[i];
         }
