@@ -42,7 +42,7 @@ from localinfer.store.refs import resolve  # noqa: E402
 from localinfer_native import load_kernels  # noqa: E402
 from tests.native.blocks import random_qmatrix  # noqa: E402
 
-KERNEL_TYPES = [Q.Q4_0, Q.Q4_1, Q.Q5_0, Q.Q8_0, Q.Q4_K, Q.Q5_K, Q.Q6_K, Q.F16, Q.F32]
+KERNEL_TYPES = [Q.Q4_0, Q.Q4_1, Q.Q5_0, Q.Q5_1, Q.Q8_0, Q.Q4_K, Q.Q5_K, Q.Q6_K, Q.F16, Q.F32]
 SETS = ["c", "numba"]
 SIZE = 4096
 

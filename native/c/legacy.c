@@ -244,6 +244,16 @@ static inline __attribute__((always_inline)) void unpack_pair(const int KIND, co
     __m256i h = _mm256_and_si256(_mm256_srli_epi16(v, 4), m4);
     if (HAS_QH(KIND)) {
         const int qo = KIND == 2 ? 2 : 4;
+#if defined(__AVX512BW__) && defined(__AVX512VL__)
+        /* AVX-512: the fifth bits are a byte mask as they stand; a masked add sets 0x10 */
+        const uint32_t q0 = load_u32(b0 + qo), q1 = load_u32(b1 + qo);
+        const __m256i x10 = _mm256_set1_epi8(0x10);
+        l = _mm256_mask_add_epi8(l, (__mmask32)((q0 & 0xFFFF) | q1 << 16), l, x10);
+        h = _mm256_mask_add_epi8(h, (__mmask32)(q0 >> 16 | (q1 & 0xFFFF0000u)), h, x10);
+        *lo = l;
+        *hi = h;
+        return;
+#endif
         int32_t q0, q1; /* qh of b0 in the low lane, of b1 in the high lane: two broadcast loads, a blend */
         memcpy(&q0, b0 + qo, 4);
         memcpy(&q1, b1 + qo, 4);
