@@ -99,7 +99,9 @@ def test_ctrl_c_leaves_no_model(f32_path: Path, tmp_path: Path) -> None:
         if (tmp_path / "out.gguf").exists():
             (tmp_path / "out.gguf").unlink()  # too late: it had finished
             continue
-        assert proc.returncode == 130, stderr
+        # 130 from main()'s handler, or death by SIGINT itself if it landed before main()
+        # installed it (cli/__init__.py): a shell shows 130 for both
+        assert proc.returncode in (130, -signal.SIGINT), stderr
         assert b"Traceback" not in stderr
         assert model_files(tmp_path) == []
         return
