@@ -47,6 +47,16 @@ def _swiglu(gate, up):
 
 
 @njit(cache=True, inline="always")
+def _exp_scores(scores, t, mx):
+    """scores[j] = e^(scores[j] - mx) for j < t; returns 1 / their sum (the softmax's scale)."""
+    total = np.float32(0.0)
+    for j in range(t):
+        scores[j] = np.exp(scores[j] - mx)
+        total += scores[j]
+    return np.float32(1.0) / total
+
+
+@njit(cache=True, inline="always")
 def _attend_one(q, keys, values, half, pos, out, scale, task, n_head, group, scores):
     i, h = task // n_head, task % n_head
     kvh = h // group
@@ -61,11 +71,7 @@ def _attend_one(q, keys, values, half, pos, out, scale, task, n_head, group, sco
         s *= scale
         scores[j] = s
         mx = max(mx, s)
-    total = np.float32(0.0)
-    for j in range(t):
-        scores[j] = np.exp(scores[j] - mx)
-        total += scores[j]
-    inv = np.float32(1.0) / total
+    inv = _exp_scores(scores, t, mx)
     o = out[i, h * hd : (h + 1) * hd]
     o[:] = 0.0
     for j in range(t):
@@ -254,11 +260,7 @@ def _attention_typed(qf, qs, qd, keys, values, kt, vt, half, pos, out, scale, gr
             s = _score(keys[kvh, j], kt, qf[i, h], qs[i, h], qd[i, h], half) * scale
             scores[j] = s
             mx = max(mx, s)
-        total = np.float32(0.0)
-        for j in range(t):
-            scores[j] = np.exp(scores[j] - mx)
-            total += scores[j]
-        inv = np.float32(1.0) / total
+        inv = _exp_scores(scores, t, mx)
         o = out[i, h * hd : (h + 1) * hd]
         o[:] = 0.0
         for j in range(t):

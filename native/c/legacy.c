@@ -250,10 +250,7 @@ static inline __attribute__((always_inline)) void unpack_pair(const int KIND, co
         const __m256i x10 = _mm256_set1_epi8(0x10);
         l = _mm256_mask_add_epi8(l, (__mmask32)((q0 & 0xFFFF) | q1 << 16), l, x10);
         h = _mm256_mask_add_epi8(h, (__mmask32)(q0 >> 16 | (q1 & 0xFFFF0000u)), h, x10);
-        *lo = l;
-        *hi = h;
-        return;
-#endif
+#else
         int32_t q0, q1; /* qh of b0 in the low lane, of b1 in the high lane: two broadcast loads, a blend */
         memcpy(&q0, b0 + qo, 4);
         memcpy(&q1, b1 + qo, 4);
@@ -262,6 +259,7 @@ static inline __attribute__((always_inline)) void unpack_pair(const int KIND, co
                                                                  0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1)));
         h = _mm256_or_si256(h, bits_to_0x10(q, _mm256_setr_epi8(2, 2, 2, 2, 2, 2, 2, 2, 3, 3, 3, 3, 3, 3, 3, 3,
                                                                  2, 2, 2, 2, 2, 2, 2, 2, 3, 3, 3, 3, 3, 3, 3, 3)));
+#endif
     }
     *lo = l;
     *hi = h;
