@@ -324,3 +324,17 @@ def test_load_kernels_picks_c():
 
     assert load_kernels("c", threads=2).name == "c"
     assert load_kernels("auto").name == "c"
+
+
+def test_the_installed_library_is_built_from_these_sources():
+    """A failed rebuild (the extension is optional, so pip only warns) leaves the last library
+    in place: in an editable install that is the old code, and every test here would run it."""
+    from localinfer_native.c_kernels import library_path
+
+    from .conftest import SRC
+
+    lib = library_path()
+    if lib is None or SRC.parent not in lib.parents:
+        pytest.skip("not an editable install: the library was built with the package")
+    newest = max(p.stat().st_mtime for p in [*SRC.glob("*.c"), *SRC.glob("*.h")])
+    assert lib.stat().st_mtime >= newest, f"{lib.name} is older than native/c: rebuild with pip install -e . -v and read its errors"
