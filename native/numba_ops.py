@@ -108,7 +108,7 @@ def _attention_parallel(q, keys, values, half, pos, out, scale, group):
 
 
 # ---- quantized KV rows (ggml's block_q8_0 and block_q4_0; see native/c/kvcache.c) ------
-_F16, _Q8_0, _Q4_0 = 1, 8, 2  # ggml's type ids
+_F16, _Q8_0 = int(KV_TYPES["f16"]), int(KV_TYPES["q8_0"])  # ggml's type ids, as attention() passes them
 
 
 @njit(cache=True, inline="always")
