@@ -1,0 +1,104 @@
+"""`localinfer chat [MODEL]`: the terminal chat app, plus `--list` and `--export` for scripts."""
+
+from __future__ import annotations
+
+import json
+import sys
+from datetime import datetime
+from pathlib import Path
+from typing import Annotated, Optional
+
+import typer
+
+from localinfer.cli import options as opt
+
+
+def chat(
+    model: Annotated[Optional[str], typer.Argument(help="Catalog alias, path to a .gguf, or Hugging Face owner/repo[:QUANT]; with --url, the name the endpoint knows it by. Default: the embedded SmolLM2-135M (with --url: the endpoint's first model).", show_default=False)] = None,
+    url: Annotated[Optional[str], typer.Option("--url", help="Talk to an OpenAI-compatible endpoint (localinfer serve, Ollama, llama-server) instead of loading the model here, e.g. http://127.0.0.1:8080. Its key comes from OPENAI_API_KEY.", show_default=False)] = None,
+    engine_name: Annotated[str, typer.Option("--engine", help="Inference engine: llama.cpp, or native (localinfer's own, CPU).", callback=opt.engine_name)] = "llama.cpp",
+    ctx: Annotated[Optional[int], typer.Option(help="Context window in tokens; longer chats drop their oldest turns. [default: the model's, at most 4096]", callback=opt.at_least(16))] = None,
+    threads: Annotated[Optional[int], typer.Option(help="CPU threads. [default: physical cores]", callback=opt.threads)] = None,
+    gpu_layers: Annotated[str, typer.Option(help="Layers to offload to the GPU, or 'auto' to fit free VRAM.", callback=opt.gpu_layers)] = "auto",
+    kernels: Annotated[Optional[str], typer.Option("--kernels", envvar="LOCALINFER_KERNELS", help="Native engine kernels: auto, c, or numba. [default: auto]", callback=opt.kernel_set, show_default=False)] = None,
+    cache_type: opt.CacheType = None,
+    cache_type_k: opt.CacheTypeK = None,
+    cache_type_v: opt.CacheTypeV = None,
+    draft: opt.Draft = "prompt-lookup",
+    draft_max: opt.DraftMax = 10,
+    draft_ngram_min: opt.DraftNgramMin = 2,
+    draft_ngram_max: opt.DraftNgramMax = 4,
+    list_chats: Annotated[bool, typer.Option("--list", help="Print the saved chats, newest first, and exit.")] = False,
+    json_out: Annotated[bool, typer.Option("--json", help="With --list: print JSON.")] = False,
+    export: Annotated[Optional[tuple[int, Path]], typer.Option("--export", metavar="ID FILE", help="Write chat ID to FILE (Markdown, or JSON for a .json name) and exit.", show_default=False)] = None,
+) -> None:
+    """Chat in a terminal app: saved conversations, streamed Markdown, live TTFT, tokens/s and context use.
+
+    Keys: Enter sends, Shift+Enter (or Ctrl+J) breaks the line, Esc stops a reply; the footer lists the rest, and Ctrl+P finds any action. Chats are kept in chats.db in the data folder (LOCALINFER_HOME if set)."""
+    from localinfer.tui.store import ChatStore
+
+    if json_out and not list_chats:
+        raise typer.BadParameter("--json goes with --list", param_hint="--json")
+    store = ChatStore.open()
+    try:
+        if list_chats:
+            _print_chats(store, json_out)
+            return
+        if export is not None:
+            from localinfer.tui.export import export_chat
+
+            chat_id, path = export
+            kind = export_chat(store, chat_id, path)
+            print(f"Exported chat {chat_id} as {kind} to {path}", file=sys.stderr)
+            return
+        if not (sys.stdin.isatty() and sys.stdout.isatty()):
+            raise typer.BadParameter("the chat app needs a terminal; for scripts use 'localinfer run' (one prompt) or 'localinfer serve' (an API)")
+        from localinfer.engine.loader import LoadOptions
+        from localinfer.tui.app import ChatApp
+
+        speculation = opt.draft_config(draft, draft_max, draft_ngram_min, draft_ngram_max)
+        options = LoadOptions(engine=engine_name, ctx=ctx, threads=threads, gpu_layers=gpu_layers, kernels=kernels, draft=speculation, cache=opt.cache_choice(cache_type, cache_type_k, cache_type_v))
+        ChatApp(store, model_loader(options), model=model, url=url).run()
+    finally:
+        store.close()
+
+
+def model_loader(options):  # (LoadOptions) -> Loader
+    """How the app opens a chat's model: in-process with these options, or at its URL."""
+
+    def load(ref: str | None, url: str | None):
+        from localinfer.tui.replies import LocalModel, RemoteModel
+
+        if url:
+            return RemoteModel(url, ref)
+        from localinfer.engine.loader import open_engine
+
+        return LocalModel(open_engine(ref, options), options.engine)
+
+    return load
+
+
+def _print_chats(store, json_out: bool) -> None:
+    rows = [
+        {"id": c.id, "title": c.title, "model": c.model, "url": c.url, "messages": len(store.messages(c.id)), "updated": datetime.fromtimestamp(c.updated).isoformat(timespec="seconds")}
+        for c in store.chats()
+    ]
+    if json_out:
+        print(json.dumps(rows, indent=2, ensure_ascii=False))
+        return
+    if not rows:
+        print("No saved chats yet: start one with 'localinfer chat'.", file=sys.stderr)
+        return
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table(box=None, header_style="bold")
+    for col in ("ID", "TITLE", "MODEL", "MESSAGES", "UPDATED"):
+        table.add_column(col)
+    for r in rows:
+        table.add_row(str(r["id"]), str(r["title"]), str(r["model"] or (r["url"] or "default")), str(r["messages"]), str(r["updated"]).replace("T", " "))
+    Console().print(table)
+
+
+def register(app: typer.Typer) -> None:
+    app.command(no_args_is_help=False)(chat)

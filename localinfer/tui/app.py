@@ -1,0 +1,481 @@
+"""`localinfer chat`: the Textual app. The layout is in compose() and chat.tcss; the chats
+are in the store; replies come from a LocalModel (our Engine, in-process) or a
+RemoteModel (`--url`), streamed by a worker thread so the UI never waits on the model.
+
+Who does what: the UI thread owns the store and the widgets. Workers load models and
+stream replies; they hand text and figures to the UI through call_from_thread, batched
+to ~30 updates a second, so a fast model costs the UI no more than a slow one.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterable
+from pathlib import Path
+
+from textual import on, work
+from textual.app import App, ComposeResult, SystemCommand
+from textual.binding import Binding
+from textual.containers import Horizontal, Vertical, VerticalScroll
+from textual.screen import Screen
+from textual.widgets import Footer, Input, Label, ListView, Markdown
+
+from localinfer.engine.templates import Message
+from localinfer.engine.types import SamplingParams
+from localinfer.errors import UserError
+from localinfer.tui.export import export_chat
+from localinfer.tui.replies import Reply, ReplyFigures
+from localinfer.tui.screens import SETTINGS, AskScreen, ConfirmScreen, SettingsScreen
+from localinfer.tui.store import Chat, ChatMessage, ChatStore
+from localinfer.tui.widgets import ChatItem, MessageView, PromptInput, StatusLine
+
+UPDATES_PER_S = 30
+TITLE_LENGTH = 40
+
+# A model loader: (model reference or None, URL or None) -> LocalModel | RemoteModel.
+Loader = Callable[[str | None, str | None], object]
+
+
+class ChatApp(App):
+    CSS_PATH = "chat.tcss"
+    TITLE = "localinfer chat"
+    BINDINGS = [
+        Binding("escape", "stop", "Stop reply"),
+        Binding("ctrl+n", "new_chat", "New chat"),
+        Binding("ctrl+r", "regenerate", "Regenerate"),
+        Binding("ctrl+b", "other_reply", "Other reply"),
+        Binding("ctrl+t", "edit", "Edit"),
+        Binding("ctrl+f", "search", "Search"),
+        Binding("ctrl+s", "settings", "Settings"),
+        Binding("f2", "rename", "Rename"),
+        Binding("f3", "copy", "Copy reply"),
+        Binding("f4", "export", "Export"),
+        Binding("f8", "delete", "Delete chat"),
+    ]
+    # What the command palette offers: (title, help, action), one per binding's action.
+    ACTIONS = [
+        ("New chat", "Start a new conversation", "new_chat"),
+        ("Stop reply", "Stop the reply being written; what it wrote is kept", "stop"),
+        ("Regenerate", "Write the last reply again (the earlier one stays: Other reply)", "regenerate"),
+        ("Other reply", "Show the last reply's other versions, in turn", "other_reply"),
+        ("Edit message", "Change the focused (or last) message of yours and resend from there", "edit"),
+        ("Search chats", "Filter the chat list by title or content", "search"),
+        ("Chat settings", "System prompt, sampling, max tokens, seed and model", "settings"),
+        ("Rename chat", "Give this chat a new title", "rename"),
+        ("Copy reply", "Copy the focused (or last) reply to the clipboard", "copy"),
+        ("Export chat", "Write this chat to a Markdown or JSON file", "export"),
+        ("Delete chat", "Delete this chat, after asking", "delete"),
+    ]
+
+    def __init__(self, store: ChatStore, loader: Loader, model: str | None = None, url: str | None = None, chat_id: int | None = None) -> None:
+        super().__init__()
+        self.store = store
+        self.loader = loader
+        self.model_ref, self.url = model, url  # what the next new chat talks to
+        self.model = None  # the loaded LocalModel | RemoteModel, None while loading or after a failure
+        self.loaded: tuple[str | None, str | None] | None = None  # the (ref, url) self.model was loaded for
+        self.chat: Chat | None = None  # None: a new chat, saved at its first message
+        self.open_chat_id = chat_id
+        self.pending_settings: dict[str, object] = {}  # a new chat's settings, until it is saved
+        self.reply: Reply | None = None  # the reply streaming now
+        self.editing: int | None = None  # the position of the user message being edited
+        self._view: MessageView | None = None
+        self._stream = None  # the Markdown stream of the reply being written
+        self._text: list[str] = []
+        self._last_figures: ReplyFigures | None = None
+
+    # --- layout ------------------------------------------------------------------------
+    def compose(self) -> ComposeResult:
+        with Horizontal():
+            with Vertical(id="sidebar"):
+                yield Input(placeholder="Search chats", id="search")
+                yield ListView(id="chats")
+            with Vertical(id="main"):
+                yield VerticalScroll(id="conversation")
+                yield StatusLine(id="status")
+                yield Label("", id="mode")
+                yield PromptInput(id="prompt", soft_wrap=True, show_line_numbers=False)
+        yield Footer()
+
+    def on_mount(self) -> None:
+        self.refresh_chats()
+        if self.open_chat_id is not None:
+            self.open_chat(self.store.chat(self.open_chat_id))
+        else:
+            self.ensure_model()
+            self.show_conversation()
+        self.query_one("#prompt").focus()
+
+    def get_system_commands(self, screen: Screen) -> Iterable[SystemCommand]:
+        yield from super().get_system_commands(screen)
+        for title, help, action in self.ACTIONS:
+            yield SystemCommand(title, help, lambda action=action: self.run_action(action))
+
+    # --- the model ---------------------------------------------------------------------
+    def target(self) -> tuple[str | None, str | None]:
+        """The (model, URL) the open chat talks to."""
+        return (self.chat.model, self.chat.url) if self.chat else (self.model_ref, self.url)
+
+    def model_label(self) -> tuple[str, str]:
+        if self.model is not None:
+            return self.model.name, self.model.engine_name
+        ref, url = self.target()
+        return (ref or "default model"), ("loading…" if self.workers and any(w.group == "load" and w.is_running for w in self.workers) else "not loaded")
+
+    def ensure_model(self) -> None:
+        if self.loaded != self.target():
+            self.model = None
+            self.load_model(*self.target())
+
+    @work(thread=True, exclusive=True, group="load")
+    def load_model(self, ref: str | None, url: str | None) -> None:
+        old, self.model = self.model, None
+        self.loaded = (ref, url)
+        self.call_from_thread(self.show_status)
+        if old is not None:
+            old.close()
+        try:
+            model = self.loader(ref, url)
+        except UserError as e:
+            self.call_from_thread(self.notify, str(e), title="The model did not load", severity="error", timeout=10)
+            self.call_from_thread(self.show_status)
+            return
+        except Exception as e:  # never a traceback over the screen; the app stays usable
+            self.call_from_thread(self.notify, f"{type(e).__name__}: {e}", title="The model did not load", severity="error", timeout=10)
+            self.call_from_thread(self.show_status)
+            return
+        if self.loaded != (ref, url):  # the user moved on while it loaded
+            model.close()
+            return
+        self.model = model
+        self.call_from_thread(self.show_status)
+
+    def show_status(self, figures: ReplyFigures | None = None, streaming: bool = False) -> None:
+        name, engine = self.model_label()
+        self.query_one(StatusLine).show(name, engine, figures or self._last_figures, streaming)
+
+    # --- chats -------------------------------------------------------------------------
+    def refresh_chats(self) -> None:
+        search = self.query_one("#search", Input).value.strip()
+        chats = self.query_one("#chats", ListView)
+        chats.clear()
+        for chat in self.store.chats(search):
+            n = len(self.store.messages(chat.id))
+            chats.append(ChatItem(chat, f"{chat.model or 'default model'} · {n} message{'s' * (n != 1)}"))
+        if self.chat is not None:
+            ids = [item.chat.id for item in chats.query(ChatItem)]
+            if self.chat.id in ids:
+                chats.index = ids.index(self.chat.id)
+
+    @on(ListView.Selected, "#chats")
+    def chat_selected(self, event: ListView.Selected) -> None:
+        if isinstance(event.item, ChatItem) and (self.chat is None or event.item.chat.id != self.chat.id):
+            self.open_chat(event.item.chat)
+
+    @on(Input.Changed, "#search")
+    def search_changed(self) -> None:
+        self.refresh_chats()
+
+    def open_chat(self, chat: Chat | None) -> None:
+        self.action_stop()
+        self.chat = chat
+        self.editing = None
+        self.pending_settings = {}
+        self._last_figures = None
+        self.ensure_model()
+        self.show_conversation()
+
+    def show_conversation(self) -> None:
+        conversation = self.query_one("#conversation", VerticalScroll)
+        conversation.remove_children()
+        messages = self.store.messages(self.chat.id) if self.chat else []
+        conversation.mount_all([MessageView(m.role, m.content, m, self._alternatives_note(m)) for m in messages])
+        conversation.scroll_end(animate=False)
+        last = next((m for m in reversed(messages) if m.role == "assistant"), None)
+        self._last_figures = _stored_figures(last) if last else None
+        self.show_status()
+        self.query_one("#mode", Label).update("")
+
+    def _alternatives_note(self, message: ChatMessage | None) -> str:
+        if message is None or message.role != "assistant" or self.chat is None:
+            return ""
+        alternatives = self.store.alternatives(self.chat.id, message.position)
+        if len(alternatives) < 2:
+            return ""
+        return f"version {[a.id for a in alternatives].index(message.id) + 1} of {len(alternatives)}"
+
+    def settings(self) -> dict[str, object]:
+        return self.store.settings(self.chat.id) if self.chat else dict(self.pending_settings)
+
+    def params(self) -> SamplingParams:
+        defaults = self.model.defaults if self.model is not None else SamplingParams()
+        values = self.settings()
+        return defaults.with_overrides(**{k: values.get(k) for k in SETTINGS})
+
+    # --- sending and streaming ---------------------------------------------------------
+    @on(PromptInput.Submitted)
+    async def send(self, event: PromptInput.Submitted) -> None:
+        if self.reply is not None:
+            self.notify("A reply is being written; Esc stops it.", severity="warning")
+            return
+        if self.model is None:
+            self.notify("The model is not loaded yet (see the status line); try again in a moment, or pick another in Settings.", severity="warning")
+            return
+        text = event.text.strip()
+        if self.chat is None:
+            title = text.splitlines()[0][:TITLE_LENGTH]
+            ref, url = self.target()
+            self.chat = self.store.new_chat(title, ref or (None if url else self.model.name), url)
+            if self.pending_settings:
+                self.store.save_settings(self.chat.id, self.pending_settings)
+        position, self.editing = self.editing, None
+        self.store.add(self.chat.id, "user", text, position=position)
+        self.query_one(PromptInput).clear()
+        self.refresh_chats()
+        self.show_conversation()
+        await self.start_reply()
+
+    def conversation(self, before: int | None = None) -> list[Message]:
+        """The messages the model sees: the system prompt, then the chat up to `before`."""
+        system = self.settings().get("system")
+        messages: list[Message] = [{"role": "system", "content": str(system)}] if system else []
+        for m in self.store.messages(self.chat.id):
+            if before is not None and m.position >= before:
+                break
+            if m.content or m.role != "assistant":
+                messages.append({"role": m.role, "content": m.content})
+        return messages
+
+    async def start_reply(self, position: int | None = None) -> None:
+        """Write a reply to the conversation (at `position`: in place of the reply there)."""
+        messages = self.conversation(before=position)
+        try:
+            reply = self.model.reply(messages, self.params())
+        except UserError as e:  # the conversation cannot fit, even trimmed
+            self.notify(str(e), title="Not sent", severity="error", timeout=10)
+            return
+        if reply.dropped:
+            self.notify(f"The conversation outgrew the context: the {reply.dropped} oldest messages were left out (the system prompt stays).", severity="warning")
+        self.reply = reply
+        self._text = []
+        self._view = MessageView("assistant", note="writing…")
+        conversation = self.query_one("#conversation", VerticalScroll)
+        await conversation.mount(self._view)
+        conversation.scroll_end(animate=False)
+        self._stream = Markdown.get_stream(self._view.query_one(Markdown))
+        self.show_status(reply.figures, streaming=True)
+        self.stream_reply(reply, position)
+
+    @work(thread=True, exclusive=True, group="reply")
+    def stream_reply(self, reply: Reply, position: int | None) -> None:
+        pending: list[str] = []
+        last = 0.0
+        error = None
+        try:
+            for text in reply:
+                pending.append(text)
+                now = time.monotonic()
+                if now - last >= 1 / UPDATES_PER_S:
+                    self.call_from_thread(self.append, "".join(pending))
+                    pending, last = [], now
+        except UserError as e:
+            error = str(e)
+        except Exception as e:  # never a traceback over the screen
+            error = f"{type(e).__name__}: {e}"
+        self.call_from_thread(self.append, "".join(pending))
+        self.call_from_thread(self.finish_reply, reply, position, error)
+
+    async def append(self, text: str) -> None:
+        if text and self._stream is not None:
+            self._text.append(text)
+            await self._stream.write(text)
+            self.query_one("#conversation", VerticalScroll).scroll_end(animate=False)
+        if self.reply is not None:
+            self.show_status(self.reply.figures, streaming=True)
+
+    async def finish_reply(self, reply: Reply, position: int | None, error: str | None) -> None:
+        if self._stream is not None:
+            await self._stream.stop()
+            self._stream = None
+        self.reply = None
+        f = reply.figures
+        error = error or f.error
+        text = "".join(self._text)
+        if error:
+            self.notify(error, title="The reply failed", severity="error", timeout=10)
+            f.finish_reason = "error"
+        if not text and error:
+            self._view.remove()
+        else:
+            name, engine = self.model_label()
+            saved = self.store.add(self.chat.id, "assistant", text, position=position, model=name, engine=engine, **f.stored())
+            self._view.set_message(saved)
+            self._view.set_note(self._alternatives_note(saved))
+        self._last_figures = f
+        self.show_status()
+        self.refresh_chats()
+
+    # --- actions -----------------------------------------------------------------------
+    def action_stop(self) -> None:
+        if self.reply is not None:
+            self.reply.cancel()
+        elif self.editing is not None:
+            self.editing = None
+            self.query_one(PromptInput).clear()
+            self.query_one("#mode", Label).update("")
+
+    def action_new_chat(self) -> None:
+        if self.chat is not None:
+            self.model_ref, self.url = self.chat.model, self.chat.url  # a new chat goes on with the same model
+        self.open_chat(None)
+        self.refresh_chats()
+        self.query_one(PromptInput).focus()
+
+    def _idle(self) -> bool:
+        if self.reply is not None:
+            self.notify("Wait for the reply, or stop it with Esc.", severity="warning")
+            return False
+        return True
+
+    def _focused_or_last(self, role: str) -> ChatMessage | None:
+        focused = self.focused
+        if isinstance(focused, MessageView) and focused.role == role and focused.message is not None:
+            return focused.message
+        messages = self.store.messages(self.chat.id) if self.chat else []
+        return next((m for m in reversed(messages) if m.role == role), None)
+
+    async def action_regenerate(self) -> None:
+        if not self._idle():
+            return
+        last = self.store.messages(self.chat.id)[-1] if self.chat and self.store.messages(self.chat.id) else None
+        if last is None or self.model is None:
+            self.notify("Nothing to regenerate yet." if last is None else "The model is not loaded yet.", severity="warning")
+            return
+        if last.role == "assistant":
+            self._view = None
+            for view in self.query(MessageView):
+                if view.message is not None and view.message.id == last.id:
+                    view.remove()
+            await self.start_reply(position=last.position)
+        else:  # the last reply failed or was never written: answer the last message
+            await self.start_reply()
+
+    def action_other_reply(self) -> None:
+        if not self._idle():
+            return
+        last = self._focused_or_last("assistant")
+        if last is None:
+            return
+        alternatives = self.store.alternatives(self.chat.id, last.position)
+        if len(alternatives) < 2:
+            self.notify("This reply has no other versions (Regenerate makes one).")
+            return
+        ids = [a.id for a in alternatives]
+        self.store.activate(ids[ids.index(last.id) - 1])
+        self.show_conversation()
+
+    def action_edit(self) -> None:
+        if not self._idle():
+            return
+        message = self._focused_or_last("user")
+        if message is None:
+            return
+        self.editing = message.position
+        prompt = self.query_one(PromptInput)
+        prompt.text = message.content
+        prompt.focus()
+        self.query_one("#mode", Label).update("Editing a message: Enter resends from there (the replies after it are replaced), Esc cancels.")
+
+    def action_search(self) -> None:
+        self.query_one("#search", Input).focus()
+
+    def action_settings(self) -> None:
+        from localinfer.store.inventory import local_names
+
+        defaults = self.model.defaults if self.model is not None else SamplingParams()
+        model = self.target()[0]
+        models = [] if self.target()[1] else local_names()
+        self.push_screen(SettingsScreen(self.settings(), defaults, models, model), self._settings_saved)
+
+    def _settings_saved(self, values: dict | None) -> None:
+        if values is None:
+            return
+        model = values.pop("model")
+        if self.chat is None:
+            self.pending_settings = values
+            self.model_ref = model
+        else:
+            self.store.save_settings(self.chat.id, values)
+            if model != self.chat.model:
+                self.store.set_model(self.chat.id, model, self.chat.url)
+                self.chat = self.store.chat(self.chat.id)
+                self.refresh_chats()
+        self.ensure_model()
+        self.notify("Settings saved.")
+
+    def action_rename(self) -> None:
+        if self.chat is None:
+            self.notify("This chat is not saved yet: send a message first.")
+            return
+
+        def renamed(title: str | None) -> None:
+            if title:
+                self.store.rename(self.chat.id, title)
+                self.chat = self.store.chat(self.chat.id)
+                self.refresh_chats()
+
+        self.push_screen(AskScreen("New title", self.chat.title), renamed)
+
+    def action_delete(self) -> None:
+        if self.chat is None:
+            return
+        chat = self.chat
+
+        def answered(yes: bool | None) -> None:
+            if yes:
+                self.store.delete(chat.id)
+                self.open_chat(None)
+                self.refresh_chats()
+                self.notify(f"Deleted '{chat.title}'.")
+
+        self.push_screen(ConfirmScreen(f"Delete the chat '{chat.title}' and all its messages?"), answered)
+
+    def action_copy(self) -> None:
+        reply = self._focused_or_last("assistant")
+        if reply is None:
+            self.notify("No reply to copy yet.")
+            return
+        self.copy_to_clipboard(reply.content)
+        self.notify("Copied the reply to the clipboard.")
+
+    def action_export(self) -> None:
+        if self.chat is None:
+            self.notify("This chat is not saved yet: send a message first.")
+            return
+        chat_id = self.chat.id
+
+        def chosen(name: str | None) -> None:
+            if not name:
+                return
+            path = Path(name).expanduser()
+            try:
+                kind = export_chat(self.store, chat_id, path)
+            except UserError as e:
+                self.notify(str(e), title="Not exported", severity="error")
+                return
+            self.notify(f"Exported the chat as {kind} to {path}.")
+
+        self.push_screen(AskScreen("Export to (a .md file, or .json)", f"chat-{chat_id}.md"), chosen)
+
+    async def action_quit(self) -> None:
+        if self.reply is not None:
+            self.reply.cancel()
+        await super().action_quit()
+
+    def on_unmount(self) -> None:
+        if self.model is not None:
+            self.model.close()
+
+
+def _stored_figures(m: ChatMessage) -> ReplyFigures:
+    return ReplyFigures(**{k: getattr(m, k) for k in ReplyFigures().stored() if getattr(m, k) is not None})

@@ -1,0 +1,54 @@
+"""A saved chat as Markdown (to read) or JSON (to process), from the app or `chat --export`."""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from dataclasses import asdict
+from datetime import datetime
+from pathlib import Path
+
+from localinfer.errors import UserError
+from localinfer.tui.store import ChatStore
+
+ROLE_NAMES = {"system": "System", "user": "You", "assistant": "Assistant"}
+
+
+def as_markdown(store: ChatStore, chat_id: int) -> str:
+    chat = store.chat(chat_id)
+    lines = [f"# {chat.title}", "", f"*{chat.model or 'default model'}{' at ' + chat.url if chat.url else ''}, {datetime.fromtimestamp(chat.created):%Y-%m-%d %H:%M}*", ""]
+    system = store.settings(chat_id).get("system")
+    if system:
+        lines += ["## System", "", str(system), ""]
+    for m in store.messages(chat_id):
+        note = " (stopped)" if m.finish_reason == "abort" else ""
+        lines += [f"## {ROLE_NAMES.get(m.role, m.role)}{note}", "", m.content, ""]
+    return "\n".join(lines)
+
+
+def as_json(store: ChatStore, chat_id: int) -> str:
+    """The chat, its settings and its active messages with their figures."""
+    chat = store.chat(chat_id)
+    messages = [{k: v for k, v in asdict(m).items() if k not in ("chat_id", "active")} for m in store.messages(chat_id)]
+    return json.dumps({**asdict(chat), "settings": store.settings(chat_id), "messages": messages}, indent=2, ensure_ascii=False)
+
+
+def export_chat(store: ChatStore, chat_id: int, path: Path) -> str:
+    """Write the chat to `path`: JSON for a .json name, else Markdown. The file appears whole
+    or not at all. Returns the format written."""
+    kind = "json" if path.suffix.lower() == ".json" else "markdown"
+    text = as_json(store, chat_id) if kind == "json" else as_markdown(store, chat_id)
+    folder = path.parent if str(path.parent) else Path(".")
+    if not folder.is_dir():
+        raise UserError(f"cannot export to {path}: the folder {folder} does not exist")
+    try:
+        fd, tmp = tempfile.mkstemp(dir=folder, prefix=f".{path.name}.", suffix=".part")
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            f.write(text + "\n")
+        os.replace(tmp, path)
+    except OSError as e:
+        if "tmp" in locals() and os.path.exists(tmp):
+            os.unlink(tmp)
+        raise UserError(f"cannot export to {path}: {e.strerror or e}") from None
+    return kind

@@ -1,0 +1,232 @@
+"""Where the chat app's replies come from: our own Engine, in-process (the default), or any
+OpenAI-compatible endpoint through the `openai` client (`--url`: our serve, Ollama,
+llama-server). The app sees one shape for both: a Reply to iterate for text, with live
+figures while it streams and the final ones after, and cancel() from any thread.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from urllib.parse import urlsplit
+
+from localinfer.engine.conversation import answer_room, fit_conversation
+from localinfer.engine.engine import Engine
+from localinfer.engine.templates import Message
+from localinfer.engine.types import CompletionOutput, SamplingParams
+from localinfer.errors import UserError
+
+
+@dataclass
+class ReplyFigures:
+    """What the status line shows and each reply stores. Live while streaming (counted
+    here as tokens arrive); from the engine's own Timings once the reply ends."""
+
+    ttft_ms: float = 0.0
+    tokens_per_s: float = 0.0
+    tokens: int = 0
+    prompt_tokens: int | None = None
+    n_ctx: int | None = None
+    kv_cells: int | None = None  # KV-cache cells in use (all slots) and in all
+    kv_cells_total: int | None = None
+    kv_bytes: int | None = None
+    cache_types: tuple[str, str] | None = None
+    drafted: int = 0  # prompt-lookup speculation: drafted and accepted tokens
+    accepted: int = 0
+    tokens_per_forward: float = 0.0
+    finish_reason: str | None = None  # None while streaming
+    error: str | None = None
+
+    def stored(self) -> dict[str, object]:
+        """The columns a saved reply keeps."""
+        keys = ("ttft_ms", "tokens_per_s", "tokens", "prompt_tokens", "n_ctx", "kv_cells", "kv_cells_total", "finish_reason")
+        return {k: getattr(self, k) for k in keys}
+
+
+class Reply:
+    """One reply in flight. Iterate it (on a worker thread) for text pieces."""
+
+    figures: ReplyFigures
+    dropped: int = 0  # oldest messages left out so the conversation fits the context
+
+    def __iter__(self) -> Iterator[str]:
+        raise NotImplementedError
+
+    def cancel(self) -> None:
+        raise NotImplementedError
+
+
+@dataclass
+class _Clock:
+    """Live TTFT and tokens/s from token arrival times, as a client sees them."""
+
+    t_start: float = field(default_factory=time.perf_counter)
+    t_first: float = 0.0
+    n: int = 0
+
+    def tick(self, figures: ReplyFigures) -> None:
+        now = time.perf_counter()
+        self.n += 1
+        if self.n == 1:
+            self.t_first = now
+            figures.ttft_ms = (now - self.t_start) * 1e3
+        elif now > self.t_first:
+            figures.tokens_per_s = (self.n - 1) / (now - self.t_first)
+        figures.tokens = self.n
+
+
+class LocalModel:
+    """A model loaded in this process, on the same Engine `run` and `serve` use."""
+
+    def __init__(self, engine: Engine, engine_name: str) -> None:
+        self.engine = engine
+        self.name = engine.name
+        self.engine_name = engine_name
+        engine.start()  # an owner thread: the UI and worker threads only submit and abort
+
+    @property
+    def defaults(self) -> SamplingParams:
+        return self.engine.defaults
+
+    @property
+    def n_ctx(self) -> int | None:
+        return self.engine.n_ctx
+
+    def reply(self, messages: list[Message], params: SamplingParams) -> Reply:
+        return _LocalReply(self, messages, params)
+
+    def close(self) -> None:
+        self.engine.close()
+
+
+class _LocalReply(Reply):
+    def __init__(self, model: LocalModel, messages: list[Message], params: SamplingParams) -> None:
+        engine = self.engine = model.engine
+        fitted = fit_conversation(engine, messages, answer_room(engine.n_ctx, params.max_tokens))  # ContextOverflow if it cannot
+        self.dropped = fitted.dropped
+        self.figures = ReplyFigures(prompt_tokens=len(fitted.tokens), n_ctx=engine.n_ctx, cache_types=engine.cache_types)
+        self.stream = engine.submit(fitted.tokens, params)
+        self.request_id = self.stream.request_id
+
+    def __iter__(self) -> Iterator[str]:
+        clock, f, engine = _Clock(), self.figures, self.engine
+        while True:
+            event = self.stream.get()
+            if isinstance(event, CompletionOutput):
+                t = event.timings
+                f.ttft_ms, f.tokens, f.finish_reason = t.ttft_ms, event.completion_tokens, event.finish_reason
+                f.tokens_per_s = t.tokens_per_s or f.tokens_per_s  # one token has no decode rate
+                f.drafted, f.accepted, f.tokens_per_forward = t.drafted, t.accepted, t.tokens_per_forward
+                f.error = str(event.error) if event.error else None
+                self._kv(f)
+                return
+            clock.tick(f)
+            self._kv(f)
+            if event.text:
+                yield event.text
+
+    def _kv(self, f: ReplyFigures) -> None:
+        e = self.engine
+        f.kv_cells, f.kv_cells_total, f.kv_bytes = e.kv_cells_used, e.kv_cells_total, e.kv_bytes_used()
+
+    def cancel(self) -> None:
+        self.engine.abort(self.request_id)
+
+
+def api_base(url: str) -> str:
+    """The OpenAI base URL for what a user types: `http://host:port` means its /v1."""
+    parts = urlsplit(url)
+    if parts.scheme not in ("http", "https") or not parts.netloc:
+        raise UserError(f"'{url}' is not an http:// or https:// URL")
+    return url.rstrip("/") if parts.path.rstrip("/").endswith("/v1") else url.rstrip("/") + "/v1"
+
+
+class RemoteModel:
+    """A model behind an OpenAI-compatible endpoint."""
+
+    engine_name = "remote"
+
+    def __init__(self, url: str, model: str | None = None) -> None:
+        import openai
+
+        self.url = url
+        self.client = openai.OpenAI(base_url=api_base(url), api_key=os.environ.get("OPENAI_API_KEY", "none"), max_retries=0, timeout=600)
+        self.name = model or self._first_model()
+        self.defaults = SamplingParams()
+        self.n_ctx: int | None = None  # an OpenAI endpoint does not say
+
+    def _first_model(self) -> str:
+        with remote_errors(self.url):
+            models = self.client.models.list().data
+        if not models:
+            raise UserError(f"{self.url} serves no models")
+        return models[0].id
+
+    def reply(self, messages: list[Message], params: SamplingParams) -> Reply:
+        return _RemoteReply(self, messages, params)
+
+    def close(self) -> None:
+        self.client.close()
+
+
+class remote_errors:
+    """openai's exceptions as one-line UserErrors naming the URL."""
+
+    def __init__(self, url: str) -> None:
+        self.url = url
+
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(self, kind, error, tb) -> bool:
+        import openai
+
+        if isinstance(error, openai.APIStatusError):
+            raise UserError(f"{self.url} answered {error.status_code}: {error.message}") from None
+        if isinstance(error, openai.APIError):  # connection refused, timeouts
+            raise UserError(f"cannot reach {self.url}: {error.message}") from None
+        return False
+
+
+class _RemoteReply(Reply):
+    def __init__(self, model: RemoteModel, messages: list[Message], params: SamplingParams) -> None:
+        self.model, self.messages, self.params = model, messages, params
+        self.figures = ReplyFigures()
+        self._cancelled = threading.Event()
+        self._response = None
+
+    def __iter__(self) -> Iterator[str]:
+        p, clock, f = self.params, _Clock(), self.figures
+        extra = {"top_k": p.top_k, "min_p": p.min_p, "repeat_penalty": p.repeat_penalty}  # llama-server's, ours, Ollama's names
+        with remote_errors(self.model.url):
+            self._response = self.model.client.chat.completions.create(
+                model=self.model.name, messages=self.messages, stream=True, stream_options={"include_usage": True},
+                temperature=p.temperature, top_p=p.top_p, max_tokens=p.max_tokens, seed=p.seed, extra_body=extra,
+            )  # fmt: skip
+            try:
+                for chunk in self._response:
+                    if chunk.usage is not None:
+                        f.prompt_tokens, f.tokens = chunk.usage.prompt_tokens, chunk.usage.completion_tokens
+                    for choice in chunk.choices[:1]:
+                        if choice.finish_reason:
+                            f.finish_reason = choice.finish_reason
+                        if choice.delta.content:
+                            clock.tick(f)
+                            yield choice.delta.content
+                    if self._cancelled.is_set():
+                        break
+            except Exception:
+                if not self._cancelled.is_set():
+                    raise
+            finally:
+                self._response.close()
+        if self._cancelled.is_set():
+            f.finish_reason = "abort"
+        f.finish_reason = f.finish_reason or "stop"
+        f.tokens = max(f.tokens, clock.n)
+
+    def cancel(self) -> None:
+        self._cancelled.set()

@@ -1,0 +1,121 @@
+"""The chat app's widgets: one per message, the prompt box, the status line, the chat list.
+They hold no state of the app's and write nothing: they show what they are given, and post
+messages up (Textual's "attributes down, messages up")."""
+
+from __future__ import annotations
+
+from textual import events
+from textual.app import ComposeResult
+from textual.containers import Vertical
+from textual.message import Message
+from textual.widgets import Label, ListItem, Markdown, Static, TextArea
+
+from localinfer.tui.replies import ReplyFigures
+from localinfer.tui.store import Chat, ChatMessage
+
+ROLE_TITLES = {"user": "You", "assistant": "Assistant", "system": "System"}
+
+
+class MessageView(Vertical, can_focus=True):
+    """A message: a title line and its Markdown. A reply streams into it while it is written."""
+
+    def __init__(self, role: str, content: str = "", message: ChatMessage | None = None, note: str = "") -> None:
+        super().__init__(classes=f"message {role}")
+        self.role = role
+        self.message = message
+        self.content = content
+        self.note = note
+
+    def compose(self) -> ComposeResult:
+        yield Label(self._title(), classes="title")
+        yield Markdown(self.content)
+
+    def _title(self) -> str:
+        m = self.message
+        parts = [ROLE_TITLES.get(self.role, self.role)]
+        if m is not None and m.role == "assistant":
+            parts += [x for x in (m.model,) if x]
+            if m.finish_reason == "abort":
+                parts.append("stopped")
+            elif m.finish_reason in ("length", "error"):
+                parts.append({"length": "cut at max tokens", "error": "failed"}[m.finish_reason])
+        if self.note:
+            parts.append(self.note)
+        return " · ".join(parts)
+
+    def set_note(self, note: str) -> None:
+        self.note = note
+        self._retitle()
+
+    def set_message(self, message: ChatMessage) -> None:
+        self.message = message
+        self._retitle()
+
+    def _retitle(self) -> None:
+        if self.is_mounted:
+            self.query_one(".title", Label).update(self._title())
+
+
+class PromptInput(TextArea):
+    """A multi-line prompt: Enter sends, Shift+Enter (or Ctrl+J, for terminals that cannot
+    tell Shift+Enter apart) breaks the line."""
+
+    class Submitted(Message):
+        def __init__(self, text: str) -> None:
+            super().__init__()
+            self.text = text
+
+    async def _on_key(self, event: events.Key) -> None:
+        if event.key == "enter":
+            event.prevent_default()
+            event.stop()
+            if self.text.strip():
+                self.post_message(self.Submitted(self.text))
+            return
+        if event.key in ("shift+enter", "ctrl+j"):
+            event.prevent_default()
+            event.stop()
+            self.insert("\n")
+            return
+        await super()._on_key(event)
+
+
+def _size(n: int) -> str:
+    return f"{n / 1e6:.1f} MB" if n >= 1e5 else f"{n / 1e3:.0f} kB"
+
+
+def status_text(model: str, engine: str, figures: ReplyFigures | None, streaming: bool = False) -> str:
+    """The status line: model and engine, the last reply's TTFT, tokens/s (live while it
+    streams) and length, context used of context size, the KV cache's fill (all slots),
+    type and bytes, and prompt lookup's acceptance rate and tokens per forward."""
+    parts = [f"{model} · {engine}"]
+    f = figures
+    if f is None:
+        return parts[0]
+    parts.append(f"TTFT {f.ttft_ms:.0f} ms" if f.ttft_ms else "TTFT …")
+    parts.append((f"{f.tokens_per_s:.1f} tok/s" if f.tokens_per_s else "– tok/s") + (" …" if streaming else ""))
+    parts.append(f"{f.tokens} tokens")
+    if f.prompt_tokens is not None:
+        used = f.prompt_tokens + f.tokens
+        parts.append(f"ctx {used}/{f.n_ctx}" if f.n_ctx else f"ctx {used}")
+    if f.kv_cells is not None and f.kv_cells_total:
+        kv = f"KV {f.kv_cells / f.kv_cells_total:.0%}"
+        if f.cache_types:
+            kv += " " + "/".join(f.cache_types)
+        if f.kv_bytes is not None:
+            kv += f" {_size(f.kv_bytes)}"
+        parts.append(kv)
+    if f.drafted:
+        parts.append(f"draft {f.accepted / f.drafted:.0%} ({f.tokens_per_forward:.2f} tok/fwd)")
+    return " │ ".join(parts)
+
+
+class StatusLine(Static):
+    def show(self, model: str, engine: str, figures: ReplyFigures | None, streaming: bool = False) -> None:
+        self.update(status_text(model, engine, figures, streaming))
+
+
+class ChatItem(ListItem):
+    def __init__(self, chat: Chat, detail: str) -> None:
+        super().__init__(Label(chat.title, classes="chat-title"), Label(detail, classes="chat-detail"))
+        self.chat = chat
