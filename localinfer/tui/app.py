@@ -40,17 +40,17 @@ class ChatApp(App):
     CSS_PATH = "chat.tcss"
     TITLE = "localinfer chat"
     BINDINGS = [
-        Binding("escape", "stop", "Stop reply"),
-        Binding("ctrl+n", "new_chat", "New chat"),
-        Binding("ctrl+r", "regenerate", "Regenerate"),
+        Binding("escape", "stop", "Stop"),
+        Binding("ctrl+n", "new_chat", "New"),
+        Binding("ctrl+r", "regenerate", "Regen"),
         Binding("ctrl+b", "other_reply", "Other reply"),
         Binding("ctrl+t", "edit", "Edit"),
         Binding("ctrl+f", "search", "Search"),
         Binding("ctrl+s", "settings", "Settings"),
         Binding("f2", "rename", "Rename"),
-        Binding("f3", "copy", "Copy reply"),
+        Binding("f3", "copy", "Copy"),
         Binding("f4", "export", "Export"),
-        Binding("f8", "delete", "Delete chat"),
+        Binding("f8", "delete", "Delete"),
     ]
     # What the command palette offers: (title, help, action), one per binding's action.
     ACTIONS = [
@@ -74,6 +74,7 @@ class ChatApp(App):
         self.model_ref, self.url = model, url  # what the next new chat talks to
         self.model = None  # the loaded LocalModel | RemoteModel, None while loading or after a failure
         self.loaded: tuple[str | None, str | None] | None = None  # the (ref, url) self.model was loaded for
+        self.model_state = "loading…"  # what the status line says while self.model is None
         self.chat: Chat | None = None  # None: a new chat, saved at its first message
         self.open_chat_id = chat_id
         self.pending_settings: dict[str, object] = {}  # a new chat's settings, until it is saved
@@ -95,7 +96,7 @@ class ChatApp(App):
                 yield StatusLine(id="status")
                 yield Label("", id="mode")
                 yield PromptInput(id="prompt", soft_wrap=True, show_line_numbers=False)
-        yield Footer()
+        yield Footer(compact=True)
 
     def on_mount(self) -> None:
         self.refresh_chats()
@@ -120,7 +121,7 @@ class ChatApp(App):
         if self.model is not None:
             return self.model.name, self.model.engine_name
         ref, url = self.target()
-        return (ref or "default model"), ("loading…" if self.workers and any(w.group == "load" and w.is_running for w in self.workers) else "not loaded")
+        return (ref or "default model"), self.model_state
 
     def ensure_model(self) -> None:
         if self.loaded != self.target():
@@ -130,18 +131,15 @@ class ChatApp(App):
     @work(thread=True, exclusive=True, group="load")
     def load_model(self, ref: str | None, url: str | None) -> None:
         old, self.model = self.model, None
-        self.loaded = (ref, url)
+        self.loaded, self.model_state = (ref, url), "loading…"
         self.call_from_thread(self.show_status)
         if old is not None:
             old.close()
         try:
             model = self.loader(ref, url)
-        except UserError as e:
-            self.call_from_thread(self.notify, str(e), title="The model did not load", severity="error", timeout=10)
-            self.call_from_thread(self.show_status)
-            return
-        except Exception as e:  # never a traceback over the screen; the app stays usable
-            self.call_from_thread(self.notify, f"{type(e).__name__}: {e}", title="The model did not load", severity="error", timeout=10)
+        except Exception as e:  # a UserError, or a bug: never a traceback over the screen, and the app stays usable
+            self.model_state = "not loaded (pick another model in Settings)"
+            self.call_from_thread(self.notify, str(e) if isinstance(e, UserError) else f"{type(e).__name__}: {e}", title="The model did not load", severity="error", timeout=10)
             self.call_from_thread(self.show_status)
             return
         if self.loaded != (ref, url):  # the user moved on while it loaded
@@ -162,10 +160,13 @@ class ChatApp(App):
         for chat in self.store.chats(search):
             n = len(self.store.messages(chat.id))
             chats.append(ChatItem(chat, f"{chat.model or 'default model'} · {n} message{'s' * (n != 1)}"))
-        if self.chat is not None:
-            ids = [item.chat.id for item in chats.query(ChatItem)]
-            if self.chat.id in ids:
-                chats.index = ids.index(self.chat.id)
+        self.call_after_refresh(self._highlight_open_chat)  # once the items are mounted
+
+    def _highlight_open_chat(self) -> None:
+        chats = self.query_one("#chats", ListView)
+        ids = [item.chat.id for item in chats.query(ChatItem)]
+        if self.chat is not None and self.chat.id in ids and chats.index != ids.index(self.chat.id):
+            chats.index = ids.index(self.chat.id)
 
     @on(ListView.Selected, "#chats")
     def chat_selected(self, event: ListView.Selected) -> None:
@@ -184,6 +185,7 @@ class ChatApp(App):
         self._last_figures = None
         self.ensure_model()
         self.show_conversation()
+        self._highlight_open_chat()
 
     def show_conversation(self) -> None:
         conversation = self.query_one("#conversation", VerticalScroll)
@@ -207,10 +209,10 @@ class ChatApp(App):
     def settings(self) -> dict[str, object]:
         return self.store.settings(self.chat.id) if self.chat else dict(self.pending_settings)
 
-    def params(self) -> SamplingParams:
-        defaults = self.model.defaults if self.model is not None else SamplingParams()
+    def sampling(self) -> dict[str, object]:
+        """The chat's own sampling settings; the model's defaults fill in the rest."""
         values = self.settings()
-        return defaults.with_overrides(**{k: values.get(k) for k in SETTINGS})
+        return {k: values[k] for k in SETTINGS if values.get(k) is not None}
 
     # --- sending and streaming ---------------------------------------------------------
     @on(PromptInput.Submitted)
@@ -250,7 +252,7 @@ class ChatApp(App):
         """Write a reply to the conversation (at `position`: in place of the reply there)."""
         messages = self.conversation(before=position)
         try:
-            reply = self.model.reply(messages, self.params())
+            reply = self.model.reply(messages, self.sampling())
         except UserError as e:  # the conversation cannot fit, even trimmed
             self.notify(str(e), title="Not sent", severity="error", timeout=10)
             return

@@ -95,8 +95,9 @@ class LocalModel:
     def n_ctx(self) -> int | None:
         return self.engine.n_ctx
 
-    def reply(self, messages: list[Message], params: SamplingParams) -> Reply:
-        return _LocalReply(self, messages, params)
+    def reply(self, messages: list[Message], settings: dict[str, object]) -> Reply:
+        """A reply to `messages`, sampled with the model's defaults overridden by `settings`."""
+        return _LocalReply(self, messages, self.engine.defaults.with_overrides(**settings))
 
     def close(self) -> None:
         self.engine.close()
@@ -155,7 +156,7 @@ class RemoteModel:
         self.url = url
         self.client = openai.OpenAI(base_url=api_base(url), api_key=os.environ.get("OPENAI_API_KEY", "none"), max_retries=0, timeout=600)
         self.name = model or self._first_model()
-        self.defaults = SamplingParams()
+        self.defaults = SamplingParams()  # what the settings screen shows; the endpoint's own may differ
         self.n_ctx: int | None = None  # an OpenAI endpoint does not say
 
     def _first_model(self) -> str:
@@ -165,8 +166,9 @@ class RemoteModel:
             raise UserError(f"{self.url} serves no models")
         return models[0].id
 
-    def reply(self, messages: list[Message], params: SamplingParams) -> Reply:
-        return _RemoteReply(self, messages, params)
+    def reply(self, messages: list[Message], settings: dict[str, object]) -> Reply:
+        """A reply to `messages`; what `settings` leaves out, the endpoint picks."""
+        return _RemoteReply(self, messages, settings)
 
     def close(self) -> None:
         self.client.close()
@@ -192,19 +194,21 @@ class remote_errors:
 
 
 class _RemoteReply(Reply):
-    def __init__(self, model: RemoteModel, messages: list[Message], params: SamplingParams) -> None:
-        self.model, self.messages, self.params = model, messages, params
+    def __init__(self, model: RemoteModel, messages: list[Message], settings: dict[str, object]) -> None:
+        self.model, self.messages, self.settings = model, messages, settings
         self.figures = ReplyFigures()
         self._cancelled = threading.Event()
         self._response = None
 
     def __iter__(self) -> Iterator[str]:
-        p, clock, f = self.params, _Clock(), self.figures
-        extra = {"top_k": p.top_k, "min_p": p.min_p, "repeat_penalty": p.repeat_penalty}  # llama-server's, ours, Ollama's names
+        clock, f = _Clock(), self.figures
+        openai_names = {"temperature", "top_p", "max_tokens", "seed"}
+        given = {k: v for k, v in self.settings.items() if v is not None}
+        extra = {k: v for k, v in given.items() if k not in openai_names}  # top_k, min_p, repeat_penalty: llama-server's and ours
         with remote_errors(self.model.url):
             self._response = self.model.client.chat.completions.create(
                 model=self.model.name, messages=self.messages, stream=True, stream_options={"include_usage": True},
-                temperature=p.temperature, top_p=p.top_p, max_tokens=p.max_tokens, seed=p.seed, extra_body=extra,
+                **{k: v for k, v in given.items() if k in openai_names}, extra_body=extra or None,
             )  # fmt: skip
             try:
                 for chunk in self._response:

@@ -68,18 +68,18 @@ class SettingsScreen(ModalScreen[dict | None]):
 
     def compose(self) -> ComposeResult:
         with VerticalScroll(classes="box settings"):
-            yield Label("Chat settings", classes="heading")
+            yield Label("Chat settings (empty fields: the model's defaults, shown dimmed)", classes="heading")
             yield Label("Model")
             options = [(name, name) for name in dict.fromkeys([*(self.models), *([self.model] if self.model else [])])]
-            yield Select(options, value=self.model if self.model else Select.BLANK, prompt="the default model", id="model")
+            yield Select(options, value=self.model if self.model else Select.BLANK, prompt="the default model", id="model", compact=True)
             yield Label("System prompt")
-            yield TextArea(str(self.values.get("system") or ""), id="system")
+            yield TextArea(str(self.values.get("system") or ""), id="system", compact=True, soft_wrap=True)
             with Grid(classes="fields"):
                 for name in SETTINGS:
                     default = getattr(self.defaults, name)
                     yield Label(name.replace("_", " "))
                     value = self.values.get(name)
-                    yield Input("" if value is None else str(value), placeholder=f"{default if default is not None else 'none'}", id=name)
+                    yield Input("" if value is None else str(value), placeholder=f"{default if default is not None else 'none'}", id=name, compact=True)
             yield Label("", id="problem", classes="problem")
             with Horizontal(classes="buttons"):
                 yield Button("Save", variant="primary", id="save")

@@ -1,0 +1,358 @@
+"""The chat app driven by Textual's Pilot, on the real embedded model in-process (and on a
+real `localinfer serve` for --url). Replies are checked against what the same greedy
+request gives through the Engine itself."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import socket
+import time
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+
+import pytest
+
+from localinfer.cli.chat import model_loader
+from localinfer.engine import stream as stream_module
+from localinfer.engine.loader import LoadOptions, open_engine
+from localinfer.engine.types import CompletionOutput, SamplingParams
+from localinfer.tui.app import ChatApp
+from localinfer.tui.store import ChatStore
+from localinfer.tui.widgets import MessageView, PromptInput
+
+from ..conftest import THREADS
+
+SIZE = (120, 36)
+OPTIONS = LoadOptions(threads=THREADS, ctx=1024)
+GREEDY = {"temperature": 0.0, "max_tokens": 24}
+
+
+def run(test: Callable[[], Awaitable[None]]) -> None:
+    asyncio.run(test())
+
+
+async def until(pilot, condition: Callable[[], bool], timeout: float = 120) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, "timed out"
+        await pilot.pause(0.05)
+
+
+def ready(app: ChatApp) -> Callable[[], bool]:
+    return lambda: app.model is not None and app.reply is None
+
+
+async def send(pilot, app: ChatApp, text: str) -> None:
+    await until(pilot, ready(app))
+    prompt = app.query_one(PromptInput)
+    prompt.focus()
+    prompt.text = text
+    await pilot.press("enter")
+    await until(pilot, lambda: app.reply is not None or not prompt.text)
+    await until(pilot, ready(app))
+    await pilot.pause()
+
+
+def new_app(store: ChatStore, **kw) -> ChatApp:
+    return ChatApp(store, model_loader(OPTIONS), **kw)
+
+
+def greedy_store(tmp_path: Path, settings: dict | None = None) -> tuple[ChatStore, int]:
+    """A store whose one chat (not yet with messages) is greedy and short."""
+    store = ChatStore.open(tmp_path / "chats.db")
+    chat = store.new_chat("Test chat", None)
+    store.save_settings(chat.id, {**GREEDY, **(settings or {})})
+    return store, chat.id
+
+
+def reference(messages: list[dict], **params: object) -> CompletionOutput:
+    """The same request through a fresh Engine: what the app must show."""
+    engine = open_engine(None, OPTIONS)
+    try:
+        return engine.complete(engine.tokenize_prompt(engine.render_chat(messages)), engine.defaults.with_overrides(**{**GREEDY, **params}))
+    finally:
+        engine.close()
+
+
+@pytest.fixture()
+def finished(monkeypatch: pytest.MonkeyPatch) -> list[CompletionOutput]:
+    """Every CompletionOutput an engine hands to a reader: the engine's own figures."""
+    seen: list[CompletionOutput] = []
+    original = stream_module.RequestStream.get
+
+    def get(self, timeout=None):
+        event = original(self, timeout)
+        if isinstance(event, CompletionOutput):
+            seen.append(event)
+        return event
+
+    monkeypatch.setattr(stream_module.RequestStream, "get", get)
+    return seen
+
+
+def test_a_reply_is_the_engines_greedy_answer_with_the_engines_figures(tmp_path: Path, finished: list[CompletionOutput]) -> None:
+    store, chat_id = greedy_store(tmp_path)
+    question = "Why is the sky blue?"
+
+    async def test() -> None:
+        app = new_app(store, chat_id=chat_id)
+        async with app.run_test(size=SIZE) as pilot:
+            await send(pilot, app, question)
+            views = list(app.query(MessageView))
+            assert [v.role for v in views] == ["user", "assistant"]
+            status = str(app.query_one("#status").render())
+            assert "smollm2:135m · llama.cpp" in status and "TTFT" in status and "tok/s" in status and "ctx" in status and "KV" in status
+
+    run(test)
+    want = reference([{"role": "user", "content": question}])
+    user, reply = store.messages(chat_id)
+    assert user.content == question
+    assert reply.content == want.text and reply.tokens == want.completion_tokens
+    assert (reply.prompt_tokens, reply.n_ctx, reply.finish_reason, reply.model, reply.engine) == (want.prompt_tokens, 1024, "length", "smollm2:135m", "llama.cpp")
+    [engine_done] = [e for e in finished if e.text == reply.content]  # the app's request, as the engine ended it
+    assert (reply.ttft_ms, reply.tokens_per_s) == (engine_done.timings.ttft_ms, engine_done.timings.tokens_per_s)
+    assert reply.kv_cells_total == 1024 and reply.kv_cells == want.prompt_tokens + want.completion_tokens - 1  # the last token is sampled, never fed
+
+
+def test_esc_stops_the_reply_keeps_it_and_frees_the_slot(tmp_path: Path) -> None:
+    store, chat_id = greedy_store(tmp_path, {"max_tokens": 2000})
+
+    async def test() -> None:
+        app = new_app(store, chat_id=chat_id)
+        async with app.run_test(size=SIZE) as pilot:
+            await until(pilot, ready(app))
+            app.query_one(PromptInput).text = "Tell me a very long story about a dragon and a knight."
+            await pilot.press("enter")
+            await until(pilot, lambda: app.reply is not None and app.reply.figures.tokens >= 5)
+            engine = app.model.engine
+            assert engine.n_running == 1
+            await pilot.press("escape")
+            await until(pilot, ready(app))
+            assert engine.n_running == 0 and engine.free_slots == 1
+            view = list(app.query(MessageView))[-1]
+            assert "stopped" in str(view.query_one(".title").render())
+
+    run(test)
+    reply = store.messages(chat_id)[-1]
+    assert reply.role == "assistant" and reply.finish_reason == "abort"
+    assert 5 <= reply.tokens < 2000 and reply.content
+
+
+def test_regenerate_keeps_the_earlier_reply_reachable(tmp_path: Path) -> None:
+    store, chat_id = greedy_store(tmp_path, {"temperature": 1.5, "seed": 7, "max_tokens": 12})
+
+    async def test() -> None:
+        app = new_app(store, chat_id=chat_id)
+        async with app.run_test(size=SIZE) as pilot:
+            await send(pilot, app, "Name a colour.")
+            first = store.messages(chat_id)[-1]
+            store.save_settings(chat_id, {"temperature": 1.5, "seed": 8, "max_tokens": 12})
+            await pilot.press("ctrl+r")
+            await until(pilot, lambda: app.reply is not None or len(store.alternatives(chat_id, first.position)) == 2)
+            await until(pilot, ready(app))
+            second = store.messages(chat_id)[-1]
+            assert second.id != first.id and second.position == first.position
+            assert [m.id for m in store.alternatives(chat_id, first.position)] == [first.id, second.id]
+            assert len(list(app.query(MessageView))) == 2
+            assert "version 2 of 2" in str(list(app.query(MessageView))[-1].query_one(".title").render())
+            await pilot.press("ctrl+b")  # back to the first
+            await pilot.pause()
+            assert store.messages(chat_id)[-1].id == first.id
+            assert list(app.query(MessageView))[-1].message.content == first.content
+
+    run(test)
+
+
+def test_edit_resends_from_the_edited_message(tmp_path: Path) -> None:
+    store, chat_id = greedy_store(tmp_path)
+
+    async def test() -> None:
+        app = new_app(store, chat_id=chat_id)
+        async with app.run_test(size=SIZE) as pilot:
+            await send(pilot, app, "What is the capital of France?")
+            await send(pilot, app, "And of Spain?")
+            assert len(store.messages(chat_id)) == 4
+            list(app.query(MessageView))[0].focus()  # the first question
+            await pilot.press("ctrl+t")
+            prompt = app.query_one(PromptInput)
+            assert prompt.text == "What is the capital of France?"
+            prompt.text = "What is the capital of Italy?"
+            await pilot.press("enter")
+            await until(pilot, lambda: app.reply is not None or len(store.messages(chat_id)) == 2)
+            await until(pilot, ready(app))
+
+    run(test)
+    messages = store.messages(chat_id)
+    assert [m.role for m in messages] == ["user", "assistant"]
+    assert messages[0].content == "What is the capital of Italy?"
+    assert messages[1].content == reference([{"role": "user", "content": "What is the capital of Italy?"}]).text
+
+
+def test_rename_search_delete_and_export_in_the_app(tmp_path: Path) -> None:
+    store = ChatStore.open(tmp_path / "chats.db")
+    keep = store.new_chat("About dragons", "smollm2:135m", now=1.0)
+    store.add(keep.id, "user", "Tell me about wyverns", now=2.0)
+    store.add(keep.id, "assistant", "Wyverns have two legs.", now=3.0, finish_reason="stop")
+    gone = store.new_chat("Cooking", "smollm2:135m", now=4.0)
+
+    async def test() -> None:
+        app = new_app(store, chat_id=keep.id)
+        async with app.run_test(size=SIZE) as pilot:
+            await pilot.press("f2")
+            await pilot.pause()
+            app.screen.query_one("#answer").value = "Wyverns"
+            await pilot.press("enter")
+            await pilot.pause()
+            assert store.chat(keep.id).title == "Wyverns"
+
+            await pilot.press("f4")
+            await pilot.pause()
+            app.screen.query_one("#answer").value = str(tmp_path / "wyverns.json")
+            await pilot.press("enter")
+            await pilot.pause()
+
+            await pilot.press("ctrl+f")
+            await pilot.press(*"two legs")
+            await pilot.pause()
+            items = app.query_one("#chats").children
+            assert [item.chat.title for item in items] == ["Wyverns"]
+            app.query_one("#search").value = ""
+            await pilot.pause()
+            assert {item.chat.title for item in app.query_one("#chats").children} == {"Wyverns", "Cooking"}
+
+            app.open_chat(store.chat(gone.id))
+            await pilot.press("f8")
+            await pilot.pause()
+            await pilot.click("#yes")
+            await pilot.pause()
+            assert [c.title for c in store.chats()] == ["Wyverns"]
+            assert app.chat is None  # back to a new, unsaved chat
+
+    run(test)
+    exported = json.loads((tmp_path / "wyverns.json").read_text())
+    assert exported["title"] == "Wyverns"
+    assert [m["content"] for m in exported["messages"]] == ["Tell me about wyverns", "Wyverns have two legs."]
+
+
+def test_chats_survive_a_restart(tmp_path: Path) -> None:
+    path = tmp_path / "chats.db"
+
+    async def first() -> None:
+        store = ChatStore.open(path)
+        app = new_app(store)
+        async with app.run_test(size=SIZE) as pilot:
+            app.pending_settings = dict(GREEDY)
+            await send(pilot, app, "Hello there")
+        store.close()
+
+    async def second() -> None:
+        store = ChatStore.open(path)
+        app = new_app(store)
+        async with app.run_test(size=SIZE) as pilot:
+            [item] = app.query_one("#chats").children
+            assert item.chat.title == "Hello there"
+            app.query_one("#chats").focus()
+            await pilot.press("down", "enter")
+            await pilot.pause()
+            assert [v.role for v in app.query(MessageView)] == ["user", "assistant"]
+            assert list(app.query(MessageView))[0].message.content == "Hello there"
+        store.close()
+
+    run(first)
+    run(second)
+
+
+def test_a_model_that_fails_to_load_is_a_notification_and_the_app_stays_usable(tmp_path: Path) -> None:
+    store = ChatStore.open(tmp_path / "chats.db")
+
+    async def test() -> None:
+        app = new_app(store, model=str(tmp_path / "missing.gguf"))
+        async with app.run_test(size=SIZE) as pilot:
+            await until(pilot, lambda: bool(app._notifications))
+            [note] = list(app._notifications)
+            assert note.severity == "error" and "missing.gguf" in note.message
+            app.query_one(PromptInput).text = "Hello?"
+            await pilot.press("enter")  # refused with a notification, nothing saved
+            await pilot.pause()
+            assert store.chats() == []
+            await pilot.press("ctrl+s")  # the app still works: settings open and close
+            await pilot.pause()
+            assert type(app.screen).__name__ == "SettingsScreen"
+            await pilot.press("escape")
+
+    run(test)
+
+
+def test_an_unreachable_url_is_a_notification(tmp_path: Path) -> None:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]  # closed once the block ends: nothing listens there
+    store = ChatStore.open(tmp_path / "chats.db")
+
+    async def test() -> None:
+        app = new_app(store, url=f"http://127.0.0.1:{port}")
+        async with app.run_test(size=SIZE) as pilot:
+            await until(pilot, lambda: bool(app._notifications))
+            [note] = list(app._notifications)
+            assert note.severity == "error" and f"cannot reach http://127.0.0.1:{port}" in note.message
+
+    run(test)
+
+
+def test_a_message_too_long_for_the_context_is_a_notification(tmp_path: Path) -> None:
+    store, chat_id = greedy_store(tmp_path)
+
+    async def test() -> None:
+        app = ChatApp(store, model_loader(LoadOptions(threads=THREADS, ctx=64)), chat_id=chat_id)
+        async with app.run_test(size=SIZE) as pilot:
+            await until(pilot, ready(app))
+            app.query_one(PromptInput).text = "tell me " * 400
+            await pilot.press("enter")
+            await until(pilot, lambda: bool(app._notifications))
+            assert any(f"context holds {app.model.n_ctx}" in n.message for n in app._notifications)
+            assert app.reply is None
+
+    run(test)
+
+
+def test_a_long_conversation_drops_its_oldest_turns_and_says_so(tmp_path: Path) -> None:
+    store, chat_id = greedy_store(tmp_path, {"system": "Be brief.", "max_tokens": 8})
+    for i in range(6):
+        store.add(chat_id, "user", f"Question {i}: " + "words " * 30)
+        store.add(chat_id, "assistant", "An answer " * 10)
+
+    async def test() -> None:
+        app = ChatApp(store, model_loader(LoadOptions(threads=THREADS, ctx=256)), chat_id=chat_id)
+        async with app.run_test(size=SIZE) as pilot:
+            await send(pilot, app, "And now?")
+            assert any("oldest messages were left out" in n.message for n in app._notifications)
+
+    run(test)
+    reply = store.messages(chat_id)[-1]
+    assert reply.role == "assistant" and reply.prompt_tokens + 8 <= 256
+
+
+def test_the_url_mode_talks_to_a_real_localinfer_serve(tmp_path: Path) -> None:
+    from ..server.test_serve import Server
+
+    server = Server("--parallel", "1")
+    try:
+        store, chat_id = greedy_store(tmp_path)
+        store.set_model(chat_id, "smollm2:135m", server.url)
+        question = "Name three colours."
+
+        async def test() -> None:
+            app = new_app(store, chat_id=chat_id)
+            async with app.run_test(size=SIZE) as pilot:
+                await send(pilot, app, question)
+                assert "smollm2:135m · remote" in str(app.query_one("#status").render())
+
+        run(test)
+        want = server.client().chat.completions.create(model="smollm2:135m", messages=[{"role": "user", "content": question}], temperature=0, max_tokens=24)
+        reply = store.messages(chat_id)[-1]
+        assert reply.content == want.choices[0].message.content
+        assert (reply.tokens, reply.prompt_tokens, reply.finish_reason) == (want.usage.completion_tokens, want.usage.prompt_tokens, "length")
+        assert store.chat(chat_id).url == server.url
+    finally:
+        assert server.stop()[0] == 0
