@@ -4,7 +4,7 @@ RemoteModel (`--url`), streamed by a worker thread so the UI never waits on the 
 
 Who does what: the UI thread owns the store and the widgets. Workers load models and
 stream replies; they hand text and figures to the UI through call_from_thread, batched
-to ~30 updates a second, so a fast model costs the UI no more than a slow one.
+to 15 updates a second, so a fast model costs the UI no more than a slow one.
 """
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ from localinfer.tui.screens import SETTINGS, AskScreen, ConfirmScreen, SettingsS
 from localinfer.tui.store import Chat, ChatMessage, ChatStore
 from localinfer.tui.widgets import ChatItem, MessageView, PromptInput, StatusLine
 
-UPDATES_PER_S = 30
+UPDATES_PER_S = 15  # smooth to the eye; on 2 cores 30 a second cost more of the decode rate (docs/benchmarks.md)
 TITLE_LENGTH = 40
 
 # A model loader: (model reference or None, URL or None) -> LocalModel | RemoteModel.

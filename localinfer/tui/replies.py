@@ -109,11 +109,12 @@ class _LocalReply(Reply):
         fitted = fit_conversation(engine, messages, answer_room(engine.n_ctx, params.max_tokens))  # ContextOverflow if it cannot
         self.dropped = fitted.dropped
         self.figures = ReplyFigures(prompt_tokens=len(fitted.tokens), n_ctx=engine.n_ctx, cache_types=engine.cache_types)
+        self.clock = _Clock()  # from the submit, as the engine counts TTFT
         self.stream = engine.submit(fitted.tokens, params)
         self.request_id = self.stream.request_id
 
     def __iter__(self) -> Iterator[str]:
-        clock, f, engine = _Clock(), self.figures, self.engine
+        clock, f = self.clock, self.figures
         while True:
             event = self.stream.get()
             if isinstance(event, CompletionOutput):
