@@ -39,7 +39,7 @@ MIGRATIONS = [
         id INTEGER PRIMARY KEY,
         chat_id INTEGER NOT NULL REFERENCES chats(id) ON DELETE CASCADE,
         position INTEGER NOT NULL,  -- its place in the conversation; alternatives share one
-        active INTEGER NOT NULL DEFAULT 1,
+        active INTEGER NOT NULL DEFAULT 1,  -- 1 shown, 0 an earlier version (regenerate), -1 left behind by an edit
         role TEXT NOT NULL,
         content TEXT NOT NULL,
         created REAL NOT NULL,
@@ -200,15 +200,17 @@ class ChatStore:
         return self._messages("WHERE chat_id = ? AND active = 1 ORDER BY position", (chat_id,))
 
     def alternatives(self, chat_id: int, position: int) -> list[ChatMessage]:
-        """Every message ever at `position` (a reply and its regenerations), oldest first."""
-        return self._messages("WHERE chat_id = ? AND position = ? ORDER BY id", (chat_id, position))
+        """The versions of the message at `position` (a reply and its regenerations), oldest
+        first; not what an edit of an earlier message left behind, which answered another question."""
+        return self._messages("WHERE chat_id = ? AND position = ? AND active >= 0 ORDER BY id", (chat_id, position))
 
     def _messages(self, where: str, args: tuple) -> list[ChatMessage]:
         names = ", ".join(f.name for f in fields(ChatMessage))
         return [ChatMessage(*row) for row in self.db.execute(f"SELECT {names} FROM messages {where}", args)]
 
     def add(self, chat_id: int, role: str, content: str, position: int | None = None, now: float | None = None, **figures: object) -> ChatMessage:
-        """Append a message (or put it at `position`, replacing the active ones from there on)."""
+        """Append a message, or put it at `position`: a reply there becomes an earlier version of
+        this one (regenerate); a message of the user's leaves everything from there behind (edit)."""
         unknown = set(figures) - set(FIGURES)
         if unknown:
             raise TypeError(f"unknown message fields: {sorted(unknown)}")
@@ -217,7 +219,10 @@ class ChatStore:
             if position is None:
                 position = self.db.execute("SELECT COALESCE(MAX(position) + 1, 0) FROM messages WHERE chat_id = ? AND active = 1", (chat_id,)).fetchone()[0]
             else:
-                self.db.execute("UPDATE messages SET active = 0 WHERE chat_id = ? AND position >= ?", (chat_id, position))
+                behind = position + 1 if role == "assistant" else position
+                if role == "assistant":
+                    self.db.execute("UPDATE messages SET active = 0 WHERE chat_id = ? AND position = ? AND active = 1", (chat_id, position))
+                self.db.execute("UPDATE messages SET active = -1 WHERE chat_id = ? AND position >= ? AND active >= 0", (chat_id, behind))
             names = ", ".join(("chat_id", "position", "role", "content", "created", *figures))
             marks = ", ".join("?" * (5 + len(figures)))
             cur = self.db.execute(f"INSERT INTO messages ({names}) VALUES ({marks})", (chat_id, position, role, content, now, *figures.values()))
@@ -228,7 +233,7 @@ class ChatStore:
         """Show this alternative at its position instead of the one shown now."""
         with self._transaction():
             chat_id, position = self.db.execute("SELECT chat_id, position FROM messages WHERE id = ?", (message_id,)).fetchone()
-            self.db.execute("UPDATE messages SET active = (id = ?) WHERE chat_id = ? AND position = ?", (message_id, chat_id, position))
+            self.db.execute("UPDATE messages SET active = (id = ?) WHERE chat_id = ? AND position = ? AND active >= 0", (message_id, chat_id, position))
 
     # --- settings ----------------------------------------------------------------------
     def settings(self, chat_id: int) -> dict[str, object]:

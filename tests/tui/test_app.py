@@ -356,3 +356,25 @@ def test_the_url_mode_talks_to_a_real_localinfer_serve(tmp_path: Path) -> None:
         assert store.chat(chat_id).url == server.url
     finally:
         assert server.stop()[0] == 0
+
+
+def test_the_status_line_shows_the_cache_type_its_bytes_and_what_speculation_did(tmp_path: Path) -> None:
+    """Issue 11's figures on the chat's status line: a q8_0 cache, and prompt lookup on a
+    reply that copies its prompt (so drafts are made and accepted)."""
+    from localinfer.engine.speculative import DraftConfig
+
+    store, chat_id = greedy_store(tmp_path, {"max_tokens": 40})
+    text = "the quick brown fox jumps over the lazy dog and runs into the deep green forest"
+
+    async def test() -> None:
+        load = LoadOptions(threads=THREADS, ctx=1024, cache=("q8_0", "q8_0"), draft=DraftConfig())
+        app = ChatApp(store, model_loader(load), chat_id=chat_id)
+        async with app.run_test(size=SIZE) as pilot:
+            await send(pilot, app, f"Repeat this sentence exactly, three times: {text}")
+            f = app._last_figures
+            assert f.cache_types == ("q8_0", "q8_0") and f.kv_bytes > 0 and f.drafted > 0
+            status = str(app.query_one("#status").render())
+            assert "q8_0/q8_0" in status and ("MB" in status or "kB" in status)
+            assert f"draft {f.accepted / f.drafted:.0%} ({f.tokens_per_forward:.2f} tok/fwd)" in status
+
+    run(test)

@@ -85,6 +85,8 @@ def test_regenerate_and_edit_keep_what_they_replace(tmp_path: Path) -> None:
     store.add(chat.id, "user", "edited question", position=0)  # edit: the replies after it go
     assert [m.content for m in store.messages(chat.id)] == ["edited question"]
     assert store.db.execute("SELECT COUNT(*) FROM messages").fetchone()[0] == 4  # nothing deleted
+    new = store.add(chat.id, "assistant", "answer to the edit")
+    assert store.alternatives(chat.id, new.position) == [new]  # the old branch's replies answered another question
 
 
 def test_a_failed_write_leaves_nothing_behind(tmp_path: Path) -> None:
