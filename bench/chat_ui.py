@@ -3,7 +3,7 @@ in the app (headless Textual, in-process engine) at several UI update rates, aga
 engine alone in the same process, run after run in one process. On 2 cores the UI's
 rendering and the decode threads share the CPU, so this is the app's real price there.
 
-    .venv/bin/python bench/chat_ui.py [--rates 5,15,30] [--runs 3] [--tokens 300] [--threads 2]
+    .venv/bin/python bench/chat_ui.py [--engine llama.cpp|native] [--rates 5,15,30] [--runs 3] [--tokens 300] [--threads 2]
 """
 
 from __future__ import annotations
@@ -58,8 +58,9 @@ def main() -> None:
     ap.add_argument("--runs", type=int, default=3)
     ap.add_argument("--tokens", type=int, default=300)
     ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--engine", default="llama.cpp")
     args = ap.parse_args()
-    load = LoadOptions(threads=args.threads)
+    load = LoadOptions(engine=args.engine, threads=args.threads)
     rates = [float(r) for r in args.rates.split(",")]
     results: dict[str, list[float]] = {"engine alone": []} | {f"app, {r:g} updates/s": [] for r in rates}
     with tempfile.TemporaryDirectory() as home:

@@ -360,21 +360,69 @@ def test_the_url_mode_talks_to_a_real_localinfer_serve(tmp_path: Path) -> None:
 
 def test_the_status_line_shows_the_cache_type_its_bytes_and_what_speculation_did(tmp_path: Path) -> None:
     """Issue 11's figures on the chat's status line: a q8_0 cache, and prompt lookup on a
-    reply that copies its prompt (so drafts are made and accepted)."""
+    reply that copies from its prompt (so drafts are made)."""
     from localinfer.engine.speculative import DraftConfig
 
     store, chat_id = greedy_store(tmp_path, {"max_tokens": 40})
-    text = "the quick brown fox jumps over the lazy dog and runs into the deep green forest"
+    code = "def add(a, b):\n    retrun a + b\n\ndef sub(a, b):\n    return a - b"
 
     async def test() -> None:
         load = LoadOptions(threads=THREADS, ctx=1024, cache=("q8_0", "q8_0"), draft=DraftConfig())
         app = ChatApp(store, model_loader(load), chat_id=chat_id)
         async with app.run_test(size=SIZE) as pilot:
-            await send(pilot, app, f"Repeat this sentence exactly, three times: {text}")
+            await send(pilot, app, f"Fix the typo in this code and show the whole code: {code}")
             f = app._last_figures
             assert f.cache_types == ("q8_0", "q8_0") and f.kv_bytes > 0 and f.drafted > 0
             status = str(app.query_one("#status").render())
             assert "q8_0/q8_0" in status and ("MB" in status or "kB" in status)
             assert f"draft {f.accepted / f.drafted:.0%} ({f.tokens_per_forward:.2f} tok/fwd)" in status
+
+    run(test)
+
+
+def test_the_model_picker_switches_a_chat_to_a_model_that_loads(tmp_path: Path) -> None:
+    """A chat whose model is gone: the load fails, the settings screen lists the downloaded
+    models, and picking one saves it with the chat and loads it."""
+    from textual.widgets import Select
+
+    store = ChatStore.open(tmp_path / "chats.db")
+    chat = store.new_chat("Moved model", str(tmp_path / "deleted.gguf"))
+
+    async def test() -> None:
+        app = new_app(store, chat_id=chat.id)
+        async with app.run_test(size=SIZE) as pilot:
+            await until(pilot, lambda: bool(app._notifications))
+            assert app.model is None
+            await pilot.press("ctrl+s")
+            await pilot.pause()
+            picker = app.screen.query_one("#model", Select)
+            assert "smollm2:135m" in [value for _, value in picker._options]
+            picker.value = "smollm2:135m"
+            await pilot.click("#save")
+            await until(pilot, ready(app))
+            assert app.model.name == "smollm2:135m"
+
+    run(test)
+    assert store.chat(chat.id).model == "smollm2:135m"
+
+
+def test_keys_newlines_copy_and_the_command_palette(tmp_path: Path) -> None:
+    store = ChatStore.open(tmp_path / "chats.db")
+    chat = store.new_chat("Copy me", "smollm2:135m")
+    store.add(chat.id, "user", "Hi")
+    store.add(chat.id, "assistant", "Hello! **How** can I help?")
+
+    async def test() -> None:
+        app = new_app(store, chat_id=chat.id)
+        async with app.run_test(size=SIZE) as pilot:
+            prompt = app.query_one(PromptInput)
+            prompt.focus()
+            await pilot.press("a", "shift+enter", "b", "ctrl+j", "c")
+            assert prompt.text == "a\nb\nc" and len(store.messages(chat.id)) == 2  # not sent
+            await pilot.press("f3")
+            assert app.clipboard == "Hello! **How** can I help?"
+            titles = {command.title for command in app.get_system_commands(app.screen)}
+            assert {title for title, _, _ in ChatApp.ACTIONS} <= titles
+            assert {action for _, _, action in ChatApp.ACTIONS} == {b.action for b in ChatApp.BINDINGS}  # one binding per palette entry
 
     run(test)
