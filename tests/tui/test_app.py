@@ -16,7 +16,7 @@ import pytest
 from localinfer.cli.chat import model_loader
 from localinfer.engine import stream as stream_module
 from localinfer.engine.loader import LoadOptions, open_engine
-from localinfer.engine.types import CompletionOutput, SamplingParams
+from localinfer.engine.types import CompletionOutput
 from localinfer.tui.app import ChatApp
 from localinfer.tui.store import ChatStore
 from localinfer.tui.widgets import MessageView, PromptInput
