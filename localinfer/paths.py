@@ -5,6 +5,7 @@ the data folder cannot be written. Only code about to write calls `ensure_dir`.
 """
 
 import os
+import tempfile
 from pathlib import Path
 
 import platformdirs
@@ -41,3 +42,17 @@ def ensure_dir(path: Path) -> Path:
     if not os.access(path, os.W_OK | os.X_OK):
         raise UserError(f"cannot write to the folder {path}: permission denied (set LOCALINFER_HOME to a folder you can write)")
     return path
+
+
+def write_atomic(path: Path, data: bytes) -> None:
+    """Write to a temporary file in the same folder, then rename: readers see all or nothing."""
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise

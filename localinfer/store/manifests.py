@@ -4,14 +4,12 @@ file is complete and verified, so `list` never shows a half-downloaded model."""
 from __future__ import annotations
 
 import json
-import os
 import re
-import tempfile
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from localinfer.errors import UserError
-from localinfer.paths import ensure_dir, manifests_dir
+from localinfer.paths import ensure_dir, manifests_dir, write_atomic
 
 
 @dataclass
@@ -31,20 +29,6 @@ class LocalModel:
 
 def _manifest_path(name: str) -> Path:
     return manifests_dir() / (re.sub(r"[^A-Za-z0-9._-]", "_", name) + ".json")
-
-
-def write_atomic(path: Path, data: bytes) -> None:
-    """Write to a temporary file in the same folder, then rename: readers see all or nothing."""
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
 
 
 def save(model: LocalModel) -> None:

@@ -3,13 +3,12 @@
 from __future__ import annotations
 
 import json
-import os
-import tempfile
 from dataclasses import asdict
 from datetime import datetime
 from pathlib import Path
 
 from localinfer.errors import UserError
+from localinfer.paths import write_atomic
 from localinfer.tui.store import ChatStore
 
 ROLE_NAMES = {"system": "System", "user": "You", "assistant": "Assistant"}
@@ -39,16 +38,10 @@ def export_chat(store: ChatStore, chat_id: int, path: Path) -> str:
     or not at all. Returns the format written."""
     kind = "json" if path.suffix.lower() == ".json" else "markdown"
     text = as_json(store, chat_id) if kind == "json" else as_markdown(store, chat_id)
-    folder = path.parent if str(path.parent) else Path(".")
-    if not folder.is_dir():
-        raise UserError(f"cannot export to {path}: the folder {folder} does not exist")
+    if not path.parent.is_dir():  # a bare name's parent is "."
+        raise UserError(f"cannot export to {path}: the folder {path.parent} does not exist")
     try:
-        fd, tmp = tempfile.mkstemp(dir=folder, prefix=f".{path.name}.", suffix=".part")
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            f.write(text + "\n")
-        os.replace(tmp, path)
+        write_atomic(path, (text + "\n").encode("utf-8"))
     except OSError as e:
-        if "tmp" in locals() and os.path.exists(tmp):
-            os.unlink(tmp)
         raise UserError(f"cannot export to {path}: {e.strerror or e}") from None
     return kind
