@@ -79,8 +79,9 @@ def model_loader(options):  # (LoadOptions) -> Loader
 
 
 def _print_chats(store, json_out: bool) -> None:
+    counts = store.message_counts()
     rows = [
-        {"id": c.id, "title": c.title, "model": c.model, "url": c.url, "messages": len(store.messages(c.id)), "updated": datetime.fromtimestamp(c.updated).isoformat(timespec="seconds")}
+        {"id": c.id, "title": c.title, "model": c.model, "url": c.url, "messages": counts.get(c.id, 0), "updated": datetime.fromtimestamp(c.updated).isoformat(timespec="seconds")}
         for c in store.chats()
     ]
     if json_out:

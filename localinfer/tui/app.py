@@ -124,21 +124,23 @@ class ChatApp(App):
         return (ref or "default model"), self.model_state
 
     def ensure_model(self) -> None:
+        """Load the open chat's model unless it is the one loaded (or loading) already."""
         if self.loaded != self.target():
-            self.model = None
-            self.load_model(*self.target())
+            old, self.model = self.model, None
+            self.loaded, self.model_state = self.target(), "loading…"
+            self.show_status()
+            self.load_model(*self.loaded, old)
 
     @work(thread=True, exclusive=True, group="load")
-    def load_model(self, ref: str | None, url: str | None) -> None:
-        old, self.model = self.model, None
-        self.loaded, self.model_state = (ref, url), "loading…"
-        self.call_from_thread(self.show_status)
+    def load_model(self, ref: str | None, url: str | None, old) -> None:
+        """Close the model being replaced (`old`, if any), then load the new one."""
         if old is not None:
             old.close()
         try:
             model = self.loader(ref, url)
         except Exception as e:  # a UserError, or a bug: never a traceback over the screen, and the app stays usable
-            self.model_state = "not loaded (pick another model in Settings)"
+            if self.loaded == (ref, url):
+                self.model_state = "not loaded (pick another model in Settings)"
             self.call_from_thread(self.notify, str(e) if isinstance(e, UserError) else f"{type(e).__name__}: {e}", title="The model did not load", severity="error", timeout=10)
             self.call_from_thread(self.show_status)
             return
@@ -157,8 +159,9 @@ class ChatApp(App):
         search = self.query_one("#search", Input).value.strip()
         chats = self.query_one("#chats", ListView)
         chats.clear()
+        counts = self.store.message_counts()
         for chat in self.store.chats(search):
-            n = len(self.store.messages(chat.id))
+            n = counts.get(chat.id, 0)
             chats.append(ChatItem(chat, f"{chat.model or 'default model'} · {n} message{'s' * (n != 1)}"))
         self.call_after_refresh(self._highlight_open_chat)  # once the items are mounted
 
@@ -349,12 +352,12 @@ class ChatApp(App):
     async def action_regenerate(self) -> None:
         if not self._idle():
             return
-        last = self.store.messages(self.chat.id)[-1] if self.chat and self.store.messages(self.chat.id) else None
+        messages = self.store.messages(self.chat.id) if self.chat else []
+        last = messages[-1] if messages else None
         if last is None or self.model is None:
             self.notify("Nothing to regenerate yet." if last is None else "The model is not loaded yet.", severity="warning")
             return
         if last.role == "assistant":
-            self._view = None
             for view in self.query(MessageView):
                 if view.message is not None and view.message.id == last.id:
                     view.remove()

@@ -426,3 +426,20 @@ def test_keys_newlines_copy_and_the_command_palette(tmp_path: Path) -> None:
             assert {action for _, _, action in ChatApp.ACTIONS} == {b.action for b in ChatApp.BINDINGS}  # one binding per palette entry
 
     run(test)
+
+
+def test_opening_a_chat_on_another_model_closes_the_one_loaded(tmp_path: Path, model_path: Path) -> None:
+    store = ChatStore.open(tmp_path / "chats.db")
+    first = store.new_chat("By name", "smollm2:135m")
+    second = store.new_chat("By path", str(model_path))
+
+    async def test() -> None:
+        app = new_app(store, chat_id=first.id)
+        async with app.run_test(size=SIZE) as pilot:
+            await until(pilot, ready(app))
+            engine = app.model.engine
+            app.open_chat(store.chat(second.id))
+            await until(pilot, ready(app))
+            assert app.model.engine is not engine and engine._closed
+
+    run(test)
