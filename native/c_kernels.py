@@ -22,7 +22,7 @@ import numpy as np
 from localinfer_native import KernelsUnavailable, c_ops
 from localinfer_native.types import SUPPORTED_TYPES, MatmulOp, QMatrix
 
-ABI_VERSION = 1
+ABI_VERSION = 2
 MAX_MATS = 3
 _F32 = np.dtype(np.float32)
 _ERRORS = {1: "unsupported block type", 2: "row length not a multiple of the block size", 3: "bad arguments", 4: "out of memory"}
@@ -81,8 +81,10 @@ def _load(path: Path | None = None) -> ctypes.CDLL:
     lib.li_matmul.restype = ctypes.c_int
     lib.li_matmul.argtypes = [
         ctypes.c_int, ctypes.POINTER(ctypes.c_int), ctypes.POINTER(ctypes.c_void_p), ctypes.POINTER(ctypes.c_int64),
-        ctypes.c_int64, ctypes.c_void_p, ctypes.c_int64, ctypes.POINTER(ctypes.c_void_p), ctypes.c_int,
+        ctypes.c_int64, ctypes.c_void_p, ctypes.c_int64, ctypes.POINTER(ctypes.c_void_p), ctypes.c_int, ctypes.c_int64,
     ]  # fmt: skip
+    lib.li_fast_rows.restype = ctypes.c_int
+    lib.li_fast_rows.argtypes = []
     # li_matmul_op is called without argtypes, for speed: every argument passed to it is
     # a ctypes object (byref of the op, c_float views of the buffers) or a small int.
     lib.li_matmul_op.restype = ctypes.c_int
@@ -127,6 +129,8 @@ class CKernels(c_ops.COps):
         """`library`: another build of native/c (tests use a portable one); default: the installed one."""
         self._lib = _load(Path(library).resolve() if library else None)
         self._info = self._lib.li_build_info().decode()
+        if not self._lib.li_fast_rows():  # built with AMX, but this OS or LOCALINFER_AMX=0 says no
+            self._info = " ".join(w for w in self._info.split() if w != "amx")
         self._threads = ctypes.c_int32(threads or default_threads())
 
     @property
@@ -202,13 +206,13 @@ def _make_op(fn, st: _Op, mats: tuple[QMatrix, ...], threads: ctypes.c_int32, k:
             raise ValueError("too many activation rows")
         return n
 
-    def slow(x: np.ndarray, outs: Sequence[np.ndarray]) -> None:
+    def slow(x: np.ndarray, outs: Sequence[np.ndarray], n_fast: int = 0) -> None:
         """Checks everything; also runs read-only activations, which c_float views refuse."""
         n = check(x, outs)
         if n == 0:
             return
         ys = [ctypes.c_void_p(o.ctypes.data) for o in outs] + [None] * (MAX_MATS - nmat)
-        rc = fn(opref, ctypes.c_void_p(x.ctypes.data), n, *ys)
+        rc = fn(opref, ctypes.c_void_p(x.ctypes.data), n, *ys, max(0, min(int(n_fast), n)))
         if rc:
             raise RuntimeError(f"C matmul failed: {_ERRORS.get(rc, rc)}")
 
@@ -217,47 +221,47 @@ def _make_op(fn, st: _Op, mats: tuple[QMatrix, ...], threads: ctypes.c_int32, k:
     if nmat == 1:
         (r0,) = rows
 
-        def op(x: np.ndarray, outs: Sequence[np.ndarray]) -> None:
+        def op(x: np.ndarray, outs: Sequence[np.ndarray], n_fast: int = 0) -> None:
             n = len(x)
             (y0,) = outs
             if x.dtype is not f32 or y0.dtype is not f32 or x.shape != (n, k) or y0.shape != (n, r0):
-                return slow(x, outs)
+                return slow(x, outs, n_fast)
             try:
-                rc = fn(opref, byref(view(x)), n, byref(view(y0)), None, None)
+                rc = fn(opref, byref(view(x)), n, byref(view(y0)), None, None, n_fast)
             except (TypeError, ValueError):
-                return slow(x, outs)
+                return slow(x, outs, n_fast)
             if rc:
                 raise RuntimeError(f"C matmul failed: {_ERRORS.get(rc, rc)}")
 
     elif nmat == 2:
         r0, r1 = rows
 
-        def op(x: np.ndarray, outs: Sequence[np.ndarray]) -> None:
+        def op(x: np.ndarray, outs: Sequence[np.ndarray], n_fast: int = 0) -> None:
             n = len(x)
             y0, y1 = outs
             if (x.dtype is not f32 or y0.dtype is not f32 or y1.dtype is not f32 or x.shape != (n, k)
                     or y0.shape != (n, r0) or y1.shape != (n, r1)):  # fmt: skip
-                return slow(x, outs)
+                return slow(x, outs, n_fast)
             try:
-                rc = fn(opref, byref(view(x)), n, byref(view(y0)), byref(view(y1)), None)
+                rc = fn(opref, byref(view(x)), n, byref(view(y0)), byref(view(y1)), None, n_fast)
             except (TypeError, ValueError):
-                return slow(x, outs)
+                return slow(x, outs, n_fast)
             if rc:
                 raise RuntimeError(f"C matmul failed: {_ERRORS.get(rc, rc)}")
 
     else:
         r0, r1, r2 = rows
 
-        def op(x: np.ndarray, outs: Sequence[np.ndarray]) -> None:
+        def op(x: np.ndarray, outs: Sequence[np.ndarray], n_fast: int = 0) -> None:
             n = len(x)
             y0, y1, y2 = outs
             if (x.dtype is not f32 or y0.dtype is not f32 or y1.dtype is not f32 or y2.dtype is not f32
                     or x.shape != (n, k) or y0.shape != (n, r0) or y1.shape != (n, r1) or y2.shape != (n, r2)):  # fmt: skip
-                return slow(x, outs)
+                return slow(x, outs, n_fast)
             try:
-                rc = fn(opref, byref(view(x)), n, byref(view(y0)), byref(view(y1)), byref(view(y2)))
+                rc = fn(opref, byref(view(x)), n, byref(view(y0)), byref(view(y1)), byref(view(y2)), n_fast)
             except (TypeError, ValueError):
-                return slow(x, outs)
+                return slow(x, outs, n_fast)
             if rc:
                 raise RuntimeError(f"C matmul failed: {_ERRORS.get(rc, rc)}")
 

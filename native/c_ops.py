@@ -21,7 +21,7 @@ def bind(lib: ctypes.CDLL) -> None:
     lib.li_rope.restype = None
     lib.li_rope.argtypes = [_P, _I64, _I64, _I64, _P, _P, _P, _I64, ctypes.c_int]
     lib.li_swiglu.restype = None
-    lib.li_swiglu.argtypes = [_P, _P, _I64]
+    lib.li_swiglu.argtypes = [_P, _P, _I64, ctypes.c_int]
     lib.li_attention.restype = ctypes.c_int
     lib.li_attention.argtypes = [_P, _P, _P, _P, _P, _INT, _INT, _I64, _I64, _P, _P, _I64, _I64, _I64, _I64, _I64, _F, _INT]
 
@@ -85,7 +85,7 @@ class COps:
 
     def swiglu(self, gate: np.ndarray, up: np.ndarray) -> None:
         assert gate.shape == up.shape
-        self._lib.li_swiglu(_pinned_ptr(gate), _pinned_ptr(up), gate.size)
+        self._lib.li_swiglu(_pinned_ptr(gate), _pinned_ptr(up), gate.size, self._threads.value)
 
     def attention(
         self, q: np.ndarray, k_new: np.ndarray, v_new: np.ndarray, keys: np.ndarray, values: np.ndarray,

@@ -98,21 +98,21 @@ class NumbaKernels(NumbaOps):
 
         kern, ready, get_ident, apply_threads, none = matmul3, self._ready, threading.get_ident, self._apply_threads, _NO_OUT
         if len(mats) == 1:
-            def op(x, outs):
+            def op(x, outs, n_fast=0):
                 if get_ident() not in ready:
                     apply_threads()
                 kern(w1, w2, w3, x, outs[0], none, none, cols)
         elif len(mats) == 2:
             a, b = order
 
-            def op(x, outs):
+            def op(x, outs, n_fast=0):
                 if get_ident() not in ready:
                     apply_threads()
                 kern(w1, w2, w3, x, outs[a], outs[b], none, cols)
         else:
             a, b, c = order
 
-            def op(x, outs):
+            def op(x, outs, n_fast=0):
                 if get_ident() not in ready:
                     apply_threads()
                 kern(w1, w2, w3, x, outs[a], outs[b], outs[c], cols)

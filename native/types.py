@@ -70,10 +70,13 @@ class QMatrix:
         return self.data.nbytes
 
 
-# op(x, outs): for every matrix i and activation row j, outs[i][j] = mats[i] @ x[j].
+# op(x, outs, n_fast=0): for every matrix i and activation row j, outs[i][j] = mats[i] @ x[j].
 # x is float32 [n, cols] C-contiguous; outs[i] is float32 [n, mats[i].rows] C-contiguous,
 # written in place. n = 1 is decode; n > 1 is prefill or speculative verification.
-MatmulOp = Callable[[np.ndarray, Sequence[np.ndarray]], None]
+# Every row's result depends on that row alone, bit for bit, except that the first n_fast
+# rows may take a faster path that rounds differently (AMX tiles in the C set; the forward
+# gives it the prompt rows whose logits nobody reads). A set without one ignores n_fast.
+MatmulOp = Callable[..., None]
 
 
 class Kernels(Protocol):

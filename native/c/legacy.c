@@ -165,8 +165,9 @@ static inline int quantize_block(const float *x, int8_t *lo, int8_t *hi, float *
 }
 
 /* Blocks [b0, b1) of n rows of k values counted flat (block b is row b / nb), into the
- * q8a layout: row j's qs at qs + j*k, its scales at d/s + j*li_q8a_scale_stride(k). */
-void li_quantize_q8a(const float *x, int64_t k, int8_t *qs, float *d, float *s, int64_t b0, int64_t b1) {
+ * q8a layout: row j's qs at qs + j*k, its scales at d/s + j*li_q8a_scale_stride(k).
+ * plain: natural order for qs and the scales, whatever the build (for amx.c). */
+void li_quantize_q8a(const float *x, int64_t k, int8_t *qs, float *d, float *s, int64_t b0, int64_t b1, int plain) {
     const int64_t nb = k / QK, ss = li_q8a_scale_stride(k);
     for (int64_t b = b0; b < b1; b++) {
         const int64_t j = b / nb, bl = b - j * nb;
@@ -174,7 +175,7 @@ void li_quantize_q8a(const float *x, int64_t k, int8_t *qs, float *d, float *s, 
         float *rd = d + j * ss, *rs = s + j * ss;
         int64_t lo, hi;
 #ifdef LI_SIMD
-        if (bl < (nb & ~(int64_t)1)) {
+        if (!plain && bl < (nb & ~(int64_t)1)) {
             lo = (bl >> 1) * 64 + (bl & 1) * 16;
             hi = lo + 32;
         } else {
@@ -188,7 +189,7 @@ void li_quantize_q8a(const float *x, int64_t k, int8_t *qs, float *d, float *s, 
         float draw;
         const int sum = quantize_block(x + b * QK, rq + lo, rq + hi, &draw);
         const float dv = li_fp16_to_fp32(li_fp32_to_fp16(draw));
-        const int64_t sc = scale_pos(bl, nb);
+        const int64_t sc = plain ? bl : scale_pos(bl, nb);
         rd[sc] = dv;
         rs[sc] = dv * (float)sum;
     }

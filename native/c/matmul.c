@@ -3,8 +3,10 @@
  * li_matmul computes 1-3 weight matrices sharing k columns against n activation rows in
  * one call: each activation row is quantized once into every 8-bit format the matrices
  * need, then one parallel region splits the rows of all matrices between the threads
- * (fusing q/k/v or gate/up saves a region per matrix). The library is loaded with
- * ctypes; nothing here includes Python.h.
+ * (fusing q/k/v or gate/up saves a region per matrix). The leading n_fast rows may go
+ * through AMX tiles (amx.c) where the CPU has them and every matrix's type runs there;
+ * they round differently from the row dots, which take the other rows. The library is
+ * loaded with ctypes; nothing here includes Python.h.
  */
 #include <stdint.h>
 #include <stdlib.h>
@@ -16,7 +18,7 @@
 #include <omp.h>
 #endif
 
-#define LI_ABI_VERSION 1
+#define LI_ABI_VERSION 2
 #define LI_MAXMAT 3
 
 /* ---- legacy.c --------------------------------------------------------------------- */
@@ -31,7 +33,7 @@ typedef void (*li_rows_q8a_fn)(const void *w, int64_t row_bytes, int64_t r0, int
 typedef void (*li_rows_f_fn)(const void *w, int64_t row_bytes, int64_t r0, int64_t r1, int64_t k, const float *x,
                              int64_t n, float *y, int64_t ldy);
 
-void li_quantize_q8a(const float *x, int64_t k, int8_t *qs, float *d, float *s, int64_t b0, int64_t b1);
+void li_quantize_q8a(const float *x, int64_t k, int8_t *qs, float *d, float *s, int64_t b0, int64_t b1, int plain);
 int64_t li_q8a_scale_stride(int64_t k);
 void li_rows_q4_0(const void *, int64_t, int64_t, int64_t, int64_t, const li_q8a *, int64_t, float *, int64_t);
 void li_rows_q4_1(const void *, int64_t, int64_t, int64_t, int64_t, const li_q8a *, int64_t, float *, int64_t);
@@ -40,6 +42,13 @@ void li_rows_q5_1(const void *, int64_t, int64_t, int64_t, int64_t, const li_q8a
 void li_rows_q8_0(const void *, int64_t, int64_t, int64_t, int64_t, const li_q8a *, int64_t, float *, int64_t);
 void li_rows_f16(const void *, int64_t, int64_t, int64_t, int64_t, const float *, int64_t, float *, int64_t);
 void li_rows_f32(const void *, int64_t, int64_t, int64_t, int64_t, const float *, int64_t, float *, int64_t);
+
+/* ---- amx.c --------------------------------------------------------------------------- */
+int li_amx_usable(void);
+int li_amx_runs(int type);
+int64_t li_amx_scratch_bytes(int64_t k);
+void li_amx_rows(int type, const uint8_t *w, int64_t row_bytes, int64_t r0, int64_t r1, int64_t k, const int8_t *qs,
+                 const float *ad, const float *as, int64_t n, float *y, int64_t ldy, void *scratch);
 
 /* ---- exported info ---------------------------------------------------------------- */
 
@@ -52,6 +61,9 @@ const char *li_build_info(void) {
 #endif
 #if defined(__AVX512VNNI__)
            "avx512vnni "
+#endif
+#if defined(__AMX_TILE__) && defined(__AMX_INT8__) && defined(__AVX512F__) && defined(__linux__)
+           "amx "
 #endif
 #if defined(__AVXVNNI__)
            "avxvnni "
@@ -78,6 +90,9 @@ const char *li_build_info(void) {
 #endif
         ;
 }
+
+/* 1 where this build has AMX tiles and the OS lets this process use them */
+int li_fast_rows(void) { return li_amx_usable(); }
 
 int li_max_threads(void) {
 #ifdef _OPENMP
@@ -126,6 +141,7 @@ static int type_info(int t, li_type *ti) {
 
 typedef struct {
     int nmat;
+    int type[LI_MAXMAT];
     li_type ti[LI_MAXMAT];
     const uint8_t *w[LI_MAXMAT];
     int64_t rows[LI_MAXMAT];
@@ -136,8 +152,12 @@ typedef struct {
     const float *x;
     float *const *y;
     int need_q8a, need_q8k;
-    li_q8a a;           /* q8a activations, n rows */
-    li_block_q8_K *a8k; /* q8_K activations, n rows of k/256 blocks */
+    int64_t n_fast;     /* rows [0, n_fast) go through amx.c, rows [n_fast, n) through the row dots */
+    li_q8a a;           /* q8a activations of the row dots, rows [n_fast, n) */
+    li_block_q8_K *a8k; /* q8_K activations of the row dots, rows [n_fast, n), k/256 blocks each */
+    li_q8a fast;        /* plain q8a activations of rows [0, n_fast), room for whole 16-row tiles */
+    uint8_t *amx_scratch; /* li_amx_scratch_bytes(k) per thread */
+    int64_t amx_scratch_bytes;
 } li_work;
 
 /* first row (matrix *mi, row *ri) whose start cost is >= the boundary of part t of T;
@@ -160,26 +180,30 @@ static void split_point(const li_work *wk, int t, int T, int *mi, int64_t *ri) {
     *ri = 0;
 }
 
-static void run_rows(const li_work *wk, int i, int64_t r0, int64_t r1) {
+static void run_rows(const li_work *wk, int i, int64_t r0, int64_t r1, int thread) {
     if (r1 <= r0) return;
     const li_type *ti = &wk->ti[i];
-    float *y = wk->y[i];
-    const int64_t ldy = wk->rows[i];
+    const int64_t ldy = wk->rows[i], n = wk->n - wk->n_fast;
+    if (wk->n_fast)
+        li_amx_rows(wk->type[i], wk->w[i], wk->row_bytes[i], r0, r1, wk->k, wk->fast.qs, wk->fast.d, wk->fast.s,
+                    wk->n_fast, wk->y[i], ldy, wk->amx_scratch + thread * wk->amx_scratch_bytes);
+    if (n == 0) return;
+    float *y = wk->y[i] + wk->n_fast * ldy;
     switch (ti->fmt) {
-    case FMT_FLOAT: ti->rows_f(wk->w[i], wk->row_bytes[i], r0, r1, wk->k, wk->x, wk->n, y, ldy); break;
-    case FMT_Q8A: ti->rows_q8a(wk->w[i], wk->row_bytes[i], r0, r1, wk->k, &wk->a, wk->n, y, ldy); break;
+    case FMT_FLOAT: ti->rows_f(wk->w[i], wk->row_bytes[i], r0, r1, wk->k, wk->x + wk->n_fast * wk->k, n, y, ldy); break;
+    case FMT_Q8A: ti->rows_q8a(wk->w[i], wk->row_bytes[i], r0, r1, wk->k, &wk->a, n, y, ldy); break;
     default: {
         const int64_t nbk = wk->k / LI_QK_K;
         for (int64_t r = r0; r < r1; r++) {
             const uint8_t *wr = wk->w[i] + r * wk->row_bytes[i];
-            for (int64_t j = 0; j < wk->n; j++) ti->dot_k(wk->k, &y[j * ldy + r], wr, wk->a8k + j * nbk);
+            for (int64_t j = 0; j < n; j++) ti->dot_k(wk->k, &y[j * ldy + r], wr, wk->a8k + j * nbk);
         }
     }
     }
 }
 
-/* part t of T of the dots */
-static void run_part(const li_work *wk, int t, int T) {
+/* part t of T of the dots, on thread `thread` */
+static void run_part(const li_work *wk, int t, int T, int thread) {
     int m0, m1;
     int64_t r0, r1;
     split_point(wk, t, T, &m0, &r0);
@@ -187,21 +211,28 @@ static void run_part(const li_work *wk, int t, int T) {
     for (int i = m0; i <= m1 && i < wk->nmat; i++) {
         const int64_t a = i == m0 ? r0 : 0;
         const int64_t b = i == m1 ? r1 : wk->rows[i];
-        run_rows(wk, i, a, b);
+        run_rows(wk, i, a, b, thread);
     }
 }
 
-/* part t of T of the activation quantization, split by blocks over all n rows */
+/* part t of T of the activation quantization, split by blocks over the rows */
 static void quantize_part(const li_work *wk, int t, int T) {
+    const int64_t n = wk->n - wk->n_fast;
+    const float *x = wk->x + wk->n_fast * wk->k;
+    if (wk->n_fast) {
+        const int64_t total = wk->k / 32 * wk->n_fast;
+        li_quantize_q8a(wk->x, wk->k, (int8_t *)wk->fast.qs, (float *)wk->fast.d, (float *)wk->fast.s, total * t / T,
+                        total * (t + 1) / T, 1);
+    }
     if (wk->need_q8a) {
-        const int64_t nb = wk->k / 32, total = nb * wk->n;
-        li_quantize_q8a(wk->x, wk->k, (int8_t *)wk->a.qs, (float *)wk->a.d, (float *)wk->a.s, total * t / T,
-                        total * (t + 1) / T);
+        const int64_t total = wk->k / 32 * n;
+        li_quantize_q8a(x, wk->k, (int8_t *)wk->a.qs, (float *)wk->a.d, (float *)wk->a.s, total * t / T,
+                        total * (t + 1) / T, 0);
     }
     if (wk->need_q8k) {
-        const int64_t nb = wk->k / LI_QK_K, total = nb * wk->n;
+        const int64_t total = wk->k / LI_QK_K * n;
         const int64_t b0 = total * t / T, b1 = total * (t + 1) / T;
-        if (b1 > b0) li_quantize_row_q8_K(wk->x + b0 * LI_QK_K, wk->a8k + b0, (b1 - b0) * LI_QK_K);
+        if (b1 > b0) li_quantize_row_q8_K(x + b0 * LI_QK_K, wk->a8k + b0, (b1 - b0) * LI_QK_K);
     }
 }
 
@@ -212,8 +243,23 @@ static void quantize_part(const li_work *wk, int t, int T) {
 /* activation scratch up to this size lives on the stack */
 #define LI_STACK_SCRATCH (48 * 1024)
 
+/* n rows of 64-byte-aligned room: qs (k bytes a row), then d and s (k/32 floats a row each) */
+static uint8_t *carve_q8a(uint8_t *base, li_q8a *a, int64_t rows, int64_t k) {
+    const int64_t qs = (rows * k + 63) & ~63, ds = (rows * li_q8a_scale_stride(k) * 4 + 63) & ~63;
+    a->qs = (const int8_t *)base;
+    a->d = (const float *)(base + qs);
+    a->s = (const float *)(base + qs + ds);
+    return base + qs + 2 * ds;
+}
+
+static int64_t q8a_bytes(int64_t rows, int64_t k) {
+    return ((rows * k + 63) & ~63) + 2 * ((rows * li_q8a_scale_stride(k) * 4 + 63) & ~63);
+}
+
+/* y[i] = x . w[i]^T for nmat matrices of rows[i] x k. Rows [0, n_fast) of x may go
+ * through AMX (see amx.c for what that changes); pass 0 for the row dots alone. */
 int li_matmul(int nmat, const int *types, const void *const *w, const int64_t *rows, int64_t k, const float *x,
-              int64_t n, float *const *y, int nthreads) {
+              int64_t n, float *const *y, int nthreads, int64_t n_fast) {
     if (nmat < 1 || nmat > LI_MAXMAT || k <= 0 || n < 0 || !types || !w || !rows || !x || !y) return 3;
     if (n == 0) return 0;
     li_work wk;
@@ -224,25 +270,36 @@ int li_matmul(int nmat, const int *types, const void *const *w, const int64_t *r
     wk.x = x;
     wk.y = y;
     int64_t total_bytes = 0;
+    int all_amx = 1;
     for (int i = 0; i < nmat; i++) {
         if (type_info(types[i], &wk.ti[i])) return 1;
         if (k % wk.ti[i].block) return 2;
         if (rows[i] < 0 || !w[i] || !y[i]) return 3;
+        wk.type[i] = types[i];
         wk.w[i] = (const uint8_t *)w[i];
         wk.rows[i] = rows[i];
         wk.row_bytes[i] = k / wk.ti[i].block * wk.ti[i].bytes;
         wk.row_cost[i] = k / wk.ti[i].block * wk.ti[i].cost;
         wk.total_cost += rows[i] * wk.row_cost[i];
         total_bytes += rows[i] * wk.row_bytes[i];
-        wk.need_q8a |= wk.ti[i].fmt == FMT_Q8A;
-        wk.need_q8k |= wk.ti[i].fmt == FMT_Q8K;
+        all_amx &= li_amx_runs(types[i]);
+    }
+    if (nthreads < 1) nthreads = 1;
+    if (total_bytes * n < LI_PARALLEL_MIN_BYTES) nthreads = 1;
+    wk.n_fast = n_fast > 0 && all_amx && li_amx_usable() ? (n_fast < n ? n_fast : n) : 0;
+    for (int i = 0; i < nmat; i++) {
+        wk.need_q8a |= wk.ti[i].fmt == FMT_Q8A && wk.n_fast < n;
+        wk.need_q8k |= wk.ti[i].fmt == FMT_Q8K && wk.n_fast < n;
     }
 
-    /* activation scratch: q8a qs | q8a d | q8a s | q8_K blocks, each 64-byte aligned */
-    const int64_t q8a_qs = wk.need_q8a ? (n * k + 63) & ~63 : 0;
-    const int64_t q8a_ds = wk.need_q8a ? (n * li_q8a_scale_stride(k) * 4 + 63) & ~63 : 0;
-    const int64_t q8k = wk.need_q8k ? ((int64_t)(n * (k / LI_QK_K) * sizeof(li_block_q8_K)) + 63) & ~63 : 0;
-    const size_t need = (size_t)(q8a_qs + 2 * q8a_ds + q8k) + 64;
+    /* scratch, each part 64-byte aligned: q8a of the row dots | q8_K | plain q8a of the
+     * fast rows (whole 16-row tiles, the rows past n_fast zero) | AMX panels per thread */
+    const int64_t n_dots = n - wk.n_fast, fast_rows = (wk.n_fast + 15) & ~(int64_t)15;
+    const int64_t q8a = wk.need_q8a ? q8a_bytes(n_dots, k) : 0;
+    const int64_t q8k = wk.need_q8k ? ((int64_t)(n_dots * (k / LI_QK_K) * sizeof(li_block_q8_K)) + 63) & ~63 : 0;
+    const int64_t fast = wk.n_fast ? q8a_bytes(fast_rows, k) : 0;
+    wk.amx_scratch_bytes = wk.n_fast ? (li_amx_scratch_bytes(k) + 63) & ~63 : 0;
+    const size_t need = (size_t)(q8a + q8k + fast + nthreads * wk.amx_scratch_bytes) + 64;
     _Alignas(64) uint8_t stack[LI_STACK_SCRATCH];
     void *heap = 0;
     uint8_t *base = stack;
@@ -251,13 +308,14 @@ int li_matmul(int nmat, const int *types, const void *const *w, const int64_t *r
         if (!heap) return 4;
         base = (uint8_t *)(((uintptr_t)heap + 63) & ~(uintptr_t)63);
     }
-    wk.a.qs = (const int8_t *)base;
-    wk.a.d = (const float *)(base + q8a_qs);
-    wk.a.s = (const float *)(base + q8a_qs + q8a_ds);
-    wk.a8k = (li_block_q8_K *)(base + q8a_qs + 2 * q8a_ds);
+    carve_q8a(base, &wk.a, n_dots, k);
+    wk.a8k = (li_block_q8_K *)(base + q8a);
+    if (wk.n_fast) {
+        carve_q8a(base + q8a + q8k, &wk.fast, fast_rows, k);
+        memset((int8_t *)wk.fast.qs + wk.n_fast * k, 0, (size_t)((fast_rows - wk.n_fast) * k));
+        wk.amx_scratch = base + q8a + q8k + fast;
+    }
 
-    if (nthreads < 1) nthreads = 1;
-    if (total_bytes * n < LI_PARALLEL_MIN_BYTES) nthreads = 1;
 #ifdef _OPENMP
     if (nthreads > 1) {
         /* Rows go out in chunks (parts of equal estimated cost), taken in turn: on a shared
@@ -272,14 +330,14 @@ int li_matmul(int nmat, const int *types, const void *const *w, const int64_t *r
             for (;;) {
                 const int c = __atomic_fetch_add(&next_chunk, 1, __ATOMIC_RELAXED);
                 if (c >= chunks) break;
-                run_part(&wk, c, chunks);
+                run_part(&wk, c, chunks, t);
             }
         }
     } else
 #endif
     {
         quantize_part(&wk, 0, 1);
-        run_part(&wk, 0, 1);
+        run_part(&wk, 0, 1, 0);
     }
     free(heap);
     return 0;
@@ -300,9 +358,9 @@ typedef struct {
 
 int li_op_size(void) { return (int)sizeof(li_op); }
 
-int li_matmul_op(const li_op *op, const float *x, int n, float *y0, float *y1, float *y2) {
+int li_matmul_op(const li_op *op, const float *x, int n, float *y0, float *y1, float *y2, int n_fast) {
     float *y[LI_MAXMAT] = {y0, y1, y2};
     int types[LI_MAXMAT];
     for (int i = 0; i < LI_MAXMAT; i++) types[i] = op->types[i];
-    return li_matmul(op->nmat, types, op->w, op->rows, op->k, x, n, y, op->nthreads ? *op->nthreads : 1);
+    return li_matmul(op->nmat, types, op->w, op->rows, op->k, x, n, y, op->nthreads ? *op->nthreads : 1, n_fast);
 }

@@ -43,14 +43,6 @@ void li_rope(float *x, int64_t n, int64_t heads, int64_t head_dim, const int32_t
     }
 }
 
-/* gate = silu(gate) * up */
-void li_swiglu(float *gate, const float *up, int64_t n) {
-    for (int64_t i = 0; i < n; i++) {
-        const float g = gate[i];
-        gate[i] = g / (1.0f + expf(-g)) * up[i];
-    }
-}
-
 /* e^x for x <= 0, within about 1 ulp, in straight-line code the compiler vectorises
  * (libm's expf is a call per value, and the softmax makes one per cached position).
  * Cody-Waite reduction x = n ln2 + r, |r| <= ln2/2, then a degree-7 Taylor polynomial. */
@@ -70,6 +62,21 @@ static inline float exp_nonpositive(float x) {
     float scale;
     memcpy(&scale, &bits, 4);
     return p * scale;
+}
+
+/* gate = silu(gate) * up = g / (1 + e^-g) * up, with e^-|g| from exp_nonpositive (the loop
+ * vectorises; libm's expf is a call per value): for g < 0, g e^g / (1 + e^g). */
+void li_swiglu(float *gate, const float *up, int64_t n, int nthreads) {
+    const int64_t chunk = 4096;
+    if (n < 16 * chunk || nthreads < 1) nthreads = 1;
+#pragma omp parallel for schedule(static) num_threads(nthreads) if (nthreads > 1)
+    for (int64_t c = 0; c < n; c += chunk) {
+        const int64_t end = c + chunk < n ? c + chunk : n;
+        for (int64_t i = c; i < end; i++) {
+            const float g = gate[i], t = exp_nonpositive(-fabsf(g));
+            gate[i] = (g >= 0.0f ? g : g * t) / (1.0f + t) * up[i];
+        }
+    }
 }
 
 

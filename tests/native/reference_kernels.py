@@ -33,7 +33,7 @@ class ReferenceKernels:
         return self._cache[key]
 
     def matmul_op(self, mats: Sequence[QMatrix]) -> MatmulOp:
-        def op(x: np.ndarray, outs: Sequence[np.ndarray]) -> None:
+        def op(x: np.ndarray, outs: Sequence[np.ndarray], n_fast: int = 0) -> None:
             for m, out in zip(mats, outs):
                 out[...] = x.astype(np.float64) @ self._weights(m).T
 

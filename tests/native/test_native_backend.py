@@ -38,6 +38,31 @@ def test_batched_sequences_match_single_runs(f32_path: Path) -> None:
         native.close()
 
 
+def test_logit_rows_round_the_same_whatever_runs_beside_them(native: NativeBackend) -> None:
+    """A decode row placed before another sequence's prompt rows in one forward: the prompt
+    rows may take the kernels' fast path (AMX), the rows that make logits never do, so both
+    sequences' logits equal those of running each alone, bit for bit."""
+    a = native.tokenize("The quick brown fox jumps over the lazy dog, and then", add_special=False)
+    b = native.tokenize("Water boils at", add_special=False)
+    alone_a = last_logits(native, a, 0, 1)
+    last_logits(native, b, 0, 2)
+    alone_b = last_logits(native, [a[0]], len(b), 2)
+    native.kv_clear(1)
+    native.kv_clear(2)
+    last_logits(native, b, 0, 2)
+    mixed = Batch(
+        tokens=np.array([a[0], *a], dtype=np.int32),
+        positions=np.array([len(b), *range(len(a))], dtype=np.int32),
+        seq_ids=np.array([2] + [1] * len(a), dtype=np.int32),
+        want_logits=np.array([True] + [False] * (len(a) - 1) + [True]),
+    )
+    got_b, got_a = native.forward(mixed)
+    native.kv_clear(1)
+    native.kv_clear(2)
+    np.testing.assert_array_equal(got_a, alone_a)
+    np.testing.assert_array_equal(got_b, alone_b)
+
+
 def test_kv_truncate_and_copy(native: NativeBackend) -> None:
     prefix = native.tokenize("One, two, three, four,", add_special=False)
     tail = native.tokenize(" five, six", add_special=False)

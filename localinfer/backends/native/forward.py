@@ -95,6 +95,14 @@ class Transformer:
     def forward(self, tokens: np.ndarray, positions: np.ndarray, seq_ids: np.ndarray, want: np.ndarray, cache: KVCache, hidden: bool = False) -> np.ndarray:
         """Run n tokens through every layer; returns logits [n_wanted, n_vocab], or with
         `hidden` the final-norm hidden states [n_wanted, n_embd] (for embeddings)."""
+        # Rows whose logits nobody reads (prompt rows) go first and may take the kernels'
+        # fast path (n_fast), which rounds differently; every row that makes logits takes
+        # the row-by-row path, so a speculative verify still equals decoding bit for bit.
+        # The order within each sequence, and of the wanted rows, stays as it was.
+        n_fast = len(want) - int(np.count_nonzero(want))
+        if n_fast and want[:n_fast].any():
+            order = np.argsort(want, kind="stable")
+            tokens, positions, seq_ids, want = tokens[order], positions[order], seq_ids[order], want[order]
         c = self.config
         n = len(tokens)
         seqs = np.unique(seq_ids)
@@ -111,7 +119,7 @@ class Transformer:
         for layer, lw in enumerate(self.weights.layers):
             # Attention block.
             k_ops.rms_norm(x, lw.attn_norm, eps, h)
-            self.qkv[layer](h, ws.qkv_out)
+            self.qkv[layer](h, ws.qkv_out, n_fast)
             if lw.q_bias is not None:
                 ws.q += lw.q_bias
                 ws.k += lw.k_bias
@@ -126,14 +134,14 @@ class Transformer:
                     part = np.empty((len(rows), q_dim), np.float32)
                     k_ops.attention(q3[rows], k3[rows], v3[rows], keys[layer], values[layer], positions[rows], part, self.scale, cache.types)
                     attn[rows] = part
-            self.attn_out[layer](attn, ws.o_out)
+            self.attn_out[layer](attn, ws.o_out, n_fast)
             x += ws.o
 
             # Feed-forward block.
             k_ops.rms_norm(x, lw.ffn_norm, eps, h)
-            self.gate_up[layer](h, ws.gate_up_out)
+            self.gate_up[layer](h, ws.gate_up_out, n_fast)
             k_ops.swiglu(ws.gate, ws.up)
-            self.down[layer](ws.gate, ws.o_out)
+            self.down[layer](ws.gate, ws.o_out, n_fast)
             x += ws.o
 
         final = x if want.all() else np.ascontiguousarray(x[want])
