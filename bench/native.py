@@ -6,7 +6,8 @@ Three parts, all at the same thread count:
             matrix of every type, next to a single-thread numpy read (.sum()) of a buffer
             of the same size, float64 and float32, measured in the same rounds.
   engine    decode and prefill tokens/s on the embedded model: --engine native with the C
-            kernels, with the Numba kernels, and llama.cpp; all through the same Engine
+            kernels (and, on a CPU with AMX, with LOCALINFER_AMX=0 too), with the Numba
+            kernels, and llama.cpp; all through the same Engine
             loop, greedy, rounds interleaved, each contender in a fresh process per round
             (in one process, three spinning thread pools would fight over the cores).
   cold      wall time from starting `localinfer run --engine native` to its first byte of
@@ -110,7 +111,13 @@ def prefill_rate(backend, tokens: list[int]) -> float:
     return len(tokens) / elapsed
 
 
-CONTENDERS = ["native c", "native numba", "llama.cpp"]
+CONTENDERS = ["native c", "native c, AMX off", "native numba", "llama.cpp"]
+AMX_OFF = "native c, AMX off"  # on a CPU with AMX: the C kernels as a CPU without it runs them
+
+
+def contenders() -> list[str]:
+    """AMX off only where there is AMX to turn off."""
+    return [n for n in CONTENDERS if n != AMX_OFF or "amx" in load_kernels("c", 1).describe()]
 
 
 def engine_worker(name: str, threads: int, n_tokens: int, n_prefill: int, model: str | None) -> None:
@@ -121,7 +128,7 @@ def engine_worker(name: str, threads: int, n_tokens: int, n_prefill: int, model:
     if name == "llama.cpp":
         backend = LlamaCppBackend.load(path, params)
     else:
-        backend = NativeBackend.load(path, LoadParams(**{**params.__dict__, "kernels": name.split()[1]}))
+        backend = NativeBackend.load(path, LoadParams(**{**params.__dict__, "kernels": name.split()[1].rstrip(",")}))
     engine = Engine(backend)
     prompt = engine.tokenize_prompt(engine.render_chat([{"role": "user", "content": PROMPT}]))
     long_text = (Path(__file__).resolve().parent.parent / "README.md").read_text() * 4
@@ -133,29 +140,30 @@ def engine_worker(name: str, threads: int, n_tokens: int, n_prefill: int, model:
 
 
 def bench_engine(threads: int, rounds: int, n_tokens: int, n_prefill: int, model: str | None) -> dict:
-    decode: dict[str, list[float]] = {n: [] for n in CONTENDERS}
-    prefill: dict[str, list[float]] = {n: [] for n in CONTENDERS}
+    names = contenders()
+    decode: dict[str, list[float]] = {n: [] for n in names}
+    prefill: dict[str, list[float]] = {n: [] for n in names}
     outputs: dict[str, list[int]] = {}
     n_prompt = 0
     for r in range(rounds):  # interleaved, a fresh process per contender and round
-        for name in CONTENDERS:
+        for name in names:
             out = subprocess.run(
                 [sys.executable, __file__, "--engine-worker", name, "--threads", str(threads), "--tokens", str(n_tokens), "--prefill", str(n_prefill),
                  *(["--model", model] if model else [])],
-                capture_output=True, text=True, check=True,
+                capture_output=True, text=True, check=True, env={**os.environ, **({"LOCALINFER_AMX": "0"} if name == AMX_OFF else {})},
             )  # fmt: skip
             row = json.loads(out.stdout.strip().splitlines()[-1])
             decode[name].append(row["decode"])
             prefill[name].append(row["prefill"])
             outputs.setdefault(name, row["tokens"])
             n_prompt = row["n_prefill"]
-        print(f"round {r + 1}: " + " | ".join(f"{n} {decode[n][-1]:.1f} tok/s decode, {prefill[n][-1]:.0f} prefill" for n in CONTENDERS), flush=True)
+        print(f"round {r + 1}: " + " | ".join(f"{n} {decode[n][-1]:.1f} tok/s decode, {prefill[n][-1]:.0f} prefill" for n in names), flush=True)
     result = {
         "decode_tok_s": {n: statistics.median(v) for n, v in decode.items()},
         "prefill_tok_s": {n: statistics.median(v) for n, v in prefill.items()},
         "decode_rounds": decode,
         "prefill_rounds": prefill,
-        "same_greedy_tokens_as_llama_cpp": {n: outputs[n] == outputs["llama.cpp"] for n in CONTENDERS},
+        "same_greedy_tokens_as_llama_cpp": {n: outputs[n] == outputs["llama.cpp"] for n in names},
         "n_tokens": n_tokens,
         "n_prefill": n_prompt,
     }
