@@ -83,8 +83,8 @@ def _load(path: Path | None = None) -> ctypes.CDLL:
         ctypes.c_int, ctypes.POINTER(ctypes.c_int), ctypes.POINTER(ctypes.c_void_p), ctypes.POINTER(ctypes.c_int64),
         ctypes.c_int64, ctypes.c_void_p, ctypes.c_int64, ctypes.POINTER(ctypes.c_void_p), ctypes.c_int, ctypes.c_int64,
     ]  # fmt: skip
-    lib.li_fast_rows.restype = ctypes.c_int
-    lib.li_fast_rows.argtypes = []
+    lib.li_amx_usable.restype = ctypes.c_int  # 1 where this build has AMX and the OS lets us use it
+    lib.li_amx_usable.argtypes = []
     # li_matmul_op is called without argtypes, for speed: every argument passed to it is
     # a ctypes object (byref of the op, c_float views of the buffers) or a small int.
     lib.li_matmul_op.restype = ctypes.c_int
@@ -129,7 +129,7 @@ class CKernels(c_ops.COps):
         """`library`: another build of native/c (tests use a portable one); default: the installed one."""
         self._lib = _load(Path(library).resolve() if library else None)
         self._info = self._lib.li_build_info().decode()
-        if not self._lib.li_fast_rows():  # built with AMX, but this OS or LOCALINFER_AMX=0 says no
+        if not self._lib.li_amx_usable():  # built with AMX, but this OS or LOCALINFER_AMX=0 says no
             self._info = " ".join(w for w in self._info.split() if w != "amx")
         self._threads = ctypes.c_int32(threads or default_threads())
 

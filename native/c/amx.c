@@ -78,16 +78,6 @@ static inline float f16(const uint8_t *p) {
     return li_fp16_to_fp32(h);
 }
 
-static inline void scale_min_k4(int j, const uint8_t *q, int *sc, int *m) {
-    if (j < 4) {
-        *sc = q[j] & 63;
-        *m = q[j + 4] & 63;
-    } else {
-        *sc = (q[j + 4] & 0x0f) | ((q[j - 4] >> 6) << 4);
-        *m = (q[j + 4] >> 4) | ((q[j] >> 6) << 4);
-    }
-}
-
 /* One weight row of k values to int8 v[k], scales d[b] and mins m[b] (one per block of
  * scale_block(type) values; m stays untouched for the types without mins). */
 static void unpack_row(int type, const uint8_t *w, int64_t k, int8_t *v, float *d, float *m) {
@@ -106,10 +96,8 @@ static void unpack_row(int type, const uint8_t *w, int64_t k, int8_t *v, float *
             if (five) memcpy(&qh, w + 2 + 2 * has_min, 4);
             const uint8_t *qs = w + 2 + 2 * has_min + 4 * five;
             const int offset = has_min ? 0 : five ? 16 : 8;
-            for (int i = 0; i < 16; i++) {
-                v[i] = (int8_t)(((qs[i] & 15) | (((qh >> i) & 1) << 4)) - offset);
-                v[i + 16] = (int8_t)(((qs[i] >> 4) | (((qh >> (i + 16)) & 1) << 4)) - offset);
-            }
+            li_legacy_values(qs, qh, v);
+            for (int i = 0; i < 32; i++) v[i] = (int8_t)(v[i] - offset);
         }
         return;
     }
@@ -120,8 +108,8 @@ static void unpack_row(int type, const uint8_t *w, int64_t k, int8_t *v, float *
             const uint8_t *scales = w + 4, *qh = w + 16, *qs = w + 16 + 32 * five;
             for (int j = 0; j < 4; j++) {
                 int sc0, m0, sc1, m1;
-                scale_min_k4(2 * j, scales, &sc0, &m0);
-                scale_min_k4(2 * j + 1, scales, &sc1, &m1);
+                li_scale_min_k4(2 * j, scales, &sc0, &m0);
+                li_scale_min_k4(2 * j + 1, scales, &sc1, &m1);
                 d[2 * j] = dd * (float)sc0;
                 m[2 * j] = -dmin * (float)m0;
                 d[2 * j + 1] = dd * (float)sc1;

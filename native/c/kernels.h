@@ -151,6 +151,26 @@ static inline __m256i li_dot_i8_i8(__m256i w, const int8_t *a) {
 
 #define LI_QK_K 256
 
+/* Q4_K/Q5_K: the 6-bit scale and min of sub-block j (0..7) from the 12 packed bytes. */
+static inline void li_scale_min_k4(int j, const uint8_t *q, int *sc, int *m) {
+    if (j < 4) {
+        *sc = q[j] & 63;
+        *m = q[j + 4] & 63;
+    } else {
+        *sc = (q[j + 4] & 0x0f) | ((q[j - 4] >> 6) << 4);
+        *m = (q[j + 4] >> 4) | ((q[j] >> 6) << 4);
+    }
+}
+
+/* Q4_0/Q4_1/Q5_0/Q5_1: a block's 32 unsigned values (0..15, or 0..31 with the fifth bits
+ * qh; qh = 0 for the 4-bit types): qs[i] low nibble is value i, high nibble value i + 16. */
+static inline void li_legacy_values(const uint8_t *qs, uint32_t qh, int8_t *q) {
+    for (int i = 0; i < 16; i++) {
+        q[i] = (int8_t)((qs[i] & 0x0F) | (((qh >> i) & 1) << 4));
+        q[i + 16] = (int8_t)((qs[i] >> 4) | (((qh >> (i + 16)) & 1) << 4));
+    }
+}
+
 /* Q8_K activation block: float scale, 256 int8, and 16 sums of 16 values each
  * (the K-quant dots need those sums for the mins). Layout as ggml's block_q8_K. */
 typedef struct {

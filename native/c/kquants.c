@@ -64,17 +64,6 @@ static inline int kq_nearest_int(float f) {
     return (i & 0x007fffff) - 0x00400000;
 }
 
-/* 6-bit scale and min of sub-block j (0..7) from the 12 packed bytes. */
-static inline void kq_scale_min(int j, const uint8_t *q, int *sc, int *m) {
-    if (j < 4) {
-        *sc = q[j] & 63;
-        *m = q[j + 4] & 63;
-    } else {
-        *sc = (q[j + 4] & 0x0f) | ((q[j - 4] >> 6) << 4);
-        *m = (q[j + 4] >> 4) | ((q[j] >> 6) << 4);
-    }
-}
-
 /* ---------------------------------------------------------------- Q8_K quantizer */
 
 /* One block the way ggml's quantize_row_q8_K_ref does it: the value of largest |x|
@@ -184,8 +173,8 @@ KQ_UNUSED static float kq_dot_q4_K_scalar(int64_t nb, const kq_block_q4_K *x, co
         int32_t sumi = 0, summ = 0;
         for (int j = 0; j < QK_K / 64; j++) {
             int sc0, m0, sc1, m1;
-            kq_scale_min(2 * j, x[i].scales, &sc0, &m0);
-            kq_scale_min(2 * j + 1, x[i].scales, &sc1, &m1);
+            li_scale_min_k4(2 * j, x[i].scales, &sc0, &m0);
+            li_scale_min_k4(2 * j + 1, x[i].scales, &sc1, &m1);
             int32_t s0 = 0, s1 = 0;
             for (int l = 0; l < 32; l++) {
                 s0 += (q4[l] & 0x0f) * q8[l];
@@ -210,8 +199,8 @@ KQ_UNUSED static float kq_dot_q5_K_scalar(int64_t nb, const kq_block_q5_K *x, co
         int32_t sumi = 0, summ = 0;
         for (int j = 0; j < QK_K / 64; j++) {
             int sc0, m0, sc1, m1;
-            kq_scale_min(2 * j, x[i].scales, &sc0, &m0);
-            kq_scale_min(2 * j + 1, x[i].scales, &sc1, &m1);
+            li_scale_min_k4(2 * j, x[i].scales, &sc0, &m0);
+            li_scale_min_k4(2 * j + 1, x[i].scales, &sc1, &m1);
             const int u0 = 2 * j, u1 = 2 * j + 1;
             int32_t s0 = 0, s1 = 0;
             for (int l = 0; l < 32; l++) {

@@ -436,17 +436,7 @@ static inline __attribute__((always_inline)) void dot_legacy(const int KIND, con
         if (KIND == 4) {
             memcpy(q, blk + 2, QK);
         } else {
-            const uint8_t *qs = blk + QOFF(KIND);
-            const uint32_t qh = HAS_QH(KIND) ? load_u32(blk + (KIND == 2 ? 2 : 4)) : 0;
-            for (int i = 0; i < 16; i++) {
-                int lo = qs[i] & 0x0F, hi = qs[i] >> 4;
-                if (HAS_QH(KIND)) {
-                    lo |= ((qh >> i) & 1) << 4;
-                    hi |= ((qh >> (i + 16)) & 1) << 4;
-                }
-                q[i] = (int8_t)lo;
-                q[i + 16] = (int8_t)hi;
-            }
+            li_legacy_values(blk + QOFF(KIND), HAS_QH(KIND) ? load_u32(blk + (KIND == 2 ? 2 : 4)) : 0, q);
         }
         for (int r = 0; r < R; r++) {
             const int8_t *y = aq[r] + b * QK;

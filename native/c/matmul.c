@@ -91,9 +91,6 @@ const char *li_build_info(void) {
         ;
 }
 
-/* 1 where this build has AMX tiles and the OS lets this process use them */
-int li_fast_rows(void) { return li_amx_usable(); }
-
 int li_max_threads(void) {
 #ifdef _OPENMP
     return omp_get_num_procs();
@@ -243,17 +240,17 @@ static void quantize_part(const li_work *wk, int t, int T) {
 /* activation scratch up to this size lives on the stack */
 #define LI_STACK_SCRATCH (48 * 1024)
 
-/* n rows of 64-byte-aligned room: qs (k bytes a row), then d and s (k/32 floats a row each) */
-static uint8_t *carve_q8a(uint8_t *base, li_q8a *a, int64_t rows, int64_t k) {
-    const int64_t qs = (rows * k + 63) & ~63, ds = (rows * li_q8a_scale_stride(k) * 4 + 63) & ~63;
+/* q8a activations of `rows` rows, each part 64-byte aligned: qs (k bytes a row), then d
+ * and s (k/32 floats a row each) */
+static int64_t q8a_qs_bytes(int64_t rows, int64_t k) { return (rows * k + 63) & ~63; }
+static int64_t q8a_ds_bytes(int64_t rows, int64_t k) { return (rows * li_q8a_scale_stride(k) * 4 + 63) & ~63; }
+static int64_t q8a_bytes(int64_t rows, int64_t k) { return q8a_qs_bytes(rows, k) + 2 * q8a_ds_bytes(rows, k); }
+
+static void carve_q8a(uint8_t *base, li_q8a *a, int64_t rows, int64_t k) {
+    const int64_t qs = q8a_qs_bytes(rows, k), ds = q8a_ds_bytes(rows, k);
     a->qs = (const int8_t *)base;
     a->d = (const float *)(base + qs);
     a->s = (const float *)(base + qs + ds);
-    return base + qs + 2 * ds;
-}
-
-static int64_t q8a_bytes(int64_t rows, int64_t k) {
-    return ((rows * k + 63) & ~63) + 2 * ((rows * li_q8a_scale_stride(k) * 4 + 63) & ~63);
 }
 
 /* y[i] = x . w[i]^T for nmat matrices of rows[i] x k. Rows [0, n_fast) of x may go
