@@ -2,8 +2,9 @@
 
 One jitted kernel, `matmul3`, does every op: up to three matrices sharing `cols` (fused
 q/k/v, gate/up) in one parallel region over all their rows; for each weight row, every
-activation row (n = 1 decode, n > 1 prefill) while the row is hot in L1. The row dot
-product itself is LLVM vector IR (`numba_ir.rowdot`), one specialization per block type.
+activation row (n = 1 decode, n > 1 prefill), up to eight of them in one pass that unpacks
+each block once. The row dot products themselves are LLVM vector IR (`numba_ir.rowdot`,
+`rowdot4`, `rowdot8`), one specialization per block type.
 
 Each weight array is viewed (for free) as a one-byte record dtype that names its block
 type, so `matmul3` is compiled per combination of types, lazily (a model holds a few),

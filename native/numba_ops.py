@@ -9,6 +9,7 @@ import math
 import numpy as np
 from numba import njit, prange
 
+from localinfer_native.numba_ir import attention_f16_parallel, attention_f16_serial, exp_scores
 from localinfer_native.types import KV_TYPES, kv_rotation
 
 
@@ -46,40 +47,6 @@ def _swiglu(gate, up):
         g[i] = g[i] / (np.float32(1.0) + np.exp(-g[i])) * u[i]
 
 
-@njit(cache=True, inline="always")
-def _exp_scores(scores, t, mx):
-    """scores[j] = e^(scores[j] - mx) for j < t; returns 1 / their sum (the softmax's scale)."""
-    total = np.float32(0.0)
-    for j in range(t):
-        scores[j] = np.exp(scores[j] - mx)
-        total += scores[j]
-    return np.float32(1.0) / total
-
-
-@njit(cache=True, inline="always")
-def _attend_one(q, keys, values, half, pos, out, scale, task, n_head, group, scores):
-    i, h = task // n_head, task % n_head
-    kvh = h // group
-    hd = q.shape[2]
-    t = pos[i] + 1
-    qh = q[i, h]
-    mx = -np.inf
-    for j in range(t):
-        s = np.float32(0.0)
-        for e in range(hd):
-            s += qh[e] * half[keys[kvh, j, e]]
-        s *= scale
-        scores[j] = s
-        mx = max(mx, s)
-    inv = _exp_scores(scores, t, mx)
-    o = out[i, h * hd : (h + 1) * hd]
-    o[:] = 0.0
-    for j in range(t):
-        p = scores[j] * inv
-        for e in range(hd):
-            o[e] += p * half[values[kvh, j, e]]
-
-
 @njit(cache=True)
 def _store(k_new, v_new, keys, values, pos):
     m, n_head_kv, hd = k_new.shape
@@ -88,23 +55,6 @@ def _store(k_new, v_new, keys, values, pos):
             for e in range(hd):
                 keys[h, pos[i], e] = k_new[i, h, e]
                 values[h, pos[i], e] = v_new[i, h, e]
-
-
-@njit(cache=True)
-def _attention_serial(q, keys, values, half, pos, out, scale, group):
-    n_head = q.shape[1]
-    scores = np.empty(pos.max() + 1, np.float32)
-    for task in range(q.shape[0] * n_head):
-        _attend_one(q, keys, values, half, pos, out, scale, task, n_head, group, scores)
-
-
-@njit(cache=True, parallel=True)
-def _attention_parallel(q, keys, values, half, pos, out, scale, group):
-    n_head = q.shape[1]
-    longest = pos.max() + 1
-    for task in prange(q.shape[0] * n_head):
-        scores = np.empty(longest, np.float32)
-        _attend_one(q, keys, values, half, pos, out, scale, task, n_head, group, scores)
 
 
 # ---- quantized KV rows (ggml's block_q8_0 and block_q4_0; see native/c/kvcache.c) ------
@@ -247,7 +197,8 @@ def _accumulate(row, vt, p, o, half):
 
 @njit(cache=True, parallel=True)
 def _attention_typed(qf, qs, qd, keys, values, kt, vt, half, pos, out, scale, group):
-    """_attention_parallel for caches of any KV types (rows of bytes), one task per query head."""
+    """Attention over caches of any KV types (rows of bytes), one task per query head; the f16/f16
+    cache with a head size that is a multiple of 8 takes numba_ir's vector rows instead."""
     m, n_head, hd = qf.shape
     longest = pos.max() + 1
     for task in prange(m * n_head):
@@ -260,7 +211,7 @@ def _attention_typed(qf, qs, qd, keys, values, kt, vt, half, pos, out, scale, gr
             s = _score(keys[kvh, j], kt, qf[i, h], qs[i, h], qd[i, h], half) * scale
             scores[j] = s
             mx = max(mx, s)
-        inv = _exp_scores(scores, t, mx)
+        inv = exp_scores(scores, t, mx)
         o = out[i, h * hd : (h + 1) * hd]
         o[:] = 0.0
         for j in range(t):
@@ -288,8 +239,11 @@ class NumbaOps:
             self.rope(q, np.zeros(1, np.int32), table, table, neox)
         attn, pos = np.empty((1, 8), f32), np.zeros(1, np.int32)
         cache = np.zeros((1, 4, 8), np.uint8)
+        self.attention(q, kv, kv, cache, cache.copy(), pos, attn, 0.5)  # the typed path: 4 is no multiple of 8
+        q, kv, attn = np.ones((1, 2, 8), f32), np.ones((1, 1, 8), f32), np.empty((1, 16), f32)
+        cache = np.zeros((1, 4, 16), np.uint8)
         self.attention(q, kv, kv, cache, cache.copy(), pos, attn, 0.5)
-        _attention_parallel(q, cache.view(np.uint16), cache.view(np.uint16), _HALF, pos, attn, f32(0.5), 2)
+        attention_f16_parallel(q, cache.view(np.uint16), cache.view(np.uint16), pos, attn, f32(0.5), 2)
         q, kv = np.ones((1, 2, 32), f32), np.ones((1, 1, 32), f32)
         self.attention(q, kv, kv, np.zeros((1, 4, 34), np.uint8), np.zeros((1, 4, 18), np.uint8), pos, np.empty((1, 64), f32), 0.5, ("q8_0", "q4_0"))
 
@@ -309,17 +263,17 @@ class NumbaOps:
         if int(positions.max()) >= keys.shape[1] or int(positions.min()) < 0:
             raise ValueError("position outside the KV cache")
         group = q.shape[1] // keys.shape[0]
-        if kv_types != ("f16", "f16"):
+        if kv_types != ("f16", "f16") or q.shape[2] % 8:
             self._attention_typed(q, k_new, v_new, keys, values, positions, out, scale, kv_types)
             return
-        # The cache holds float16 (read through a table); queries are rounded to float16
-        # too, as llama.cpp's flash attention takes them.
+        # The cache holds float16; queries are rounded to float16 too, as llama.cpp's flash
+        # attention takes them.
         keys, values = keys.view(np.uint16), values.view(np.uint16)
         q = q.astype(np.float16).astype(np.float32)
         _store(k_new.astype(np.float16).view(np.uint16), v_new.astype(np.float16).view(np.uint16), keys, values, positions)
         work = q.shape[0] * q.shape[1] * (int(positions.max()) + 1) * q.shape[2]
-        attend = _attention_parallel if work >= 1 << 18 else _attention_serial  # decode: no thread wake-up
-        attend(q, keys, values, _HALF, positions, out, np.float32(scale), group)
+        attend = attention_f16_parallel if work >= 1 << 18 else attention_f16_serial  # decode: no thread wake-up
+        attend(q, keys, values, positions, out, np.float32(scale), group)
 
     def _attention_typed(
         self, q: np.ndarray, k_new: np.ndarray, v_new: np.ndarray, keys: np.ndarray, values: np.ndarray,

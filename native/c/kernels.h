@@ -151,6 +151,15 @@ static inline __m256i li_dot_i8_i8(__m256i w, const int8_t *a) {
 
 #define LI_QK_K 256
 
+/* Ask the cache for a weight row LI_PREFETCH bytes ahead of the one about to be read. The
+ * hardware prefetcher alone left a matvec streaming from RAM at 15 GB/s where it can take 18
+ * on two cores (the Numba set measured the same gap). A prefetch never faults, so reading
+ * past the last row is harmless. */
+#define LI_PREFETCH 2048
+static inline void li_prefetch_row(const uint8_t *row, int64_t row_bytes) {
+    for (int64_t o = 0; o < row_bytes; o += 64) __builtin_prefetch(row + LI_PREFETCH + o, 0, 3);
+}
+
 /* Q4_K/Q5_K: the 6-bit scale and min of sub-block j (0..7) from the 12 packed bytes. */
 static inline void li_scale_min_k4(int j, const uint8_t *q, int *sc, int *m) {
     if (j < 4) {

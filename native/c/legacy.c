@@ -458,6 +458,7 @@ static inline __attribute__((always_inline)) void rows_legacy(const int KIND, co
     float res[LI_TILE];
     for (int64_t r = r0; r < r1; r++) {
         const uint8_t *wr = w + r * row_bytes;
+        li_prefetch_row(wr, row_bytes);
         if (n == 1) {
             dot_legacy(KIND, 1, k, ss, wr, a, res);
             y[r] = res[0];
@@ -539,6 +540,7 @@ static inline __attribute__((always_inline)) void rows_float(const int FP16, con
     float res[4];
     for (int64_t r = r0; r < r1; r++) {
         const void *wr = (const uint8_t *)w + r * row_bytes;
+        li_prefetch_row(wr, row_bytes);
         if (n == 1) {
             dot_float(FP16, 1, k, wr, x, res);
             y[r] = res[0];

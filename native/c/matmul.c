@@ -193,6 +193,7 @@ static void run_rows(const li_work *wk, int i, int64_t r0, int64_t r1, int threa
         const int64_t nbk = wk->k / LI_QK_K;
         for (int64_t r = r0; r < r1; r++) {
             const uint8_t *wr = wk->w[i] + r * wk->row_bytes[i];
+            li_prefetch_row(wr, wk->row_bytes[i]);
             for (int64_t j = 0; j < n; j++) ti->dot_k(wk->k, &y[j * ldy + r], wr, wk->a8k + j * nbk);
         }
     }
