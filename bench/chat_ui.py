@@ -3,6 +3,10 @@ in the app (headless Textual, in-process engine) at several UI update rates, aga
 engine alone in the same process, run after run in one process. On 2 cores the UI's
 rendering and the decode threads share the CPU, so this is the app's real price there.
 
+And whether the display keeps up: the lag of each token, from the moment the engine hands it
+over to the moment the Markdown widget has taken in text that far (its `append` returned;
+the screen repaints within a frame after), as median, p99 and max over every token.
+
     .venv/bin/python bench/chat_ui.py [--engine llama.cpp|native] [--rates 5,15,30] [--runs 3] [--tokens 300] [--threads 2]
 """
 
@@ -13,6 +17,7 @@ import asyncio
 import statistics
 import sys
 import tempfile
+import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -23,22 +28,83 @@ from localinfer.cli.chat import model_loader  # noqa: E402
 from localinfer.engine.loader import LoadOptions  # noqa: E402
 from localinfer.tui.store import ChatStore  # noqa: E402
 from localinfer.tui.widgets import PromptInput  # noqa: E402
+from textual.widgets import Markdown  # noqa: E402
 
 PROMPT = "Tell me a long story about a dragon."
 
 
-async def in_app(store: ChatStore, load: LoadOptions, tokens: int) -> float:
+class Clock:
+    """Arrival times of the reply's text (cumulative characters) and display times, for lags."""
+
+    def __init__(self) -> None:
+        self.arrived: list[tuple[float, int]] = []
+        self.shown: list[tuple[float, int]] = []
+
+    def lags(self) -> list[float]:
+        out, k = [], 0
+        for t, n in self.arrived:
+            while k < len(self.shown) and self.shown[k][1] < n:
+                k += 1
+            out.append(self.shown[k][0] - t if k < len(self.shown) else float("inf"))
+        return out
+
+
+class TimedReply:
+    """A reply that stamps each piece of text as the engine hands it over; the rest is the reply's."""
+
+    def __init__(self, reply, clock: Clock) -> None:
+        self._reply, self._clock = reply, clock
+
+    def __getattr__(self, name: str):
+        return getattr(self._reply, name)
+
+    def __iter__(self):
+        n = 0
+        for text in self._reply:
+            n += len(text)
+            self._clock.arrived.append((time.monotonic(), n))
+            yield text
+
+
+def timed_loader(load: LoadOptions, clock: Clock):
+    inner = model_loader(load)
+
+    def loader(*args):
+        model = inner(*args)
+        reply_of = model.reply
+        model.reply = lambda messages, settings: TimedReply(reply_of(messages, settings), clock)
+        return model
+
+    return loader
+
+
+async def in_app(store: ChatStore, load: LoadOptions, tokens: int) -> tuple[float, list[float]]:
     chat = store.new_chat("bench")
     store.save_settings(chat.id, {"temperature": 0.0, "max_tokens": tokens})
-    app = app_module.ChatApp(store, model_loader(load), chat_id=chat.id)
-    async with app.run_test(size=(120, 40)) as pilot:
-        while app.model is None:
-            await pilot.pause(0.05)
-        app.query_one(PromptInput).text = PROMPT
-        await pilot.press("enter")
-        while not store.messages(chat.id) or store.messages(chat.id)[-1].role != "assistant":
-            await pilot.pause(0.05)
-    return store.messages(chat.id)[-1].tokens_per_s
+    clock = Clock()
+    app = app_module.ChatApp(store, timed_loader(load, clock), chat_id=chat.id)
+    shown = 0
+    original = Markdown.append
+
+    async def append(widget, markdown: str):  # what the reply's MarkdownStream calls
+        nonlocal shown
+        result = await original(widget, markdown)
+        shown += len(markdown)
+        clock.shown.append((time.monotonic(), shown))
+        return result
+
+    Markdown.append = append
+    try:
+        async with app.run_test(size=(120, 40)) as pilot:
+            while app.model is None:
+                await pilot.pause(0.05)
+            app.query_one(PromptInput).text = PROMPT
+            await pilot.press("enter")
+            while not store.messages(chat.id) or store.messages(chat.id)[-1].role != "assistant":
+                await pilot.pause(0.05)
+    finally:
+        Markdown.append = original
+    return store.messages(chat.id)[-1].tokens_per_s, clock.lags()
 
 
 def engine_alone(load: LoadOptions, tokens: int) -> float:
@@ -63,19 +129,25 @@ def main() -> None:
     load = LoadOptions(engine=args.engine, threads=args.threads)
     rates = [float(r) for r in args.rates.split(",")]
     results: dict[str, list[float]] = {"engine alone": []} | {f"app, {r:g} updates/s": [] for r in rates}
+    lags: dict[str, list[float]] = {name: [] for name in results}
     with tempfile.TemporaryDirectory() as home:
         store = ChatStore.open(Path(home) / "chats.db")
         for _ in range(args.runs):  # interleaved, so drift on a shared machine hits every row alike
             results["engine alone"].append(engine_alone(load, args.tokens))
             for r in rates:
                 app_module.UPDATES_PER_S = r
-                results[f"app, {r:g} updates/s"].append(asyncio.run(in_app(store, load, args.tokens)))
+                rate, lag = asyncio.run(in_app(store, load, args.tokens))
+                results[f"app, {r:g} updates/s"].append(rate)
+                lags[f"app, {r:g} updates/s"] += lag
     base = statistics.median(results["engine alone"])
-    print(f"| {'setting':<22} | tok/s (median of {args.runs}) | vs engine alone |")
-    print(f"|{'-' * 24}|{'-' * 23}|{'-' * 17}|")
+    print(f"| {'setting':<22} | tok/s (median of {args.runs}) | vs engine alone | display lag ms: median | p99 | max |")
+    print(f"|{'-' * 24}|{'-' * 23}|{'-' * 17}|---:|---:|---:|")
     for name, values in results.items():
         m = statistics.median(values)
-        print(f"| {name:<22} | {m:21.1f} | {m / base:15.2f} |")
+        lag = sorted(lags[name])
+        shown = (f"{statistics.median(lag) * 1e3:.0f} | {lag[int(0.99 * (len(lag) - 1))] * 1e3:.0f} | {lag[-1] * 1e3:.0f}"
+                 if lag else "– | – | –")  # fmt: skip
+        print(f"| {name:<22} | {m:21.1f} | {m / base:15.2f} | {shown} |")
 
 
 if __name__ == "__main__":

@@ -9,6 +9,7 @@
            made from it with `localinfer quantize`; and whether the two outputs are identical.
 
     .venv/bin/python bench/speculative.py [--threads 2] [--tokens 160] [--json] [--skip verify,speedup]
+        [--repeats 7 --tasks story --models Q4_1]   # the open-ended case, medians of 7 alternate runs
 """
 
 from __future__ import annotations
@@ -79,20 +80,23 @@ def verify_curve(backend, repeats: int = 15) -> dict[int, float]:
     return out
 
 
-def speedup(backend, tokens: int) -> dict[str, dict]:
+def speedup(backend, tokens: int, repeats: int = 1, tasks: dict[str, str] = TASKS) -> dict[str, dict]:
+    """Each task run plain and with speculation, alternately, `repeats` times: medians."""
     plain, spec = Engine(backend), Engine(backend, draft=DraftConfig())
     params = SamplingParams(temperature=0, max_tokens=tokens, repeat_penalty=1.0)
     results = {}
-    for task, prompt in TASKS.items():
+    for task, prompt in tasks.items():
         ids = plain.tokenize_prompt(plain.render_chat([{"role": "user", "content": prompt}]))
-        runs = []
-        for engine in (plain, spec):
-            engine._slot_tokens = [[]]  # noqa: SLF001 - the other engine wrote the slot; nothing stale is reused
-            runs.append(engine.complete(ids, params))
-        a, b = runs
-        results[task] = {"plain_tok_s": a.timings.tokens_per_s, "spec_tok_s": b.timings.tokens_per_s,
-                         "ratio": b.timings.tokens_per_s / a.timings.tokens_per_s if a.timings.tokens_per_s else float("nan"),
-                         "identical": a.tokens == b.tokens, "tokens": len(a.tokens),
+        runs: list[list] = [[], []]
+        for _ in range(repeats):
+            for engine, out in zip((plain, spec), runs):
+                engine._slot_tokens = [[]]  # noqa: SLF001 - the other engine wrote the slot; nothing stale is reused
+                out.append(engine.complete(ids, params))
+        a, b = runs[0][-1], runs[1][-1]
+        rate = [[r.timings.tokens_per_s for r in out] for out in runs]
+        results[task] = {"plain_tok_s": statistics.median(rate[0]), "spec_tok_s": statistics.median(rate[1]),
+                         "ratio": statistics.median(s / p for p, s in zip(*rate) if p), "repeats": repeats,
+                         "identical": all(x.tokens == y.tokens for x, y in zip(*runs)), "tokens": len(a.tokens),
                          "accepted": b.timings.accepted, "drafted": b.timings.drafted, "tokens_per_forward": b.timings.tokens_per_forward}  # fmt: skip
     return results
 
@@ -102,12 +106,19 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--tokens", type=int, default=160)
     ap.add_argument("--skip", default="", help="comma-separated: verify, speedup")
+    ap.add_argument("--repeats", type=int, default=1, help="runs of each task, plain and speculative alternately (medians)")
+    ap.add_argument("--tasks", default="", help="comma-separated words; only the tasks whose names hold one (e.g. story)")
+    ap.add_argument("--models", default="Q4_1,Q8_0,F16", help="comma-separated, of Q4_1, Q8_0, F16")
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args()
     skip = set(args.skip.split(",")) - {""}
     cache = Path.home() / ".cache" / "localinfer" / "bench"
     cache.mkdir(parents=True, exist_ok=True)
-    models = {"Q4_1": local_path(resolve(None)), "Q8_0": variant("Q8_0", cache), "F16": variant("F16", cache)}
+    wanted = args.models.split(",")
+    models = {"Q4_1": local_path(resolve(None))} if "Q4_1" in wanted else {}
+    models |= {kind: variant(kind, cache) for kind in ("Q8_0", "F16") if kind in wanted}
+    words = [w for w in args.tasks.split(",") if w]
+    tasks = {t: p for t, p in TASKS.items() if not words or any(w in t for w in words)}
     results: dict[str, dict] = {"verify": {}, "speedup": {}}
     for engine, kernels in ENGINES:
         name = engine + (f" ({kernels})" if kernels else "")
@@ -121,9 +132,9 @@ def main() -> None:
                     results["verify"][f"{name} {model}"] = curve
                     print(f"verify {name:18} {model:5} " + " | ".join(f"{n} rows {ms:6.2f} ms ({ms / curve[1]:.2f}x)" for n, ms in curve.items()), flush=True)
                 if "speedup" not in skip and kernels != "numba":
-                    r = results["speedup"][f"{name} {model}"] = speedup(backend, args.tokens)
+                    r = results["speedup"][f"{name} {model}"] = speedup(backend, args.tokens, args.repeats, tasks)
                     for task, x in r.items():
-                        print(f"speedup {name:18} {model:5} {task:20} {x['plain_tok_s']:6.1f} -> {x['spec_tok_s']:6.1f} tok/s = {x['ratio']:.2f}x"
+                        print(f"speedup {name:18} {model:5} {task:20} {x['plain_tok_s']:6.1f} -> {x['spec_tok_s']:6.1f} tok/s = {x['ratio']:.2f}x (median of {x['repeats']})"
                               f" | identical {x['identical']} | accepted {x['accepted']}/{x['drafted']}, {x['tokens_per_forward']:.2f} tok/forward", flush=True)  # fmt: skip
             finally:
                 backend.close()
