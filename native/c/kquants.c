@@ -21,6 +21,17 @@
 
 #define QK_K LI_QK_K
 
+/* Activation rows per call (1..KQ_TILE): each weight block is unpacked once for all of
+ * them. Every row's sums run in the same order for every R (and integer sums are exact),
+ * so a row's result never depends on the rows beside it: a K-row verify equals decoding.
+ * AVX-512 has the registers for 8 rows' sums, AVX2 for 4. */
+#if defined(__AVX512VL__)
+#define KQ_TILE 8
+#else
+#define KQ_TILE 4
+#endif
+
+
 #if defined(__GNUC__)
 #define KQ_UNUSED __attribute__((unused))
 #else
@@ -300,172 +311,186 @@ static const char kq_dup16[32] = {
 };
 #define KQ_SC(s) _mm256_loadu_si256((const __m256i *)kq_sc16[s])
 
-/* 64 values of a Q4_K block: low nibbles against q8[0..31] with scale sl, high nibbles
- * against q8[32..63] with scale sh; 8 int32 partial sums. */
-static inline __m256i kq_q4_step(__m256i bits, const int8_t *q8, __m256i m4, __m256i sl, __m256i sh) {
-    const __m256i lo = _mm256_and_si256(bits, m4);
-    const __m256i hi = _mm256_and_si256(_mm256_srli_epi16(bits, 4), m4);
+/* 64 values of a Q4_K block, unpacked (low nibbles lo, high nibbles hi, their scales sl,
+ * sh), against row r's q8[0..63]: sumi += the 8 int32 partial sums. */
+static inline __m256i kq_q4_products(__m256i lo, __m256i hi, const int8_t *q8, __m256i sl, __m256i sh, __m256i sumi) {
     const __m256i pl = _mm256_maddubs_epi16(lo, _mm256_loadu_si256((const __m256i *)q8));
     const __m256i ph = _mm256_maddubs_epi16(hi, _mm256_loadu_si256((const __m256i *)(q8 + 32)));
-    return _mm256_add_epi32(_mm256_madd_epi16(pl, sl), _mm256_madd_epi16(ph, sh));
+    return _mm256_add_epi32(sumi, _mm256_add_epi32(_mm256_madd_epi16(pl, sl), _mm256_madd_epi16(ph, sh)));
 }
 
-static float kq_dot_q4_K_avx2(int64_t nb, const kq_block_q4_K *x, const li_block_q8_K *y) {
-    const __m256i m4 = _mm256_set1_epi8(0x0f);
+/* d and dmin of a Q4_K/Q5_K block times an activation block's scale: lanes 0 and 1 */
+static inline __m128 kq_dd(const uint16_t *d, float yd) {
+    return _mm_mul_ps(_mm_cvtph_ps(_mm_cvtsi32_si128((int)kq_load_u32((const uint8_t *)d))), _mm_set1_ps(yd));
+}
+
+/* The mins of a Q4_K/Q5_K block against row r's block sums, into acc. */
+static inline __m256 kq_mins(__m256i mins, const li_block_q8_K *y, __m128 dd, __m256 acc) {
+    const __m256i pm = _mm256_madd_epi16(mins, _mm256_loadu_si256((const __m256i *)y->bsums));
+    return _mm256_fnmadd_ps(_mm256_broadcastss_ps(_mm_movehdup_ps(dd)), _mm256_cvtepi32_ps(pm), acc);
+}
+
+/* Q4_K and Q5_K (Q5: the fifth bits of qh): rows ys[0..R) against one weight row x. */
+static inline __attribute__((always_inline)) void kq_dots_q45_K(const int Q5, const int R, int64_t nb, const void *xv,
+                                                                const li_block_q8_K *const *ys, float *out) {
+    const __m256i m4 = _mm256_set1_epi8(0x0f), m16 = _mm256_set1_epi8(0x10);
     const __m256i dup = _mm256_loadu_si256((const __m256i *)kq_dup16);
-    __m256 acc = _mm256_setzero_ps();
+    const int64_t bsz = Q5 ? sizeof(kq_block_q5_K) : sizeof(kq_block_q4_K);
+    __m256 acc[KQ_TILE];
+    for (int r = 0; r < R; r++) acc[r] = _mm256_setzero_ps();
     for (int64_t i = 0; i < nb; i++) {
-        /* d and dmin times the activation scale: lanes 0 and 1 */
-        const __m128 dd = _mm_mul_ps(_mm_cvtph_ps(_mm_cvtsi32_si128((int)kq_load_u32((const uint8_t *)&x[i].d))),
-                                     _mm_broadcast_ss(&y[i].d));
+        const uint8_t *blk = (const uint8_t *)xv + i * bsz;
+        const kq_block_q4_K *x4 = (const kq_block_q4_K *)blk;
+        const kq_block_q5_K *x5 = (const kq_block_q5_K *)blk;
         uint64_t sc, mn;
-        kq_unpack_scales(x[i].scales, &sc, &mn);
+        kq_unpack_scales(Q5 ? x5->scales : x4->scales, &sc, &mn);
         /* mins: 8 mins (each twice) against the 16 block sums */
         const __m256i mins = _mm256_shuffle_epi8(_mm256_set1_epi64x((long long)mn), dup);
-        const __m256i pm = _mm256_madd_epi16(mins, _mm256_loadu_si256((const __m256i *)y[i].bsums));
-        acc = _mm256_fnmadd_ps(_mm256_broadcastss_ps(_mm_movehdup_ps(dd)), _mm256_cvtepi32_ps(pm), acc);
-
+        __m128 dd[KQ_TILE];
+        __m256i sumi[KQ_TILE];
+        for (int r = 0; r < R; r++) {
+            dd[r] = kq_dd(Q5 ? &x5->d : &x4->d, ys[r][i].d);
+            acc[r] = kq_mins(mins, &ys[r][i], dd[r], acc[r]);
+            sumi[r] = _mm256_setzero_si256();
+        }
         const __m256i scb = _mm256_set1_epi64x((long long)sc);
-        const uint8_t *q4 = x[i].qs;
-        const int8_t *q8 = y[i].qs;
-        const __m256i s0 = kq_q4_step(_mm256_loadu_si256((const __m256i *)q4), q8, m4,
-                                      _mm256_shuffle_epi8(scb, KQ_SC(0)), _mm256_shuffle_epi8(scb, KQ_SC(1)));
-        const __m256i s1 = kq_q4_step(_mm256_loadu_si256((const __m256i *)(q4 + 32)), q8 + 64, m4,
-                                      _mm256_shuffle_epi8(scb, KQ_SC(2)), _mm256_shuffle_epi8(scb, KQ_SC(3)));
-        const __m256i s2 = kq_q4_step(_mm256_loadu_si256((const __m256i *)(q4 + 64)), q8 + 128, m4,
-                                      _mm256_shuffle_epi8(scb, KQ_SC(4)), _mm256_shuffle_epi8(scb, KQ_SC(5)));
-        const __m256i s3 = kq_q4_step(_mm256_loadu_si256((const __m256i *)(q4 + 96)), q8 + 192, m4,
-                                      _mm256_shuffle_epi8(scb, KQ_SC(6)), _mm256_shuffle_epi8(scb, KQ_SC(7)));
-        const __m256i sumi = _mm256_add_epi32(_mm256_add_epi32(s0, s1), _mm256_add_epi32(s2, s3));
-        acc = _mm256_fmadd_ps(_mm256_broadcastss_ps(dd), _mm256_cvtepi32_ps(sumi), acc);
-    }
-    return li_hsum8(acc);
-}
-
-/* As kq_q4_step, with the fifth bits already placed at bit 4 in hl / hh. */
-static inline __m256i kq_q5_step(__m256i bits, __m256i hl, __m256i hh, const int8_t *q8, __m256i m4, __m256i sl,
-                                 __m256i sh) {
-    const __m256i lo = _mm256_or_si256(_mm256_and_si256(bits, m4), hl);
-    const __m256i hi = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(bits, 4), m4), hh);
-    const __m256i pl = _mm256_maddubs_epi16(lo, _mm256_loadu_si256((const __m256i *)q8));
-    const __m256i ph = _mm256_maddubs_epi16(hi, _mm256_loadu_si256((const __m256i *)(q8 + 32)));
-    return _mm256_add_epi32(_mm256_madd_epi16(pl, sl), _mm256_madd_epi16(ph, sh));
-}
-
-static float kq_dot_q5_K_avx2(int64_t nb, const kq_block_q5_K *x, const li_block_q8_K *y) {
-    const __m256i m4 = _mm256_set1_epi8(0x0f);
-    const __m256i m16 = _mm256_set1_epi8(0x10);
-    const __m256i dup = _mm256_loadu_si256((const __m256i *)kq_dup16);
-    __m256 acc = _mm256_setzero_ps();
-    for (int64_t i = 0; i < nb; i++) {
-        const __m128 dd = _mm_mul_ps(_mm_cvtph_ps(_mm_cvtsi32_si128((int)kq_load_u32((const uint8_t *)&x[i].d))),
-                                     _mm_broadcast_ss(&y[i].d));
-        uint64_t sc, mn;
-        kq_unpack_scales(x[i].scales, &sc, &mn);
-        const __m256i mins = _mm256_shuffle_epi8(_mm256_set1_epi64x((long long)mn), dup);
-        const __m256i pm = _mm256_madd_epi16(mins, _mm256_loadu_si256((const __m256i *)y[i].bsums));
-        acc = _mm256_fnmadd_ps(_mm256_broadcastss_ps(_mm_movehdup_ps(dd)), _mm256_cvtepi32_ps(pm), acc);
-
-        const __m256i scb = _mm256_set1_epi64x((long long)sc);
-        /* sub-block s takes its fifth bit from bit s of qh: move it to bit 4 (16-bit
+        const uint8_t *q4 = Q5 ? x5->qs : x4->qs;
+        /* Q5: sub-block s takes its fifth bit from bit s of qh, moved to bit 4 (16-bit
          * shifts; the 0x10 mask drops whatever crosses from the neighbouring byte) */
-        const __m256i h = _mm256_loadu_si256((const __m256i *)x[i].qh);
-        const __m256i h0 = _mm256_and_si256(_mm256_slli_epi16(h, 4), m16);
-        const __m256i h1 = _mm256_and_si256(_mm256_slli_epi16(h, 3), m16);
-        const __m256i h2 = _mm256_and_si256(_mm256_slli_epi16(h, 2), m16);
-        const __m256i h3 = _mm256_and_si256(_mm256_slli_epi16(h, 1), m16);
-        const __m256i h4 = _mm256_and_si256(h, m16);
-        const __m256i h5 = _mm256_and_si256(_mm256_srli_epi16(h, 1), m16);
-        const __m256i h6 = _mm256_and_si256(_mm256_srli_epi16(h, 2), m16);
-        const __m256i h7 = _mm256_and_si256(_mm256_srli_epi16(h, 3), m16);
-        const uint8_t *q4 = x[i].qs;
-        const int8_t *q8 = y[i].qs;
-        const __m256i s0 = kq_q5_step(_mm256_loadu_si256((const __m256i *)q4), h0, h1, q8, m4,
-                                      _mm256_shuffle_epi8(scb, KQ_SC(0)), _mm256_shuffle_epi8(scb, KQ_SC(1)));
-        const __m256i s1 = kq_q5_step(_mm256_loadu_si256((const __m256i *)(q4 + 32)), h2, h3, q8 + 64, m4,
-                                      _mm256_shuffle_epi8(scb, KQ_SC(2)), _mm256_shuffle_epi8(scb, KQ_SC(3)));
-        const __m256i s2 = kq_q5_step(_mm256_loadu_si256((const __m256i *)(q4 + 64)), h4, h5, q8 + 128, m4,
-                                      _mm256_shuffle_epi8(scb, KQ_SC(4)), _mm256_shuffle_epi8(scb, KQ_SC(5)));
-        const __m256i s3 = kq_q5_step(_mm256_loadu_si256((const __m256i *)(q4 + 96)), h6, h7, q8 + 192, m4,
-                                      _mm256_shuffle_epi8(scb, KQ_SC(6)), _mm256_shuffle_epi8(scb, KQ_SC(7)));
-        const __m256i sumi = _mm256_add_epi32(_mm256_add_epi32(s0, s1), _mm256_add_epi32(s2, s3));
-        acc = _mm256_fmadd_ps(_mm256_broadcastss_ps(dd), _mm256_cvtepi32_ps(sumi), acc);
+        const __m256i h = Q5 ? _mm256_loadu_si256((const __m256i *)x5->qh) : _mm256_setzero_si256();
+        for (int step = 0; step < 4; step++) {
+            const __m256i bits = _mm256_loadu_si256((const __m256i *)(q4 + 32 * step));
+            __m256i lo = _mm256_and_si256(bits, m4), hi = _mm256_and_si256(_mm256_srli_epi16(bits, 4), m4);
+            if (Q5) {
+                const int s = 2 * step; /* bit s to bit 4: shift left by 4 - s (right by s - 4) */
+                const __m256i hl = s <= 4 ? _mm256_slli_epi16(h, 4 - s) : _mm256_srli_epi16(h, s - 4);
+                const __m256i hh = s + 1 <= 4 ? _mm256_slli_epi16(h, 3 - s) : _mm256_srli_epi16(h, s - 3);
+                lo = _mm256_or_si256(lo, _mm256_and_si256(hl, m16));
+                hi = _mm256_or_si256(hi, _mm256_and_si256(hh, m16));
+            }
+            const __m256i sl = _mm256_shuffle_epi8(scb, KQ_SC(2 * step)), sh = _mm256_shuffle_epi8(scb, KQ_SC(2 * step + 1));
+            for (int r = 0; r < R; r++) sumi[r] = kq_q4_products(lo, hi, ys[r][i].qs + 64 * step, sl, sh, sumi[r]);
+        }
+        for (int r = 0; r < R; r++) acc[r] = _mm256_fmadd_ps(_mm256_broadcastss_ps(dd[r]), _mm256_cvtepi32_ps(sumi[r]), acc[r]);
     }
-    return li_hsum8(acc);
+    for (int r = 0; r < R; r++) out[r] = li_hsum8(acc[r]);
 }
 
-static float kq_dot_q6_K_avx2(int64_t nb, const kq_block_q6_K *x, const li_block_q8_K *y) {
+static inline __attribute__((always_inline)) void kq_dots_q6_K(const int R, int64_t nb, const kq_block_q6_K *x,
+                                                               const li_block_q8_K *const *ys, float *out) {
     const __m256i m4 = _mm256_set1_epi8(0x0f);
     const __m256i m30 = _mm256_set1_epi8(0x30);
     /* 16 scale bytes reordered to evens then odds, so that after widening to int16 the
      * low lane holds scales 0,2,..,14 and the high lane 1,3,..,15: broadcasting element
      * g of each lane gives the pair (2g, 2g+1) for the 32 values of group g. */
     const __m128i evens_odds = _mm_setr_epi8(0, 2, 4, 6, 8, 10, 12, 14, 1, 3, 5, 7, 9, 11, 13, 15);
-    __m256 acc = _mm256_setzero_ps();
+    __m256 acc[KQ_TILE];
+    for (int r = 0; r < R; r++) acc[r] = _mm256_setzero_ps();
     for (int64_t i = 0; i < nb; i++) {
-        const float d = y[i].d * li_fp16_to_fp32(x[i].d);
+        const float dw = li_fp16_to_fp32(x[i].d);
         const __m128i sc8 = _mm_loadu_si128((const __m128i *)x[i].scales);
         const __m256i sc16 = _mm256_cvtepi8_epi16(sc8);
         const __m256i scales = _mm256_cvtepi8_epi16(_mm_shuffle_epi8(sc8, evens_odds));
         /* q6 - 32: the -32 goes through the block sums, 32 * sum(scale * bsum). */
-        const __m256i bs = _mm256_madd_epi16(sc16, _mm256_loadu_si256((const __m256i *)y[i].bsums));
-        __m256i sumi = _mm256_slli_epi32(bs, 5);
-        sumi = _mm256_sub_epi32(_mm256_setzero_si256(), sumi);
-        const uint8_t *ql = x[i].ql;
-        const uint8_t *qh = x[i].qh;
-        const int8_t *q8 = y[i].qs;
-#define KQ_Q6K_GROUP(G, q6)                                                                          \
-    do {                                                                                             \
-        const __m256i p = _mm256_maddubs_epi16(q6, _mm256_loadu_si256((const __m256i *)(q8 + 32 * (G)))); \
-        sumi = _mm256_add_epi32(sumi, _mm256_madd_epi16(p, _mm256_shuffle_epi8(scales, KQ_SHUF(G))));  \
-    } while (0)
-#define KQ_Q6K_HALF(n)                                                                               \
-    do {                                                                                             \
-        const __m256i l0 = _mm256_loadu_si256((const __m256i *)(ql + 64 * (n)));                    \
-        const __m256i l1 = _mm256_loadu_si256((const __m256i *)(ql + 64 * (n) + 32));               \
-        const __m256i h = _mm256_loadu_si256((const __m256i *)(qh + 32 * (n)));                      \
-        const __m256i q0 = _mm256_or_si256(_mm256_and_si256(l0, m4), _mm256_and_si256(_mm256_slli_epi16(h, 4), m30)); \
-        const __m256i q1 = _mm256_or_si256(_mm256_and_si256(l1, m4), _mm256_and_si256(_mm256_slli_epi16(h, 2), m30)); \
-        const __m256i q2 = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l0, 4), m4), _mm256_and_si256(h, m30)); \
-        const __m256i q3 = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l1, 4), m4), _mm256_and_si256(_mm256_srli_epi16(h, 2), m30)); \
-        KQ_Q6K_GROUP(4 * (n) + 0, q0);                                                               \
-        KQ_Q6K_GROUP(4 * (n) + 1, q1);                                                               \
-        KQ_Q6K_GROUP(4 * (n) + 2, q2);                                                               \
-        KQ_Q6K_GROUP(4 * (n) + 3, q3);                                                               \
-    } while (0)
-        KQ_Q6K_HALF(0);
-        KQ_Q6K_HALF(1);
-#undef KQ_Q6K_HALF
-#undef KQ_Q6K_GROUP
-        acc = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(sumi), acc);
+        __m256i sumi[KQ_TILE];
+        for (int r = 0; r < R; r++)
+            sumi[r] = _mm256_sub_epi32(_mm256_setzero_si256(),
+                                       _mm256_slli_epi32(_mm256_madd_epi16(sc16, _mm256_loadu_si256((const __m256i *)ys[r][i].bsums)), 5));
+        for (int n = 0; n < 2; n++) {
+            const __m256i l0 = _mm256_loadu_si256((const __m256i *)(x[i].ql + 64 * n));
+            const __m256i l1 = _mm256_loadu_si256((const __m256i *)(x[i].ql + 64 * n + 32));
+            const __m256i h = _mm256_loadu_si256((const __m256i *)(x[i].qh + 32 * n));
+            const __m256i q[4] = {
+                _mm256_or_si256(_mm256_and_si256(l0, m4), _mm256_and_si256(_mm256_slli_epi16(h, 4), m30)),
+                _mm256_or_si256(_mm256_and_si256(l1, m4), _mm256_and_si256(_mm256_slli_epi16(h, 2), m30)),
+                _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l0, 4), m4), _mm256_and_si256(h, m30)),
+                _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l1, 4), m4), _mm256_and_si256(_mm256_srli_epi16(h, 2), m30)),
+            };
+            for (int g = 0; g < 4; g++) {
+                const int G = 4 * n + g;
+                const __m256i sg = _mm256_shuffle_epi8(scales, KQ_SHUF(G));
+                for (int r = 0; r < R; r++) {
+                    const __m256i p = _mm256_maddubs_epi16(q[g], _mm256_loadu_si256((const __m256i *)(ys[r][i].qs + 32 * G)));
+                    sumi[r] = _mm256_add_epi32(sumi[r], _mm256_madd_epi16(p, sg));
+                }
+            }
+        }
+        for (int r = 0; r < R; r++) acc[r] = _mm256_fmadd_ps(_mm256_set1_ps(ys[r][i].d * dw), _mm256_cvtepi32_ps(sumi[r]), acc[r]);
     }
-    return li_hsum8(acc);
+    for (int r = 0; r < R; r++) out[r] = li_hsum8(acc[r]);
 }
 
 #endif /* __AVX2__ */
 
 /* ---------------------------------------------------------------- entry points */
 
-void li_vec_dot_q4_K_q8_K(int64_t k, float *s, const void *w, const void *y) {
+/* R rows (1..KQ_TILE, a constant after inlining) of activations against weight row w */
+static inline __attribute__((always_inline)) void kq_dots(int type, const int R, int64_t nb, const void *w,
+                                                          const li_block_q8_K *const *ys, float *out) {
 #if defined(__AVX2__)
-    *s = kq_dot_q4_K_avx2(k / QK_K, (const kq_block_q4_K *)w, (const li_block_q8_K *)y);
+    if (type == LI_Q6_K) kq_dots_q6_K(R, nb, (const kq_block_q6_K *)w, ys, out);
+    else kq_dots_q45_K(type == LI_Q5_K, R, nb, w, ys, out);
 #else
-    *s = kq_dot_q4_K_scalar(k / QK_K, (const kq_block_q4_K *)w, (const li_block_q8_K *)y);
+    for (int r = 0; r < R; r++)
+        out[r] = type == LI_Q4_K ? kq_dot_q4_K_scalar(nb, (const kq_block_q4_K *)w, ys[r])
+                 : type == LI_Q5_K ? kq_dot_q5_K_scalar(nb, (const kq_block_q5_K *)w, ys[r])
+                                   : kq_dot_q6_K_scalar(nb, (const kq_block_q6_K *)w, ys[r]);
 #endif
+}
+
+/* rows [r0, r1) of a K-quant matrix against n activation rows in Q8_K form (k/256 blocks each) */
+static inline __attribute__((always_inline)) void kq_rows(int type, const uint8_t *w, int64_t row_bytes, int64_t r0,
+                                                          int64_t r1, int64_t k, const li_block_q8_K *a, int64_t n,
+                                                          float *y, int64_t ldy) {
+    const int64_t nb = k / QK_K;
+    float res[KQ_TILE];
+    const li_block_q8_K *ys[KQ_TILE];
+    for (int64_t r = r0; r < r1; r++) {
+        const uint8_t *wr = w + r * row_bytes;
+        li_prefetch_row(wr, row_bytes);
+        for (int64_t j = 0, R; j < n; j += R) {
+            R = n - j >= KQ_TILE ? KQ_TILE : n - j > 4 ? 4 : n - j; /* tiles of KQ_TILE, then of 4 or fewer */
+            for (int64_t t = 0; t < R; t++) ys[t] = a + (j + t) * nb;
+            switch (R) {
+            case 1: kq_dots(type, 1, nb, wr, ys, res); break;
+            case 2: kq_dots(type, 2, nb, wr, ys, res); break;
+            case 3: kq_dots(type, 3, nb, wr, ys, res); break;
+            case 4: kq_dots(type, 4, nb, wr, ys, res); break;
+#if KQ_TILE == 8
+            default: kq_dots(type, 8, nb, wr, ys, res); break;
+#endif
+            }
+            for (int64_t t = 0; t < R; t++) y[(j + t) * ldy + r] = res[t];
+        }
+    }
+}
+
+void li_rows_q4_K(const void *w, int64_t row_bytes, int64_t r0, int64_t r1, int64_t k, const li_block_q8_K *a,
+                  int64_t n, float *y, int64_t ldy) {
+    kq_rows(LI_Q4_K, (const uint8_t *)w, row_bytes, r0, r1, k, a, n, y, ldy);
+}
+
+void li_rows_q5_K(const void *w, int64_t row_bytes, int64_t r0, int64_t r1, int64_t k, const li_block_q8_K *a,
+                  int64_t n, float *y, int64_t ldy) {
+    kq_rows(LI_Q5_K, (const uint8_t *)w, row_bytes, r0, r1, k, a, n, y, ldy);
+}
+
+void li_rows_q6_K(const void *w, int64_t row_bytes, int64_t r0, int64_t r1, int64_t k, const li_block_q8_K *a,
+                  int64_t n, float *y, int64_t ldy) {
+    kq_rows(LI_Q6_K, (const uint8_t *)w, row_bytes, r0, r1, k, a, n, y, ldy);
+}
+
+void li_vec_dot_q4_K_q8_K(int64_t k, float *s, const void *w, const void *y) {
+    const li_block_q8_K *ys[1] = {(const li_block_q8_K *)y};
+    kq_dots(LI_Q4_K, 1, k / QK_K, w, ys, s);
 }
 
 void li_vec_dot_q5_K_q8_K(int64_t k, float *s, const void *w, const void *y) {
-#if defined(__AVX2__)
-    *s = kq_dot_q5_K_avx2(k / QK_K, (const kq_block_q5_K *)w, (const li_block_q8_K *)y);
-#else
-    *s = kq_dot_q5_K_scalar(k / QK_K, (const kq_block_q5_K *)w, (const li_block_q8_K *)y);
-#endif
+    const li_block_q8_K *ys[1] = {(const li_block_q8_K *)y};
+    kq_dots(LI_Q5_K, 1, k / QK_K, w, ys, s);
 }
 
 void li_vec_dot_q6_K_q8_K(int64_t k, float *s, const void *w, const void *y) {
-#if defined(__AVX2__)
-    *s = kq_dot_q6_K_avx2(k / QK_K, (const kq_block_q6_K *)w, (const li_block_q8_K *)y);
-#else
-    *s = kq_dot_q6_K_scalar(k / QK_K, (const kq_block_q6_K *)w, (const li_block_q8_K *)y);
-#endif
+    const li_block_q8_K *ys[1] = {(const li_block_q8_K *)y};
+    kq_dots(LI_Q6_K, 1, k / QK_K, w, ys, s);
 }

@@ -32,6 +32,8 @@ typedef void (*li_rows_q8a_fn)(const void *w, int64_t row_bytes, int64_t r0, int
                                int64_t n, float *y, int64_t ldy);
 typedef void (*li_rows_f_fn)(const void *w, int64_t row_bytes, int64_t r0, int64_t r1, int64_t k, const float *x,
                              int64_t n, float *y, int64_t ldy);
+typedef void (*li_rows_k_fn)(const void *w, int64_t row_bytes, int64_t r0, int64_t r1, int64_t k,
+                             const li_block_q8_K *a, int64_t n, float *y, int64_t ldy);
 
 void li_quantize_q8a(const float *x, int64_t k, int8_t *qs, float *d, float *s, int64_t b0, int64_t b1, int plain);
 int64_t li_q8a_scale_stride(int64_t k);
@@ -42,6 +44,9 @@ void li_rows_q5_1(const void *, int64_t, int64_t, int64_t, int64_t, const li_q8a
 void li_rows_q8_0(const void *, int64_t, int64_t, int64_t, int64_t, const li_q8a *, int64_t, float *, int64_t);
 void li_rows_f16(const void *, int64_t, int64_t, int64_t, int64_t, const float *, int64_t, float *, int64_t);
 void li_rows_f32(const void *, int64_t, int64_t, int64_t, int64_t, const float *, int64_t, float *, int64_t);
+void li_rows_q4_K(const void *, int64_t, int64_t, int64_t, int64_t, const li_block_q8_K *, int64_t, float *, int64_t);
+void li_rows_q5_K(const void *, int64_t, int64_t, int64_t, int64_t, const li_block_q8_K *, int64_t, float *, int64_t);
+void li_rows_q6_K(const void *, int64_t, int64_t, int64_t, int64_t, const li_block_q8_K *, int64_t, float *, int64_t);
 
 /* ---- amx.c --------------------------------------------------------------------------- */
 int li_amx_usable(void);
@@ -114,7 +119,7 @@ typedef struct {
     int cost;      /* relative work per block, for splitting rows between threads */
     li_rows_q8a_fn rows_q8a;
     li_rows_f_fn rows_f;
-    void (*dot_k)(int64_t, float *, const void *, const void *);
+    li_rows_k_fn rows_k;
 } li_type;
 
 static int type_info(int t, li_type *ti) {
@@ -127,9 +132,9 @@ static int type_info(int t, li_type *ti) {
     case LI_Q5_0: *ti = (li_type){32, 22, FMT_Q8A, 32, li_rows_q5_0, 0, 0}; return 0;
     case LI_Q5_1: *ti = (li_type){32, 24, FMT_Q8A, 34, li_rows_q5_1, 0, 0}; return 0;
     case LI_Q8_0: *ti = (li_type){32, 34, FMT_Q8A, 36, li_rows_q8_0, 0, 0}; return 0;
-    case LI_Q4_K: *ti = (li_type){256, 144, FMT_Q8K, 180, 0, 0, li_vec_dot_q4_K_q8_K}; return 0;
-    case LI_Q5_K: *ti = (li_type){256, 176, FMT_Q8K, 220, 0, 0, li_vec_dot_q5_K_q8_K}; return 0;
-    case LI_Q6_K: *ti = (li_type){256, 210, FMT_Q8K, 250, 0, 0, li_vec_dot_q6_K_q8_K}; return 0;
+    case LI_Q4_K: *ti = (li_type){256, 144, FMT_Q8K, 180, 0, 0, li_rows_q4_K}; return 0;
+    case LI_Q5_K: *ti = (li_type){256, 176, FMT_Q8K, 220, 0, 0, li_rows_q5_K}; return 0;
+    case LI_Q6_K: *ti = (li_type){256, 210, FMT_Q8K, 250, 0, 0, li_rows_q6_K}; return 0;
     default: return -1;
     }
 }
@@ -189,14 +194,7 @@ static void run_rows(const li_work *wk, int i, int64_t r0, int64_t r1, int threa
     switch (ti->fmt) {
     case FMT_FLOAT: ti->rows_f(wk->w[i], wk->row_bytes[i], r0, r1, wk->k, wk->x + wk->n_fast * wk->k, n, y, ldy); break;
     case FMT_Q8A: ti->rows_q8a(wk->w[i], wk->row_bytes[i], r0, r1, wk->k, &wk->a, n, y, ldy); break;
-    default: {
-        const int64_t nbk = wk->k / LI_QK_K;
-        for (int64_t r = r0; r < r1; r++) {
-            const uint8_t *wr = wk->w[i] + r * wk->row_bytes[i];
-            li_prefetch_row(wr, wk->row_bytes[i]);
-            for (int64_t j = 0; j < n; j++) ti->dot_k(wk->k, &y[j * ldy + r], wr, wk->a8k + j * nbk);
-        }
-    }
+    default: ti->rows_k(wk->w[i], wk->row_bytes[i], r0, r1, wk->k, wk->a8k, n, y, ldy); break;
     }
 }
 
