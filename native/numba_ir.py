@@ -883,7 +883,10 @@ def axpy_f16(typingctx, o, p, v):
 
 @njit(cache=True, inline="always")
 def exp_scores(scores, t, mx):  # pragma: no cover - jitted
-    """scores[j] = e^(scores[j] - mx) for j < t; returns 1 / their sum (the softmax's scale)."""
+    """scores[j] = e^(scores[j] - mx) for j < t; returns 1 / their sum (the softmax's scale).
+
+    numba_ops' `_attention_typed` inlines it too, and Numba's cache of that file does not
+    notice an edit here: delete native/__pycache__ after changing it."""
     total = np.float32(0.0)
     for j in range(t):
         scores[j] = np.exp(scores[j] - mx)

@@ -31,7 +31,6 @@
 #define KQ_TILE 4
 #endif
 
-
 #if defined(__GNUC__)
 #define KQ_UNUSED __attribute__((unused))
 #else
