@@ -79,6 +79,7 @@ class ChatApp(App):
         self.open_chat_id = chat_id
         self.pending_settings: dict[str, object] = {}  # a new chat's settings, until it is saved
         self.reply: Reply | None = None  # the reply streaming now
+        self._dropped_told = 0  # how many trimmed messages the user has been told of, for the reply streaming now
         self.editing: int | None = None  # the position of the user message being edited
         self._view: MessageView | None = None
         self._stream = None  # the Markdown stream of the reply being written
@@ -259,8 +260,8 @@ class ChatApp(App):
         except UserError as e:  # the conversation cannot fit, even trimmed
             self.notify(str(e), title="Not sent", severity="error", timeout=10)
             return
-        if reply.dropped:
-            self.notify(f"The conversation outgrew the context: the {reply.dropped} oldest messages were left out (the system prompt stays).", severity="warning")
+        self._tell_dropped(reply)
+        self._dropped_told = reply.dropped
         self.reply = reply
         self._text = []
         self._view = MessageView("assistant", note="writing…")
@@ -298,7 +299,14 @@ class ChatApp(App):
         if self.reply is not None:
             self.show_status(self.reply.figures, streaming=True)
 
+    def _tell_dropped(self, reply: Reply, told: int = 0) -> None:
+        """Say when the conversation was trimmed: before a local reply, after a remote one (an
+        endpoint's refusal is what tells a remote reply to trim); `told`: said already."""
+        if reply.dropped > told:
+            self.notify(f"The conversation outgrew the context: the {reply.dropped} oldest messages were left out (the system prompt stays).", severity="warning")
+
     async def finish_reply(self, reply: Reply, position: int | None, error: str | None) -> None:
+        self._tell_dropped(reply, told=self._dropped_told)
         if self._stream is not None:
             await self._stream.stop()
             self._stream = None

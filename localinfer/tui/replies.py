@@ -194,7 +194,33 @@ class remote_errors:
         return False
 
 
+def _context_overflow(error: Exception) -> bool:
+    """Does an endpoint's 400 say the prompt does not fit its context? Ours, llama-server,
+    vLLM and OpenAI all name the context in that message."""
+    return "context" in str(getattr(error, "message", error)).lower()
+
+
 class _RemoteReply(Reply):
+    def _create(self, given: dict[str, object], extra_body: dict[str, object] | None):
+        """The streaming request. An endpoint does not say its context size, so a conversation
+        it refuses as too long loses its oldest message (never the system prompt or the newest
+        turn) and is sent again, as the in-process model trims before it sends."""
+        import openai
+
+        messages = list(self.messages)
+        while True:
+            try:
+                return self.model.client.chat.completions.create(
+                    model=self.model.name, messages=messages, stream=True, stream_options={"include_usage": True},
+                    **given, extra_body=extra_body,
+                )  # fmt: skip
+            except openai.BadRequestError as e:
+                oldest = next((i for i, m in enumerate(messages[:-1]) if m["role"] != "system"), None)
+                if oldest is None or not _context_overflow(e):
+                    raise
+                del messages[oldest]
+                self.dropped += 1
+
     def __init__(self, model: RemoteModel, messages: list[Message], settings: dict[str, object]) -> None:
         self.model, self.messages, self.settings = model, messages, settings
         self.figures = ReplyFigures()
@@ -207,10 +233,7 @@ class _RemoteReply(Reply):
         given = {k: v for k, v in self.settings.items() if v is not None}
         extra = {k: v for k, v in given.items() if k not in openai_names}  # top_k, min_p, repeat_penalty: llama-server's and ours
         with remote_errors(self.model.url):
-            self._response = self.model.client.chat.completions.create(
-                model=self.model.name, messages=self.messages, stream=True, stream_options={"include_usage": True},
-                **{k: v for k, v in given.items() if k in openai_names}, extra_body=extra or None,
-            )  # fmt: skip
+            self._response = self._create(given={k: v for k, v in given.items() if k in openai_names}, extra_body=extra or None)
             try:
                 for chunk in self._response:
                     if chunk.usage is not None:

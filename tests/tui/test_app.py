@@ -11,6 +11,7 @@ import time
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 
+import openai
 import pytest
 
 from localinfer.cli.chat import model_loader
@@ -354,6 +355,37 @@ def test_the_url_mode_talks_to_a_real_localinfer_serve(tmp_path: Path) -> None:
         assert reply.content == want.choices[0].message.content
         assert (reply.tokens, reply.prompt_tokens, reply.finish_reason) == (want.usage.completion_tokens, want.usage.prompt_tokens, "length")
         assert store.chat(chat_id).url == server.url
+    finally:
+        assert server.stop()[0] == 0
+
+
+def test_a_long_remote_conversation_drops_its_oldest_turns_and_says_so(tmp_path: Path) -> None:
+    """An endpoint does not say its context: the app trims when the server refuses (a real
+    `localinfer serve` with a 256-token context), keeps the system prompt, and says so."""
+    from ..server.test_serve import Server
+
+    server = Server("--parallel", "1", "--ctx", "256")
+    try:
+        store, chat_id = greedy_store(tmp_path, {"system": "Be brief.", "max_tokens": 8})
+        store.set_model(chat_id, "smollm2:135m", server.url)
+        for i in range(6):
+            store.add(chat_id, "user", f"Question {i}: " + "words " * 30)
+            store.add(chat_id, "assistant", "An answer " * 10)
+        client = server.client()
+        whole = [{"role": "system", "content": "Be brief."}] + [{"role": m.role, "content": m.content} for m in store.messages(chat_id)]
+        with pytest.raises(openai.BadRequestError):  # what the app meets first
+            client.chat.completions.create(model="smollm2:135m", messages=whole + [{"role": "user", "content": "And now?"}], max_tokens=8)
+
+        async def test() -> None:
+            app = new_app(store, chat_id=chat_id)
+            async with app.run_test(size=SIZE) as pilot:
+                await send(pilot, app, "And now?")
+                assert any("oldest messages were left out" in n.message for n in app._notifications)
+
+        run(test)
+        reply = store.messages(chat_id)[-1]
+        assert reply.role == "assistant" and reply.finish_reason in ("length", "stop") and reply.content
+        assert reply.prompt_tokens + 8 <= 256
     finally:
         assert server.stop()[0] == 0
 
