@@ -103,6 +103,34 @@ def _load(b, base, off, ty):
     return b.load(b.bitcast(p, ty.as_pointer()), align=1)
 
 
+def _f16_to_f32(b, f16_native, h):
+    """float16 bits (an i16, or a vector of them) as float32. Without hardware conversion, a
+    portable bit trick: exponent rebias by a multiply (handles zero and subnormals), inf/nan
+    patched with a select, sign or-ed back."""
+    n = h.type.count if isinstance(h.type, ir.VectorType) else 0
+
+    def ty(t):
+        return ir.VectorType(t, n) if n else t
+
+    def k(t, v):
+        return _vconst(t, [v] * n) if n else _c(t, v)
+
+    if f16_native:
+        return b.fpext(b.bitcast(h, ty(HALF)), ty(F32))
+    h32 = b.zext(h, ty(I32))
+    em = b.shl(b.and_(h32, k(I32, 0x7FFF)), k(I32, 13))
+    f = b.bitcast(b.fmul(b.bitcast(em, ty(F32)), k(F32, 2.0**112)), ty(I32))
+    isinf = b.icmp_unsigned("==", b.and_(h32, k(I32, 0x7C00)), k(I32, 0x7C00))
+    f = b.select(isinf, b.or_(em, k(I32, 0x7F800000)), f)
+    sign = b.shl(b.and_(h32, k(I32, 0x8000)), k(I32, 16))
+    return b.bitcast(b.or_(f, sign), ty(F32))
+
+
+def _halves8(b, f16_native, ptr, off):
+    """8 float32 from the 8 float16 at byte offset `off`."""
+    return _f16_to_f32(b, f16_native, _load(b, ptr, off, ir.VectorType(I16, 8)))
+
+
 class _Ctx:
     def __init__(self, b, f16_native, int8=False, xq=None, xqd=None, xk=None, xkd=None, xkb=None):
         self.b = b
@@ -116,20 +144,7 @@ class _Ctx:
 
     def half(self, base, off):
         """float32 from the fp16 at byte offset `off`."""
-        b = self.b
-        h = _load(b, base, off, I16)
-        if self.f16_native:
-            return b.fpext(b.bitcast(h, HALF), F32)
-        # Portable bit trick: exponent rebias by a multiply (handles zero and subnormals),
-        # inf/nan patched with a select, sign or-ed back.
-        h32 = b.zext(h, I32)
-        em = b.shl(b.and_(h32, _c(I32, 0x7FFF)), _c(I32, 13))
-        f = b.fmul(b.bitcast(em, F32), _c(F32, 2.0**112))
-        fb = b.bitcast(f, I32)
-        isinf = b.icmp_unsigned("==", b.and_(h32, _c(I32, 0x7C00)), _c(I32, 0x7C00))
-        fb = b.select(isinf, b.or_(em, _c(I32, 0x7F800000)), fb)
-        sign = b.shl(b.and_(h32, _c(I32, 0x8000)), _c(I32, 16))
-        return b.bitcast(b.or_(fb, sign), F32)
+        return _f16_to_f32(self.b, self.f16_native, _load(self.b, base, off, I16))
 
     def fma(self, a, c, acc):
         return _fma(self.b, a, c, acc)
@@ -304,13 +319,7 @@ def _float(qtype):
         if qtype == Q.F32:
             wv = _load(b, w, b.mul(i, _c(I64, 32)), V8F)
         else:
-            h = _load(b, w, b.mul(i, _c(I64, 16)), ir.VectorType(I16, 8))
-            if cx.f16_native:
-                wv = b.fpext(b.bitcast(h, ir.VectorType(HALF, 8)), V8F)
-            else:
-                wv = ir.Constant(V8F, ir.Undefined)
-                for k in range(8):
-                    wv = b.insert_element(wv, cx.half(w, b.add(b.mul(i, _c(I64, 16)), _c(I64, 2 * k))), _c(I32, k))
+            wv = _halves8(b, cx.f16_native, w, b.mul(i, _c(I64, 16)))
         xv = _load(b, x, b.mul(i, _c(I64, 32)), V8F)
         return [cx.fma(wv, xv, accs[0]), accs[1], accs[2], accs[3]]
 
@@ -813,21 +822,6 @@ rowdot8 = _rowdots_intrinsic(8)
 # dot product is one serial chain of adds, which LLVM may not reorder; here it is 8 lanes.
 
 
-def _halves8(b, f16_native, ptr, off):
-    """8 float32 from the 8 float16 at byte offset `off`."""
-    h = _load(b, ptr, off, ir.VectorType(I16, 8))
-    if f16_native:
-        return b.fpext(b.bitcast(h, ir.VectorType(HALF, 8)), V8F)
-    # _Ctx.half's bit trick, on 8 lanes.
-    h32 = b.zext(h, V8I32)
-    em = b.shl(b.and_(h32, _vconst(I32, [0x7FFF] * 8)), _vconst(I32, [13] * 8))
-    f = b.bitcast(b.fmul(b.bitcast(em, V8F), _vconst(F32, [2.0**112] * 8)), V8I32)
-    isinf = b.icmp_unsigned("==", b.and_(h32, _vconst(I32, [0x7C00] * 8)), _vconst(I32, [0x7C00] * 8))
-    f = b.select(isinf, b.or_(em, _vconst(I32, [0x7F800000] * 8)), f)
-    sign = b.shl(b.and_(h32, _vconst(I32, [0x8000] * 8)), _vconst(I32, [16] * 8))
-    return b.bitcast(b.or_(f, sign), V8F)
-
-
 def _vector_arg(context, b, aty, val):
     ary = context.make_array(aty)(context, b, val)
     return b.bitcast(ary.data, I8.as_pointer()), cgutils.unpack_tuple(b, ary.shape, 1)[0]
@@ -996,10 +990,8 @@ def _rows(w, r, x, xs16, xs32, xq, xqd, xk, xkd, xkb, o):  # pragma: no cover - 
         j += 8
     while j + 4 <= n:
         d = rowdot4(w, r, x, j, xs16, xs32, xq, xqd, xk, xkd, xkb)
-        o[j, r] = d[0]
-        o[j + 1, r] = d[1]
-        o[j + 2, r] = d[2]
-        o[j + 3, r] = d[3]
+        for t in range(4):
+            o[j + t, r] = d[t]
         j += 4
     while j < n:
         o[j, r] = rowdot(w, r, x, j, xs16, xs32, xq, xqd, xk, xkd, xkb)

@@ -201,6 +201,12 @@ def _context_overflow(error: Exception) -> bool:
 
 
 class _RemoteReply(Reply):
+    def __init__(self, model: RemoteModel, messages: list[Message], settings: dict[str, object]) -> None:
+        self.model, self.messages, self.settings = model, messages, settings
+        self.figures = ReplyFigures()
+        self._cancelled = threading.Event()
+        self._response = None
+
     def _create(self, given: dict[str, object], extra_body: dict[str, object] | None):
         """The streaming request. An endpoint does not say its context size, so a conversation
         it refuses as too long loses its oldest message (never the system prompt or the newest
@@ -220,12 +226,6 @@ class _RemoteReply(Reply):
                     raise
                 del messages[oldest]
                 self.dropped += 1
-
-    def __init__(self, model: RemoteModel, messages: list[Message], settings: dict[str, object]) -> None:
-        self.model, self.messages, self.settings = model, messages, settings
-        self.figures = ReplyFigures()
-        self._cancelled = threading.Event()
-        self._response = None
 
     def __iter__(self) -> Iterator[str]:
         clock, f = _Clock(), self.figures

@@ -151,6 +151,18 @@ static inline __m256i li_dot_i8_i8(__m256i w, const int8_t *a) {
 
 #define LI_QK_K 256
 
+/* Activation rows per tile of the n-row products (legacy.c, kquants.c): each weight block is
+ * unpacked once per tile. AVX-512 has 32 vector registers, room for 8 rows' sums; AVX2's 16
+ * hold 4. */
+#if defined(__AVX512VL__) && defined(__FMA__) && defined(__F16C__)
+#define LI_TILE 8
+#else
+#define LI_TILE 4
+#endif
+
+/* the rows of the tile that starts with `left` rows to go: whole tiles, then 4 or fewer */
+static inline int64_t li_tile_rows(int64_t left) { return left >= LI_TILE ? LI_TILE : left > 4 ? 4 : left; }
+
 /* Ask the cache for a weight row LI_PREFETCH bytes ahead of the one about to be read. The
  * hardware prefetcher alone left a matvec streaming from RAM at 15 GB/s where it can take 18
  * on two cores (the Numba set measured the same gap). A prefetch never faults, so reading

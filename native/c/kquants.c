@@ -21,15 +21,9 @@
 
 #define QK_K LI_QK_K
 
-/* Activation rows per call (1..KQ_TILE): each weight block is unpacked once for all of
- * them. Every row's sums run in the same order for every R (and integer sums are exact),
- * so a row's result never depends on the rows beside it: a K-row verify equals decoding.
- * AVX-512 has the registers for 8 rows' sums, AVX2 for 4. */
-#if defined(__AVX512VL__)
-#define KQ_TILE 8
-#else
-#define KQ_TILE 4
-#endif
+/* The n-row products take tiles of LI_TILE activation rows (kernels.h). Every row's sums run
+ * in the same order for every tile size (and integer sums are exact), so a row's result never
+ * depends on the rows beside it: a K-row verify equals decoding. */
 
 #if defined(__GNUC__)
 #define KQ_UNUSED __attribute__((unused))
@@ -335,7 +329,7 @@ static inline __attribute__((always_inline)) void kq_dots_q45_K(const int Q5, co
     const __m256i m4 = _mm256_set1_epi8(0x0f), m16 = _mm256_set1_epi8(0x10);
     const __m256i dup = _mm256_loadu_si256((const __m256i *)kq_dup16);
     const int64_t bsz = Q5 ? sizeof(kq_block_q5_K) : sizeof(kq_block_q4_K);
-    __m256 acc[KQ_TILE];
+    __m256 acc[LI_TILE];
     for (int r = 0; r < R; r++) acc[r] = _mm256_setzero_ps();
     for (int64_t i = 0; i < nb; i++) {
         const uint8_t *blk = (const uint8_t *)xv + i * bsz;
@@ -345,8 +339,8 @@ static inline __attribute__((always_inline)) void kq_dots_q45_K(const int Q5, co
         kq_unpack_scales(Q5 ? x5->scales : x4->scales, &sc, &mn);
         /* mins: 8 mins (each twice) against the 16 block sums */
         const __m256i mins = _mm256_shuffle_epi8(_mm256_set1_epi64x((long long)mn), dup);
-        __m128 dd[KQ_TILE];
-        __m256i sumi[KQ_TILE];
+        __m128 dd[LI_TILE];
+        __m256i sumi[LI_TILE];
         for (int r = 0; r < R; r++) {
             dd[r] = kq_dd(Q5 ? &x5->d : &x4->d, ys[r][i].d);
             acc[r] = kq_mins(mins, &ys[r][i], dd[r], acc[r]);
@@ -383,7 +377,7 @@ static inline __attribute__((always_inline)) void kq_dots_q6_K(const int R, int6
      * low lane holds scales 0,2,..,14 and the high lane 1,3,..,15: broadcasting element
      * g of each lane gives the pair (2g, 2g+1) for the 32 values of group g. */
     const __m128i evens_odds = _mm_setr_epi8(0, 2, 4, 6, 8, 10, 12, 14, 1, 3, 5, 7, 9, 11, 13, 15);
-    __m256 acc[KQ_TILE];
+    __m256 acc[LI_TILE];
     for (int r = 0; r < R; r++) acc[r] = _mm256_setzero_ps();
     for (int64_t i = 0; i < nb; i++) {
         const float dw = li_fp16_to_fp32(x[i].d);
@@ -391,7 +385,7 @@ static inline __attribute__((always_inline)) void kq_dots_q6_K(const int R, int6
         const __m256i sc16 = _mm256_cvtepi8_epi16(sc8);
         const __m256i scales = _mm256_cvtepi8_epi16(_mm_shuffle_epi8(sc8, evens_odds));
         /* q6 - 32: the -32 goes through the block sums, 32 * sum(scale * bsum). */
-        __m256i sumi[KQ_TILE];
+        __m256i sumi[LI_TILE];
         for (int r = 0; r < R; r++)
             sumi[r] = _mm256_sub_epi32(_mm256_setzero_si256(),
                                        _mm256_slli_epi32(_mm256_madd_epi16(sc16, _mm256_loadu_si256((const __m256i *)ys[r][i].bsums)), 5));
@@ -423,7 +417,7 @@ static inline __attribute__((always_inline)) void kq_dots_q6_K(const int R, int6
 
 /* ---------------------------------------------------------------- entry points */
 
-/* R rows (1..KQ_TILE, a constant after inlining) of activations against weight row w */
+/* R rows (1..LI_TILE, a constant after inlining) of activations against weight row w */
 static inline __attribute__((always_inline)) void kq_dots(int type, const int R, int64_t nb, const void *w,
                                                           const li_block_q8_K *const *ys, float *out) {
 #if defined(__AVX2__)
@@ -442,20 +436,20 @@ static inline __attribute__((always_inline)) void kq_rows(int type, const uint8_
                                                           int64_t r1, int64_t k, const li_block_q8_K *a, int64_t n,
                                                           float *y, int64_t ldy) {
     const int64_t nb = k / QK_K;
-    float res[KQ_TILE];
-    const li_block_q8_K *ys[KQ_TILE];
+    float res[LI_TILE];
+    const li_block_q8_K *ys[LI_TILE];
     for (int64_t r = r0; r < r1; r++) {
         const uint8_t *wr = w + r * row_bytes;
         li_prefetch_row(wr, row_bytes);
         for (int64_t j = 0, R; j < n; j += R) {
-            R = n - j >= KQ_TILE ? KQ_TILE : n - j > 4 ? 4 : n - j; /* tiles of KQ_TILE, then of 4 or fewer */
+            R = li_tile_rows(n - j);
             for (int64_t t = 0; t < R; t++) ys[t] = a + (j + t) * nb;
             switch (R) {
             case 1: kq_dots(type, 1, nb, wr, ys, res); break;
             case 2: kq_dots(type, 2, nb, wr, ys, res); break;
             case 3: kq_dots(type, 3, nb, wr, ys, res); break;
             case 4: kq_dots(type, 4, nb, wr, ys, res); break;
-#if KQ_TILE == 8
+#if LI_TILE == 8
             default: kq_dots(type, 8, nb, wr, ys, res); break;
 #endif
             }

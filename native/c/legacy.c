@@ -337,14 +337,6 @@ static inline __attribute__((always_inline)) void octet_scales(const int KIND, c
 }
 #endif
 
-/* Activation rows per tile: each weight block is unpacked once per tile. AVX-512 has 32
- * vector registers, room for 8 rows' accumulators; AVX2's 16 hold 4. */
-#if defined(__AVX512VL__) && defined(LI_SIMD)
-#define LI_TILE 8
-#else
-#define LI_TILE 4
-#endif
-
 /* R activation rows (1..LI_TILE) at a: row r's qs at a->qs + r*k, its scales at + r*ss */
 static inline __attribute__((always_inline)) void dot_legacy(const int KIND, const int R, int64_t k, int64_t ss,
                                                              const uint8_t *w, const li_q8a *a, float *out) {
@@ -466,7 +458,7 @@ static inline __attribute__((always_inline)) void rows_legacy(const int KIND, co
         }
         for (int64_t j = 0, R; j < n; j += R) {
             const li_q8a t = {a->qs + j * k, a->d + j * ss, a->s + j * ss};
-            R = n - j >= LI_TILE ? LI_TILE : n - j > 4 ? 4 : n - j; /* tiles of LI_TILE, then of 4 or fewer */
+            R = li_tile_rows(n - j);
             switch (R) {
             case 1: dot_legacy(KIND, 1, k, ss, wr, &t, res); break;
             case 2: dot_legacy(KIND, 2, k, ss, wr, &t, res); break;
