@@ -74,8 +74,9 @@ class QMatrix:
 # x is float32 [n, cols] C-contiguous; outs[i] is float32 [n, mats[i].rows] C-contiguous,
 # written in place. n = 1 is decode; n > 1 is prefill or speculative verification.
 # Every row's result depends on that row alone, bit for bit, except that the first n_fast
-# rows may take a faster path that rounds differently (AMX tiles in the C set; the forward
-# gives it the prompt rows whose logits nobody reads). A set without one ignores n_fast.
+# rows may take a faster path that rounds differently (AMX tiles for the K-quants in the C
+# set; the forward gives it the prompt rows whose logits nobody reads). A set without one
+# ignores n_fast.
 MatmulOp = Callable[..., None]
 
 

@@ -130,24 +130,34 @@ static inline __m256i li_dpbusd(__m256i acc, __m256i u, __m256i s) { return _mm2
 #endif
 
 /* unsigned bytes (<= 31) times signed bytes: 8 int32 partial sums */
-static inline __m256i li_dot_u8_i8(__m256i u, const int8_t *a) {
+static inline __m256i li_dot_u8_i8v(__m256i u, __m256i a) {
 #ifdef LI_VNNI
-    return li_dpbusd(_mm256_setzero_si256(), u, _mm256_loadu_si256((const __m256i *)a));
+    return li_dpbusd(_mm256_setzero_si256(), u, a);
 #else
-    return li_madd1(_mm256_maddubs_epi16(u, _mm256_loadu_si256((const __m256i *)a)));
+    return li_madd1(_mm256_maddubs_epi16(u, a));
 #endif
 }
 
 /* signed times signed, by moving w's sign onto a (|w| <= 128 fits the unsigned side) */
-static inline __m256i li_dot_i8_i8(__m256i w, const int8_t *a) {
-    const __m256i av = _mm256_loadu_si256((const __m256i *)a);
-#ifdef LI_VNNI
-    return li_dpbusd(_mm256_setzero_si256(), _mm256_sign_epi8(w, w), _mm256_sign_epi8(av, w));
-#else
-    return li_madd1(_mm256_maddubs_epi16(_mm256_sign_epi8(w, w), _mm256_sign_epi8(av, w)));
-#endif
+static inline __m256i li_dot_i8_i8v(__m256i w, __m256i a) {
+    return li_dot_u8_i8v(_mm256_sign_epi8(w, w), _mm256_sign_epi8(a, w));
+}
+
+static inline __m256i li_dot_u8_i8(__m256i u, const int8_t *a) { return li_dot_u8_i8v(u, _mm256_loadu_si256((const __m256i *)a)); }
+static inline __m256i li_dot_i8_i8(__m256i w, const int8_t *a) { return li_dot_i8_i8v(w, _mm256_loadu_si256((const __m256i *)a)); }
+
+/* the sum of a vector's eight int32 */
+static inline int32_t li_hsum_i32(__m256i v) {
+    __m128i s = _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
+    s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0x4E));
+    s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0xB1));
+    return _mm_cvtsi128_si32(s);
 }
 #endif
+
+/* The legacy row dots reduce each octet of blocks (8o .. 8o+7) to one register of eight
+ * block sums in the order [0 2 4 6 1 3 5 7]: block q of an octet sits in this lane. */
+#define LI_OCTET_LANE(q) (((q) & 1) * 4 + ((q) >> 1))
 
 #define LI_QK_K 256
 
@@ -191,6 +201,9 @@ static inline void li_legacy_values(const uint8_t *qs, uint32_t qh, int8_t *q) {
         q[i + 16] = (int8_t)((qs[i] >> 4) | (((qh >> (i + 16)) & 1) << 4));
     }
 }
+
+/* the three layouts of li_quantize_q8a (legacy.c) */
+enum { LI_Q8A_PAIRS = 0, LI_Q8A_PLAIN = 1, LI_Q8A_TILES = 2 };
 
 /* Q8_K activation block: float scale, 256 int8, and 16 sums of 16 values each
  * (the K-quant dots need those sums for the mins). Layout as ggml's block_q8_K. */

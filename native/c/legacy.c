@@ -89,20 +89,25 @@ static inline __m256i high_bits(uint32_t bits) {
  * of each block of a pair, matching how the weights' nibbles unpack:
  *   qs of a pair (64 bytes): [b0 0..15 | b1 0..15 | b0 16..31 | b1 16..31]
  * A last unpaired block keeps natural order. The scales (one float per block in d and
- * in s, as in the portable build) are permuted inside each full octet of blocks
- * (8o..8o+7) to the order the dots reduce to, blocks [0 2 4 6 1 3 5 7]: one register of
- * 8 int32 block sums then takes one convert and one multiply-add per octet. Blocks
- * after the last full octet keep natural order. */
-int64_t li_q8a_scale_stride(int64_t k) { return k / QK; }
-
-/* where block bl of a row of nb blocks keeps its d and s */
-static inline int64_t scale_pos(int64_t bl, int64_t nb) {
+ * in s, as in the portable build) are permuted inside each octet of blocks (8o..8o+7)
+ * to the order the dots reduce to, blocks [0 2 4 6 1 3 5 7] (LI_OCTET_LANE): one
+ * register of 8 int32 block sums then takes one convert and one multiply-add per octet.
+ * A last partial octet is laid out as a whole one, its missing blocks' scales 0. */
+int64_t li_q8a_scale_stride(int64_t k) {
 #ifdef LI_SIMD
-    if (bl < (nb & ~(int64_t)7)) return (bl & ~(int64_t)7) + ((bl & 1) << 2) + ((bl >> 1) & 3);
+    return (k / QK + 7) & ~(int64_t)7;
 #else
-    (void)nb;
+    return k / QK;
 #endif
+}
+
+/* where block bl keeps its d and s */
+static inline int64_t scale_pos(int64_t bl) {
+#ifdef LI_SIMD
+    return (bl & ~(int64_t)7) + LI_OCTET_LANE(bl & 7);
+#else
     return bl;
+#endif
 }
 
 /* One 32-block: writes qs[0..15] to lo and qs[16..31] to hi, d = amax/127 to *dout,
@@ -164,18 +169,34 @@ static inline int quantize_block(const float *x, int8_t *lo, int8_t *hi, float *
 #endif
 }
 
-/* Blocks [b0, b1) of n rows of k values counted flat (block b is row b / nb), into the
- * q8a layout: row j's qs at qs + j*k, its scales at d/s + j*li_q8a_scale_stride(k).
- * plain: natural order for qs and the scales, whatever the build (for amx.c). */
-void li_quantize_q8a(const float *x, int64_t k, int8_t *qs, float *d, float *s, int64_t b0, int64_t b1, int plain) {
-    const int64_t nb = k / QK, ss = li_q8a_scale_stride(k);
+/* Blocks [b0, b1) of n rows of k values counted flat (block b is row b / nb), into one of
+ * three layouts:
+ *   LI_Q8A_PAIRS: the row dots' (above): row j's qs at qs + j*k, its scales at
+ *                 d/s + j*li_q8a_scale_stride(k);
+ *   LI_Q8A_PLAIN: natural order whatever the build, scales k/32 apart (amx.c's li_amx_rows);
+ *   LI_Q8A_TILES: AMX B tiles of 16 rows (amx.c's li_amx_rows_exact): block bl of row
+ *                 16t + i has its values g*4 .. g*4+3 at qs + (t*nb + bl)*512 + g*64 + i*4,
+ *                 its scales at d/s + (t*nb + bl)*16 + i. */
+void li_quantize_q8a(const float *x, int64_t k, int8_t *qs, float *d, float *s, int64_t b0, int64_t b1, int layout) {
+    const int64_t nb = k / QK, ss = layout == LI_Q8A_PLAIN ? nb : li_q8a_scale_stride(k);
     for (int64_t b = b0; b < b1; b++) {
         const int64_t j = b / nb, bl = b - j * nb;
+        float draw;
+        if (layout == LI_Q8A_TILES) {
+            int8_t v[QK];
+            const int sum = quantize_block(x + b * QK, v, v + 16, &draw);
+            const float dv = li_fp16_to_fp32(li_fp32_to_fp16(draw));
+            const int64_t at = (j / 16) * nb + bl, i = j % 16;
+            for (int g = 0; g < QK / 4; g++) memcpy(qs + at * 512 + g * 64 + i * 4, v + g * 4, 4);
+            d[at * 16 + i] = dv;
+            s[at * 16 + i] = dv * (float)sum;
+            continue;
+        }
         int8_t *rq = qs + j * k;
         float *rd = d + j * ss, *rs = s + j * ss;
         int64_t lo, hi;
 #ifdef LI_SIMD
-        if (!plain && bl < (nb & ~(int64_t)1)) {
+        if (layout == LI_Q8A_PAIRS && bl < (nb & ~(int64_t)1)) {
             lo = (bl >> 1) * 64 + (bl & 1) * 16;
             hi = lo + 32;
         } else {
@@ -186,12 +207,13 @@ void li_quantize_q8a(const float *x, int64_t k, int8_t *qs, float *d, float *s, 
         lo = bl * QK;
         hi = lo + 16;
 #endif
-        float draw;
         const int sum = quantize_block(x + b * QK, rq + lo, rq + hi, &draw);
         const float dv = li_fp16_to_fp32(li_fp32_to_fp16(draw));
-        const int64_t sc = plain ? bl : scale_pos(bl, nb);
+        const int64_t sc = layout == LI_Q8A_PLAIN ? bl : scale_pos(bl);
         rd[sc] = dv;
         rs[sc] = dv * (float)sum;
+        if (layout == LI_Q8A_PAIRS && bl == nb - 1) /* a last partial octet's missing blocks */
+            for (int64_t m = nb; m < ss; m++) rd[scale_pos(m)] = rs[scale_pos(m)] = 0.0f;
     }
 }
 
@@ -337,6 +359,40 @@ static inline __attribute__((always_inline)) void octet_scales(const int KIND, c
 }
 #endif
 
+#ifdef LI_SIMD
+/* a block's 32 values in natural order, as the weights' pairs hold them (unsigned but Q8_0) */
+static inline __attribute__((always_inline)) __m256i odd_values(const int KIND, const uint8_t *b) {
+    if (KIND == 4) return _mm256_loadu_si256((const __m256i *)(b + 2));
+    const __m256i v = li_unpack_nibbles(b + QOFF(KIND));
+    return HAS_QH(KIND) ? _mm256_or_si256(v, high_bits(load_u32(b + (KIND == 2 ? 2 : 4)))) : v;
+}
+
+/* One block's products in a pair's form (pair_products) with the block as the pair's first
+ * and a zero second: v holds its 32 values in natural order, a its activations likewise. */
+static inline __attribute__((always_inline)) __m256i odd_products(const int KIND, __m256i v, __m256i a) {
+    __m256i p;
+    if (SUMS32(KIND))
+        p = KIND == 4 ? li_dot_i8_i8v(v, a) : li_dot_u8_i8v(v, a);
+    else
+        p = _mm256_maddubs_epi16(v, a);
+    const __m128i l = _mm256_castsi256_si128(p), h = _mm256_extracti128_si256(p, 1);
+    return _mm256_zextsi128_si256(SUMS32(KIND) ? _mm_add_epi32(l, h) : _mm_add_epi16(l, h));
+}
+
+/* the d (and m) of the first rem (< 8) blocks at w as octet_scales orders them, 0 for the rest */
+static inline __attribute__((always_inline)) void tail_scales(const int KIND, const uint8_t *w, int64_t rem, __m256 *d8,
+                                                              __m256 *m8) {
+    const int64_t bs = BSZ(KIND);
+    uint64_t d[2] = {0, 0}, m[2] = {0, 0}; /* even blocks, odd blocks: fp16 in lane order */
+    for (int64_t q = 0; q < rem; q++) {
+        d[q & 1] |= (uint64_t)load_u16(w + q * bs) << (16 * (q >> 1));
+        if (HAS_M(KIND)) m[q & 1] |= (uint64_t)load_u16(w + q * bs + 2) << (16 * (q >> 1));
+    }
+    *d8 = _mm256_cvtph_ps(_mm_set_epi64x((int64_t)d[1], (int64_t)d[0]));
+    *m8 = HAS_M(KIND) ? _mm256_cvtph_ps(_mm_set_epi64x((int64_t)m[1], (int64_t)m[0])) : *d8;
+}
+#endif
+
 /* R activation rows (1..LI_TILE) at a: row r's qs at a->qs + r*k, its scales at + r*ss */
 static inline __attribute__((always_inline)) void dot_legacy(const int KIND, const int R, int64_t k, int64_t ss,
                                                              const uint8_t *w, const li_q8a *a, float *out) {
@@ -354,11 +410,7 @@ static inline __attribute__((always_inline)) void dot_legacy(const int KIND, con
      * on the rows beside it: a K-row speculative verify matches 1-row decoding bit for bit. */
     const __m256 c = _mm256_set1_ps(CORR(KIND));
     __m256 acc[LI_TILE], accc[LI_TILE];
-    float corr[LI_TILE];
-    for (int r = 0; r < R; r++) {
-        acc[r] = accc[r] = _mm256_setzero_ps();
-        corr[r] = 0.0f;
-    }
+    for (int r = 0; r < R; r++) acc[r] = accc[r] = _mm256_setzero_ps();
     const int64_t bs = BSZ(KIND), no = nb / 8;
     for (int64_t o = 0; o < no; o++) {
         const uint8_t *wo = w + o * 8 * bs;
@@ -379,45 +431,51 @@ static inline __attribute__((always_inline)) void dot_legacy(const int KIND, con
             if (KIND != 4) accc[r] = _mm256_fmadd_ps(m8, _mm256_loadu_ps(as[r] + o * 8), accc[r]);
         }
     }
-    /* pairs after the last octet, then a last odd block; scales in natural order */
-    for (int64_t p = no * 4; p < nb / 2; p++) {
-        const uint8_t *b0 = w + p * 2 * bs;
-        __m256i lo, hi;
-        unpack_pair(KIND, b0, &lo, &hi);
-        const float d0 = li_fp16_to_fp32(load_u16(b0)), d1 = li_fp16_to_fp32(load_u16(b0 + bs));
-        const float c0 = HAS_M(KIND) ? li_fp16_to_fp32(load_u16(b0 + 2)) : d0;
-        const float c1 = HAS_M(KIND) ? li_fp16_to_fp32(load_u16(b0 + bs + 2)) : d1;
+    /* The blocks after the last octet (nb % 8 of them) as one more, the missing blocks'
+     * scales 0: the same operations as a whole octet's, so every output is one
+     * sum of eight lanes, each block's float terms added to its lane as the octets add
+     * them. (amx.c's exact path repeats these operations.) */
+    const int64_t rem = nb - no * 8;
+    if (rem) {
+        const uint8_t *wo = w + no * 8 * bs;
+        __m256 d8, m8;
+        tail_scales(KIND, wo, rem, &d8, &m8);
+        __m256i sums[LI_TILE];
+        if (rem <= 2) { /* one pair or one block: each block's sum into its lane (0, 4) within
+                         * its half; the other lanes' sums meet scales of 0 and add nothing */
+            __m256i lo, hi;
+            if (rem == 2) unpack_pair(KIND, wo, &lo, &hi);
+            else lo = odd_values(KIND, wo);
+            for (int r = 0; r < R; r++) {
+                __m256i p = rem == 2 ? pair_products(KIND, lo, hi, aq[r] + no * 4 * 64)
+                                     : odd_products(KIND, lo, _mm256_loadu_si256((const __m256i *)(aq[r] + no * 8 * QK)));
+                if (!SUMS32(KIND)) p = li_madd1(p);
+                p = _mm256_add_epi32(p, _mm256_shuffle_epi32(p, 0x4E));
+                sums[r] = _mm256_add_epi32(p, _mm256_shuffle_epi32(p, 0xB1));
+            }
+        } else { /* up to 4 pairs, the missing ones 0, reduced as an octet */
+            const __m256i zero = _mm256_setzero_si256();
+            __m256i pp[LI_TILE][4];
+            for (int r = 0; r < R; r++) pp[r][0] = pp[r][1] = pp[r][2] = pp[r][3] = zero;
+            for (int64_t j = 0; j < rem / 2; j++) {
+                __m256i lo, hi;
+                unpack_pair(KIND, wo + 2 * j * bs, &lo, &hi);
+                for (int r = 0; r < R; r++) pp[r][j] = pair_products(KIND, lo, hi, aq[r] + (no * 4 + j) * 64);
+            }
+            if (rem & 1) { /* a last unpaired block, natural order on both sides: as a pair's first block */
+                const __m256i v = odd_values(KIND, wo + (rem - 1) * bs);
+                for (int r = 0; r < R; r++)
+                    pp[r][rem / 2] = odd_products(KIND, v, _mm256_loadu_si256((const __m256i *)(aq[r] + (nb - 1) * QK)));
+            }
+            for (int r = 0; r < R; r++)
+                sums[r] = octet_sums(KIND, hadd_pairs(KIND, pp[r][0], pp[r][1]), hadd_pairs(KIND, pp[r][2], pp[r][3]));
+        }
         for (int r = 0; r < R; r++) {
-            __m256i dot = pair_products(KIND, lo, hi, aq[r] + p * 64);
-            if (!SUMS32(KIND)) dot = li_madd1(dot);
-            const __m256 sc = _mm256_setr_m128(_mm_set1_ps(d0 * ad[r][2 * p]), _mm_set1_ps(d1 * ad[r][2 * p + 1]));
-            acc[r] = _mm256_fmadd_ps(sc, _mm256_cvtepi32_ps(dot), acc[r]);
-            corr[r] += c0 * as[r][2 * p] + c1 * as[r][2 * p + 1];
+            acc[r] = _mm256_fmadd_ps(_mm256_mul_ps(d8, _mm256_loadu_ps(ad[r] + no * 8)), _mm256_cvtepi32_ps(sums[r]), acc[r]);
+            if (KIND != 4) accc[r] = _mm256_fmadd_ps(m8, _mm256_loadu_ps(as[r] + no * 8), accc[r]);
         }
     }
-    if (nb & 1) {
-        const uint8_t *b = w + (nb - 1) * bs;
-        const float d0 = li_fp16_to_fp32(load_u16(b));
-        const float c0 = HAS_M(KIND) ? li_fp16_to_fp32(load_u16(b + 2)) : d0;
-        __m256i q;
-        if (KIND == 4) {
-            q = _mm256_loadu_si256((const __m256i *)(b + 2));
-        } else {
-            q = li_unpack_nibbles(b + QOFF(KIND));
-            if (HAS_QH(KIND)) q = _mm256_or_si256(q, high_bits(load_u32(b + (KIND == 2 ? 2 : 4))));
-        }
-        for (int r = 0; r < R; r++) {
-            const int8_t *y = aq[r] + (nb - 1) * QK;
-            const __m256i dot = KIND == 4 ? li_dot_i8_i8(q, y) : li_dot_u8_i8(q, y);
-            acc[r] = _mm256_fmadd_ps(_mm256_set1_ps(d0 * ad[r][nb - 1]), _mm256_cvtepi32_ps(dot), acc[r]);
-            corr[r] += c0 * as[r][nb - 1];
-        }
-    }
-    for (int r = 0; r < R; r++) {
-        __m256 t = acc[r];
-        if (KIND != 4) t = _mm256_fmadd_ps(c, accc[r], t);
-        out[r] = li_hsum8(t) + (KIND != 4 ? CORR(KIND) * corr[r] : 0.0f);
-    }
+    for (int r = 0; r < R; r++) out[r] = li_hsum8(KIND != 4 ? _mm256_fmadd_ps(c, accc[r], acc[r]) : acc[r]);
 #else
     float acc[LI_TILE] = {0}, corr[LI_TILE] = {0};
     for (int64_t b = 0; b < nb; b++) {

@@ -35,7 +35,7 @@ typedef void (*li_rows_f_fn)(const void *w, int64_t row_bytes, int64_t r0, int64
 typedef void (*li_rows_k_fn)(const void *w, int64_t row_bytes, int64_t r0, int64_t r1, int64_t k,
                              const li_block_q8_K *a, int64_t n, float *y, int64_t ldy);
 
-void li_quantize_q8a(const float *x, int64_t k, int8_t *qs, float *d, float *s, int64_t b0, int64_t b1, int plain);
+void li_quantize_q8a(const float *x, int64_t k, int8_t *qs, float *d, float *s, int64_t b0, int64_t b1, int layout);
 int64_t li_q8a_scale_stride(int64_t k);
 void li_rows_q4_0(const void *, int64_t, int64_t, int64_t, int64_t, const li_q8a *, int64_t, float *, int64_t);
 void li_rows_q4_1(const void *, int64_t, int64_t, int64_t, int64_t, const li_q8a *, int64_t, float *, int64_t);
@@ -54,6 +54,11 @@ int li_amx_runs(int type);
 int64_t li_amx_scratch_bytes(int64_t k);
 void li_amx_rows(int type, const uint8_t *w, int64_t row_bytes, int64_t r0, int64_t r1, int64_t k, const int8_t *qs,
                  const float *ad, const float *as, int64_t n, float *y, int64_t ldy, void *scratch);
+int li_amx_exact_runs(int type);
+int64_t li_amx_exact_scratch_bytes(int64_t k);
+void li_amx_rows_exact(int type, const uint8_t *w, int64_t row_bytes, int64_t r0, int64_t r1, int64_t k,
+                       const int8_t *qs, const float *tad, const float *tas, int64_t n, float *y, int64_t ldy,
+                       void *scratch);
 
 /* ---- exported info ---------------------------------------------------------------- */
 
@@ -67,7 +72,8 @@ const char *li_build_info(void) {
 #if defined(__AVX512VNNI__)
            "avx512vnni "
 #endif
-#if defined(__AMX_TILE__) && defined(__AMX_INT8__) && defined(__AVX512F__) && defined(__linux__)
+#if defined(__AMX_TILE__) && defined(__AMX_INT8__) && defined(__AVX512F__) && defined(__AVX512BW__) && \
+    defined(__AVX512VL__) && defined(__linux__)
            "amx "
 #endif
 #if defined(__AVXVNNI__)
@@ -154,7 +160,9 @@ typedef struct {
     const float *x;
     float *const *y;
     int need_q8a, need_q8k;
-    int64_t n_fast;     /* rows [0, n_fast) go through amx.c, rows [n_fast, n) through the row dots */
+    int exact;          /* every row through amx.c's exact path (legacy types: the row dots' results) */
+    int64_t n_fast;     /* else rows [0, n_fast) go through amx.c, rows [n_fast, n) through the row dots */
+    li_q8a tiles;       /* the exact path's activations, in AMX tiles of 16 rows */
     li_q8a a;           /* q8a activations of the row dots, rows [n_fast, n) */
     li_block_q8_K *a8k; /* q8_K activations of the row dots, rows [n_fast, n), k/256 blocks each */
     li_q8a fast;        /* plain q8a activations of rows [0, n_fast), room for whole 16-row tiles */
@@ -186,6 +194,11 @@ static void run_rows(const li_work *wk, int i, int64_t r0, int64_t r1, int threa
     if (r1 <= r0) return;
     const li_type *ti = &wk->ti[i];
     const int64_t ldy = wk->rows[i], n = wk->n - wk->n_fast;
+    if (wk->exact) {
+        li_amx_rows_exact(wk->type[i], wk->w[i], wk->row_bytes[i], r0, r1, wk->k, wk->tiles.qs, wk->tiles.d,
+                          wk->tiles.s, wk->n, wk->y[i], ldy, wk->amx_scratch + thread * wk->amx_scratch_bytes);
+        return;
+    }
     if (wk->n_fast)
         li_amx_rows(wk->type[i], wk->w[i], wk->row_bytes[i], r0, r1, wk->k, wk->fast.qs, wk->fast.d, wk->fast.s,
                     wk->n_fast, wk->y[i], ldy, wk->amx_scratch + thread * wk->amx_scratch_bytes);
@@ -215,15 +228,20 @@ static void run_part(const li_work *wk, int t, int T, int thread) {
 static void quantize_part(const li_work *wk, int t, int T) {
     const int64_t n = wk->n - wk->n_fast;
     const float *x = wk->x + wk->n_fast * wk->k;
+    if (wk->exact) {
+        const int64_t total = wk->k / 32 * wk->n;
+        li_quantize_q8a(wk->x, wk->k, (int8_t *)wk->tiles.qs, (float *)wk->tiles.d, (float *)wk->tiles.s,
+                        total * t / T, total * (t + 1) / T, LI_Q8A_TILES);
+    }
     if (wk->n_fast) {
         const int64_t total = wk->k / 32 * wk->n_fast;
         li_quantize_q8a(wk->x, wk->k, (int8_t *)wk->fast.qs, (float *)wk->fast.d, (float *)wk->fast.s, total * t / T,
-                        total * (t + 1) / T, 1);
+                        total * (t + 1) / T, LI_Q8A_PLAIN);
     }
     if (wk->need_q8a) {
         const int64_t total = wk->k / 32 * n;
         li_quantize_q8a(x, wk->k, (int8_t *)wk->a.qs, (float *)wk->a.d, (float *)wk->a.s, total * t / T,
-                        total * (t + 1) / T, 0);
+                        total * (t + 1) / T, LI_Q8A_PAIRS);
     }
     if (wk->need_q8k) {
         const int64_t total = wk->k / LI_QK_K * n;
@@ -231,6 +249,14 @@ static void quantize_part(const li_work *wk, int t, int T) {
         if (b1 > b0) li_quantize_row_q8_K(x + b0 * LI_QK_K, wk->a8k + b0, (b1 - b0) * LI_QK_K);
     }
 }
+
+/* A product whose matrices are all legacy types goes through AMX, where the CPU has it,
+ * from this many rows up (with the row dots' results, so every row may). Below, the row
+ * dots are as fast or faster: each AMX block product is stored and scaled by vector code,
+ * a fixed cost per weight block that the activation rows of a tile share. Longer rows
+ * need more: their tile products outgrow the L1 cache (measured on Sapphire Rapids, 2
+ * cores: 576 columns break even at 8 rows, 1536 at 32). */
+static int64_t amx_exact_min_rows(int64_t k) { return k <= 768 ? 16 : 32; }
 
 /* below this much weight data a second thread costs more than it saves */
 #define LI_PARALLEL_MIN_BYTES (32 * 1024)
@@ -266,7 +292,7 @@ int li_matmul(int nmat, const int *types, const void *const *w, const int64_t *r
     wk.x = x;
     wk.y = y;
     int64_t total_bytes = 0;
-    int all_amx = 1;
+    int all_amx = 1, all_exact = 1;
     for (int i = 0; i < nmat; i++) {
         if (type_info(types[i], &wk.ti[i])) return 1;
         if (k % wk.ti[i].block) return 2;
@@ -279,22 +305,28 @@ int li_matmul(int nmat, const int *types, const void *const *w, const int64_t *r
         wk.total_cost += rows[i] * wk.row_cost[i];
         total_bytes += rows[i] * wk.row_bytes[i];
         all_amx &= li_amx_runs(types[i]);
+        all_exact &= li_amx_exact_runs(types[i]);
     }
     if (nthreads < 1) nthreads = 1;
     if (total_bytes * n < LI_PARALLEL_MIN_BYTES) nthreads = 1;
-    wk.n_fast = n_fast > 0 && all_amx && li_amx_usable() ? (n_fast < n ? n_fast : n) : 0;
+    /* legacy types alone take the exact path or the row dots, never the fast path */
+    wk.exact = all_exact && n >= amx_exact_min_rows(k) && li_amx_usable();
+    wk.n_fast = !all_exact && n_fast > 0 && all_amx && li_amx_usable() ? (n_fast < n ? n_fast : n) : 0;
     for (int i = 0; i < nmat; i++) {
-        wk.need_q8a |= wk.ti[i].fmt == FMT_Q8A && wk.n_fast < n;
-        wk.need_q8k |= wk.ti[i].fmt == FMT_Q8K && wk.n_fast < n;
+        wk.need_q8a |= wk.ti[i].fmt == FMT_Q8A && wk.n_fast < n && !wk.exact;
+        wk.need_q8k |= wk.ti[i].fmt == FMT_Q8K && wk.n_fast < n && !wk.exact;
     }
 
     /* scratch, each part 64-byte aligned: q8a of the row dots | q8_K | plain q8a of the
-     * fast rows (whole 16-row tiles, the rows past n_fast zero) | AMX panels per thread */
-    const int64_t n_dots = n - wk.n_fast, fast_rows = (wk.n_fast + 15) & ~(int64_t)15;
+     * fast rows, or the exact path's tiles (whole 16-row tiles, the rows past n_fast or n
+     * zero) | AMX panels per thread */
+    const int64_t n_dots = n - wk.n_fast, fast_rows = ((wk.exact ? n : wk.n_fast) + 15) & ~(int64_t)15;
     const int64_t q8a = wk.need_q8a ? q8a_bytes(n_dots, k) : 0;
     const int64_t q8k = wk.need_q8k ? ((int64_t)(n_dots * (k / LI_QK_K) * sizeof(li_block_q8_K)) + 63) & ~63 : 0;
-    const int64_t fast = wk.n_fast ? q8a_bytes(fast_rows, k) : 0;
-    wk.amx_scratch_bytes = wk.n_fast ? (li_amx_scratch_bytes(k) + 63) & ~63 : 0;
+    const int64_t fast = wk.n_fast || wk.exact ? q8a_bytes(fast_rows, k) : 0;
+    wk.amx_scratch_bytes = wk.exact    ? (li_amx_exact_scratch_bytes(k) + 63) & ~63
+                           : wk.n_fast ? (li_amx_scratch_bytes(k) + 63) & ~63
+                                       : 0;
     const size_t need = (size_t)(q8a + q8k + fast + nthreads * wk.amx_scratch_bytes) + 64;
     _Alignas(64) uint8_t stack[LI_STACK_SCRATCH];
     void *heap = 0;
@@ -309,8 +341,17 @@ int li_matmul(int nmat, const int *types, const void *const *w, const int64_t *r
     if (wk.n_fast) {
         carve_q8a(base + q8a + q8k, &wk.fast, fast_rows, k);
         memset((int8_t *)wk.fast.qs + wk.n_fast * k, 0, (size_t)((fast_rows - wk.n_fast) * k));
-        wk.amx_scratch = base + q8a + q8k + fast;
     }
+    if (wk.exact) {
+        carve_q8a(base + q8a + q8k, &wk.tiles, fast_rows, k);
+        if (n < fast_rows) { /* the last tile's missing rows: zero values and scales */
+            const int64_t nb = k / 32;
+            memset((int8_t *)wk.tiles.qs + (fast_rows - 16) * k, 0, (size_t)(16 * k));
+            memset((float *)wk.tiles.d + (fast_rows - 16) * nb, 0, (size_t)(16 * nb * 4));
+            memset((float *)wk.tiles.s + (fast_rows - 16) * nb, 0, (size_t)(16 * nb * 4));
+        }
+    }
+    wk.amx_scratch = base + q8a + q8k + fast;
 
 #ifdef _OPENMP
     if (nthreads > 1) {

@@ -1,13 +1,19 @@
-"""The C kernels' AMX path (native/c/amx.c): the leading n_fast rows of a product through
-AMX tiles, on CPUs that have them (Intel Xeon Sapphire Rapids and later); skipped elsewhere.
+"""The C kernels' AMX paths (native/c/amx.c), on CPUs that have them (Intel Xeon Sapphire
+Rapids and later); skipped elsewhere.
 
-Those rows quantize their activations per 32 values for every weight type (the row dots use
-Q8_K's 256 for the K-quants) and add the blocks' float terms in another order, so they are
-checked against gguf-py with that rounding, and for the one property the forward pass needs:
-a row's result depends on that row alone, never on how many rows run beside it.
+- The exact path: a product of legacy types (Q4_0 .. Q8_0) from 4 rows up, every row, with
+  the row dots' float operations, so its results equal the row dots' bit for bit.
+- The fast path: the leading n_fast rows of any other product AMX runs (K-quants, or legacy
+  types fused with them). Those rows quantize their activations per 32 values for every
+  weight type (the row dots use Q8_K's 256 for the K-quants) and add the blocks' float terms
+  in another order, so they are checked against gguf-py with that rounding, and for the one
+  property the forward pass needs: a row's result depends on that row alone, never on how
+  many rows run beside it.
 """
 
 from __future__ import annotations
+
+import ctypes
 
 import numpy as np
 import pytest
@@ -34,6 +40,51 @@ def run(kc: CKernels, mats: list[QMatrix], x: np.ndarray, n_fast: int) -> list[n
     return outs
 
 
+def exact_path(kc: CKernels, m: QMatrix, x: np.ndarray) -> np.ndarray:
+    """m @ x[j] for every row j through li_amx_rows_exact itself, called as matmul.c calls it."""
+    lib, p = kc._lib, ctypes.c_void_p
+    n, k = x.shape
+    nb, tiles = k // 32, -(-n // 16)
+    qs = np.zeros(tiles * 16 * k, np.int8)
+    d, s = np.zeros(tiles * nb * 16, np.float32), np.zeros(tiles * nb * 16, np.float32)
+    x = np.ascontiguousarray(x, np.float32)
+    lib.li_quantize_q8a(p(x.ctypes.data), ctypes.c_int64(k), p(qs.ctypes.data), p(d.ctypes.data), p(s.ctypes.data),
+                        ctypes.c_int64(0), ctypes.c_int64(n * nb), ctypes.c_int(2))  # LI_Q8A_TILES
+    lib.li_amx_exact_scratch_bytes.restype = ctypes.c_int64
+    raw = np.zeros(lib.li_amx_exact_scratch_bytes(ctypes.c_int64(k)) + 64, np.uint8)
+    scratch = raw.ctypes.data + (-raw.ctypes.data) % 64
+    y = np.full((n, m.rows), np.nan, np.float32)
+    lib.li_amx_rows_exact(ctypes.c_int(int(m.type)), p(m.data.ctypes.data), ctypes.c_int64(m.data.shape[1]),
+                          ctypes.c_int64(0), ctypes.c_int64(m.rows), ctypes.c_int64(k), p(qs.ctypes.data),
+                          p(d.ctypes.data), p(s.ctypes.data), ctypes.c_int64(n), p(y.ctypes.data),
+                          ctypes.c_int64(m.rows), p(scratch))
+    return y
+
+
+@pytest.mark.parametrize("qtype", sorted(LEGACY_TYPES, key=int), ids=lambda t: t.name)
+def test_the_exact_path_equals_the_row_dots_bit_for_bit(kc, qtype):
+    """Every legacy type, row lengths with and without blocks after the last octet of 8, a
+    ragged last panel of weight rows (75) and ragged tiles of activation rows."""
+    rng = np.random.default_rng(int(qtype) + 300)
+    for cols in (32, 96, 288, 576, 1536):
+        m = random_qmatrix(qtype, 75, cols, rng)
+        x = rng.standard_normal((33, cols)).astype(np.float32)
+        x[:, :32] *= 30
+        dots = np.concatenate([run(kc, [m], x[j : j + 1], 0)[0] for j in range(len(x))])
+        for n in (1, 2, 8, 16, 17, 33):
+            np.testing.assert_array_equal(exact_path(kc, m, x[:n]), dots[:n], err_msg=f"{cols} columns, {n} rows")
+            np.testing.assert_array_equal(run(kc, [m], x[:n], 0)[0], dots[:n])  # through li_matmul
+
+
+def fast_op(kc: CKernels, m: QMatrix, x: np.ndarray, n_fast: int) -> np.ndarray:
+    """m's rows of a product that takes the fast path: a legacy type goes there only fused
+    with a type the exact path does not run (as in a Q4_K_M model's attention)."""
+    if m.type in K_TYPES:
+        return run(kc, [m], x, n_fast)[0]
+    companion = random_qmatrix(Q.Q4_K, 16, m.cols, np.random.default_rng(0)) if m.cols % 256 == 0 else None
+    return run(kc, [m, companion] if companion else [m], x, n_fast)[0]
+
+
 @pytest.mark.parametrize("qtype", AMX_TYPES, ids=lambda t: t.name)
 def test_fast_rows_against_gguf(kc, qtype):
     """Every type, a ragged last panel (75 rows) and ragged last tiles of activation rows."""
@@ -44,7 +95,7 @@ def test_fast_rows_against_gguf(kc, qtype):
         for n in (1, 17, 40):
             x = rng.standard_normal((n, cols)).astype(np.float32)
             x[:, :32] *= 30
-            (y,) = run(kc, [m], x, n)
+            y = fast_op(kc, m, x, n)
             xq = q8_0_values(x)
             scale = np.abs(xq) @ np.abs(w).T + 1e-30
             err = np.abs(y - xq @ w.T) / scale
@@ -58,14 +109,14 @@ def test_a_fast_row_depends_on_its_row_alone(kc, qtype):
     """Row j of any n-row product with n_fast rows: the fast product of row j alone where
     j < n_fast, the row dots' product of row j alone after, bit for bit."""
     rng = np.random.default_rng(int(qtype) + 200)
-    cols = cols_for(qtype)[0]
+    cols = 512 if qtype in K_TYPES else 1536
     m = random_qmatrix(qtype, 37, cols, rng)
     x = rng.standard_normal((35, cols)).astype(np.float32)
-    fast = np.concatenate([run(kc, [m], x[j : j + 1], 1)[0] for j in range(len(x))])
-    dots = np.concatenate([run(kc, [m], x[j : j + 1], 0)[0] for j in range(len(x))])
+    fast = np.concatenate([fast_op(kc, m, x[j : j + 1], 1) for j in range(len(x))])
+    dots = np.concatenate([fast_op(kc, m, x[j : j + 1], 0) for j in range(len(x))])
     assert not np.array_equal(fast, dots)  # the two paths really differ, so the checks below see the path taken
     for n, n_fast in ((2, 2), (16, 16), (17, 17), (35, 35), (20, 13), (35, 16), (9, 0)):
-        (y,) = run(kc, [m], x[:n], n_fast)
+        y = fast_op(kc, m, x[:n], n_fast)
         np.testing.assert_array_equal(y[:n_fast], fast[:n_fast])
         np.testing.assert_array_equal(y[n_fast:], dots[n_fast:n])
 
