@@ -84,12 +84,24 @@ static inline float f16(const uint8_t *p) {
     return li_fp16_to_fp32(h);
 }
 
+/* bytes per legacy block; 0 for the other types */
+static int legacy_bytes(int type) {
+    switch (type) {
+    case LI_Q4_0: return 18;
+    case LI_Q4_1: return 20;
+    case LI_Q5_0: return 22;
+    case LI_Q5_1: return 24;
+    case LI_Q8_0: return 34;
+    default: return 0;
+    }
+}
+
 /* One weight row of k values to int8 v[k], scales d[b] and mins m[b] (one per block of
  * scale_block(type) values; m stays untouched for the types without mins). */
 static void unpack_row(int type, const uint8_t *w, int64_t k, int8_t *v, float *d, float *m) {
     switch (type) {
     case LI_Q4_0: case LI_Q4_1: case LI_Q5_0: case LI_Q5_1: case LI_Q8_0: {
-        const int bytes = type == LI_Q4_0 ? 18 : type == LI_Q4_1 ? 20 : type == LI_Q5_0 ? 22 : type == LI_Q5_1 ? 24 : 34;
+        const int bytes = legacy_bytes(type);
         for (int64_t b = 0; b < k / 32; b++, w += bytes, v += 32) {
             d[b] = f16(w);
             if (type == LI_Q8_0) {
@@ -218,18 +230,6 @@ void li_amx_rows(int type, const uint8_t *w, int64_t row_bytes, int64_t r0, int6
 
 /* ---- legacy types, bit for bit as the row dots ------------------------------------------ */
 
-/* bytes per legacy block; 0 for the other types */
-static int legacy_bytes(int type) {
-    switch (type) {
-    case LI_Q4_0: return 18;
-    case LI_Q4_1: return 20;
-    case LI_Q5_0: return 22;
-    case LI_Q5_1: return 24;
-    case LI_Q8_0: return 34;
-    default: return 0;
-    }
-}
-
 int li_amx_exact_runs(int type) { return legacy_bytes(type) != 0; }
 
 /* Room per thread for a panel of 16 rows of k values: values [k/32][16][32], their scales
@@ -253,18 +253,10 @@ static inline __attribute__((always_inline)) void unpack_panel(const int type, c
             const float d = f16(blk);
             pd[b * 16 + r] = d;
             pm[b * 16 + r] = has_min ? f16(blk + 2) : d;
-            __m256i q;
-            if (type == LI_Q8_0) {
-                q = _mm256_loadu_si256((const __m256i *)(blk + 2));
-            } else {
-                q = li_unpack_nibbles(blk + 2 + 2 * has_min + 4 * five);
-                if (five) {
-                    uint32_t qh;
-                    memcpy(&qh, blk + 2 + 2 * has_min, 4);
-                    q = _mm256_mask_add_epi8(q, (__mmask32)qh, q, _mm256_set1_epi8(0x10));
-                }
-            }
-            _mm256_store_si256((__m256i *)v, q);
+            uint32_t qh = 0;
+            if (five) memcpy(&qh, blk + 2 + 2 * has_min, 4);
+            _mm256_store_si256((__m256i *)v, type == LI_Q8_0 ? _mm256_loadu_si256((const __m256i *)(blk + 2))
+                                                              : li_legacy_values_v(blk + 2 + 2 * has_min + 4 * five, qh, five));
         }
     }
 }
@@ -354,8 +346,8 @@ void li_amx_rows_exact(int type, const uint8_t *w, int64_t row_bytes, int64_t r0
                     EXACT_BLOCK(b, 0); EXACT_BLOCK(b + 1, 4); EXACT_BLOCK(b + 2, 1); EXACT_BLOCK(b + 3, 5);
                     EXACT_BLOCK(b + 4, 2); EXACT_BLOCK(b + 5, 6); EXACT_BLOCK(b + 6, 3); EXACT_BLOCK(b + 7, 7);
                 }
-                /* the last blocks: lanes without a block are left as they are (the row dots add
-                 * 0 * 0 there, which changes nothing: a lane is never -0) */
+                /* the last blocks: lanes without a block are left as they are (the row dots add a
+                 * product with a zero scale there, which changes nothing: a lane is never -0) */
                 switch (rem) {
                 case 7: EXACT_BLOCK(no * 8 + 6, 3); /* fall through */
                 case 6: EXACT_BLOCK(no * 8 + 5, 6); /* fall through */

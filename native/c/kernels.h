@@ -202,6 +202,30 @@ static inline void li_legacy_values(const uint8_t *qs, uint32_t qh, int8_t *q) {
     }
 }
 
+#if defined(__AVX2__)
+/* bytes of v chosen by spread (per 128-bit lane), then byte i of each 8 keeps bit i: 0x10 where set.
+ * The masked byte is 0 or 1 << i; vpsignb turns it into 0 or 0x10 (0x80 is negative: its
+ * byte of the constant is -0x10), one operation less than a compare and a mask. */
+static inline __m256i li_bits_to_0x10(__m256i v, __m256i spread) {
+    const __m256i sel = _mm256_set1_epi64x(0x8040201008040201LL);
+    v = _mm256_and_si256(_mm256_shuffle_epi8(v, spread), sel);
+    return _mm256_sign_epi8(_mm256_set1_epi64x((int64_t)0xF010101010101010ULL), v);
+}
+
+/* li_legacy_values in one register: the 32 values in natural order (five: add qh's fifth bits) */
+static inline __m256i li_legacy_values_v(const uint8_t *qs, uint32_t qh, int five) {
+    const __m256i v = li_unpack_nibbles(qs);
+    if (!five) return v;
+#if defined(__AVX512BW__) && defined(__AVX512VL__)
+    return _mm256_mask_add_epi8(v, (__mmask32)qh, v, _mm256_set1_epi8(0x10)); /* bit j: byte j += 0x10 */
+#else
+    const __m256i spread = _mm256_setr_epi8(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1,
+                                            2, 2, 2, 2, 2, 2, 2, 2, 3, 3, 3, 3, 3, 3, 3, 3);
+    return _mm256_or_si256(v, li_bits_to_0x10(_mm256_set1_epi32((int)qh), spread));
+#endif
+}
+#endif
+
 /* the three layouts of li_quantize_q8a (legacy.c) */
 enum { LI_Q8A_PAIRS = 0, LI_Q8A_PLAIN = 1, LI_Q8A_TILES = 2 };
 

@@ -63,22 +63,6 @@ static inline __m256i load2x128(const uint8_t *p, const uint8_t *q) {
                               _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)q)), 0xF0);
 }
 
-/* bytes of v chosen by spread (per 128-bit lane), then byte i of each 8 keeps bit i: 0x10 where set.
- * The masked byte is 0 or 1 << i; vpsignb turns it into 0 or 0x10 (0x80 is negative: its
- * byte of the constant is -0x10), one operation less than a compare and a mask. */
-static inline __m256i bits_to_0x10(__m256i v, __m256i spread) {
-    const __m256i sel = _mm256_set1_epi64x(0x8040201008040201LL);
-    v = _mm256_and_si256(_mm256_shuffle_epi8(v, spread), sel);
-    return _mm256_sign_epi8(_mm256_set1_epi64x((int64_t)0xF010101010101010ULL), v);
-}
-
-/* bit j of 32 bits -> byte j = 0x10 where set */
-static inline __m256i high_bits(uint32_t bits) {
-    const __m256i spread = _mm256_setr_epi8(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1,
-                                            2, 2, 2, 2, 2, 2, 2, 2, 3, 3, 3, 3, 3, 3, 3, 3);
-    return bits_to_0x10(_mm256_set1_epi32((int)bits), spread);
-}
-
 #endif
 
 /* ---- activation quantization ------------------------------------------------------- */
@@ -278,9 +262,9 @@ static inline __attribute__((always_inline)) void unpack_pair(const int KIND, co
         memcpy(&q0, b0 + qo, 4);
         memcpy(&q1, b1 + qo, 4);
         const __m256i q = _mm256_blend_epi32(_mm256_set1_epi32(q0), _mm256_set1_epi32(q1), 0xF0);
-        l = _mm256_or_si256(l, bits_to_0x10(q, _mm256_setr_epi8(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1,
+        l = _mm256_or_si256(l, li_bits_to_0x10(q, _mm256_setr_epi8(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1,
                                                                  0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1)));
-        h = _mm256_or_si256(h, bits_to_0x10(q, _mm256_setr_epi8(2, 2, 2, 2, 2, 2, 2, 2, 3, 3, 3, 3, 3, 3, 3, 3,
+        h = _mm256_or_si256(h, li_bits_to_0x10(q, _mm256_setr_epi8(2, 2, 2, 2, 2, 2, 2, 2, 3, 3, 3, 3, 3, 3, 3, 3,
                                                                  2, 2, 2, 2, 2, 2, 2, 2, 3, 3, 3, 3, 3, 3, 3, 3)));
 #endif
     }
@@ -363,8 +347,7 @@ static inline __attribute__((always_inline)) void octet_scales(const int KIND, c
 /* a block's 32 values in natural order, as the weights' pairs hold them (unsigned but Q8_0) */
 static inline __attribute__((always_inline)) __m256i odd_values(const int KIND, const uint8_t *b) {
     if (KIND == 4) return _mm256_loadu_si256((const __m256i *)(b + 2));
-    const __m256i v = li_unpack_nibbles(b + QOFF(KIND));
-    return HAS_QH(KIND) ? _mm256_or_si256(v, high_bits(load_u32(b + (KIND == 2 ? 2 : 4)))) : v;
+    return li_legacy_values_v(b + QOFF(KIND), HAS_QH(KIND) ? load_u32(b + (KIND == 2 ? 2 : 4)) : 0, HAS_QH(KIND));
 }
 
 /* One block's products in a pair's form (pair_products) with the block as the pair's first
