@@ -8,6 +8,7 @@ over to the moment the Markdown widget has taken in text that far (its `append` 
 the screen repaints within a frame after), as median, p99 and max over every token.
 
     .venv/bin/python bench/chat_ui.py [--engine llama.cpp|native] [--rates 5,15,30] [--runs 3] [--tokens 300] [--threads 2]
+    .venv/bin/python bench/chat_ui.py --replay 150,300   # the display alone, fed at a fixed speed
 """
 
 from __future__ import annotations
@@ -39,6 +40,7 @@ class Clock:
     def __init__(self) -> None:
         self.arrived: list[tuple[float, int]] = []
         self.shown: list[tuple[float, int]] = []
+        self.paced = 0.0  # tokens/s handed over, under --replay
 
     def lags(self) -> list[float]:
         out, k = [], 0
@@ -66,23 +68,46 @@ class TimedReply:
             yield text
 
 
-def timed_loader(load: LoadOptions, clock: Clock):
+class PacedReply(TimedReply):
+    """The model's reply, written whole first, then handed over token by token at exactly
+    `rate` tokens/s: what the display does at a given speed, whatever the model's own speed
+    on this machine (its decode threads no longer share the cores with the UI)."""
+
+    def __init__(self, reply, clock: Clock, rate: float) -> None:
+        super().__init__(reply, clock)
+        self._rate = rate
+
+    def __iter__(self):
+        pieces = list(self._reply)
+        start, n = time.monotonic(), 0
+        for i, text in enumerate(pieces):
+            time.sleep(max(0.0, start + i / self._rate - time.monotonic()))
+            n += len(text)
+            self._clock.arrived.append((time.monotonic(), n))
+            yield text
+        self._clock.paced = len(pieces) / (time.monotonic() - start)
+
+
+def timed_loader(load: LoadOptions, clock: Clock, rate: float | None = None):
     inner = model_loader(load)
 
     def loader(*args):
         model = inner(*args)
         reply_of = model.reply
-        model.reply = lambda messages, settings: TimedReply(reply_of(messages, settings), clock)
+        if rate:
+            model.reply = lambda messages, settings: PacedReply(reply_of(messages, settings), clock, rate)
+        else:
+            model.reply = lambda messages, settings: TimedReply(reply_of(messages, settings), clock)
         return model
 
     return loader
 
 
-async def in_app(store: ChatStore, load: LoadOptions, tokens: int) -> tuple[float, list[float]]:
+async def in_app(store: ChatStore, load: LoadOptions, tokens: int, replay: float | None = None) -> tuple[float, list[float]]:
     chat = store.new_chat("bench")
     store.save_settings(chat.id, {"temperature": 0.0, "max_tokens": tokens})
     clock = Clock()
-    app = app_module.ChatApp(store, timed_loader(load, clock), chat_id=chat.id)
+    app = app_module.ChatApp(store, timed_loader(load, clock, replay), chat_id=chat.id)
     shown = 0
     original = Markdown.append
 
@@ -104,7 +129,7 @@ async def in_app(store: ChatStore, load: LoadOptions, tokens: int) -> tuple[floa
                 await pilot.pause(0.05)
     finally:
         Markdown.append = original
-    return store.messages(chat.id)[-1].tokens_per_s, clock.lags()
+    return (clock.paced if replay else store.messages(chat.id)[-1].tokens_per_s), clock.lags()
 
 
 def engine_alone(load: LoadOptions, tokens: int) -> float:
@@ -120,26 +145,32 @@ def engine_alone(load: LoadOptions, tokens: int) -> float:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--rates", default="5,15,30")
+    ap.add_argument("--rates", default="5,15,30", help="UI updates per second to compare")
     ap.add_argument("--runs", type=int, default=3)
     ap.add_argument("--tokens", type=int, default=300)
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--engine", default="llama.cpp")
+    ap.add_argument("--replay", default="", help="instead of the live model, its reply handed over at these tokens/s (e.g. 150,300), at the default update rate")
     args = ap.parse_args()
     load = LoadOptions(engine=args.engine, threads=args.threads)
-    rates = [float(r) for r in args.rates.split(",")]
-    results: dict[str, list[float]] = {"engine alone": []} | {f"app, {r:g} updates/s": [] for r in rates}
-    lags: dict[str, list[float]] = {name: [] for name in results}
+    if args.replay:
+        settings = {f"replay at {float(r):g} tok/s": (None, float(r)) for r in args.replay.split(",")}
+    else:
+        settings = {"engine alone": (None, None)} | {f"app, {float(r):g} updates/s": (float(r), None) for r in args.rates.split(",")}
+    results: dict[str, list[float]] = {name: [] for name in settings}
+    lags: dict[str, list[float]] = {name: [] for name in settings}
     with tempfile.TemporaryDirectory() as home:
         store = ChatStore.open(Path(home) / "chats.db")
         for _ in range(args.runs):  # interleaved, so drift on a shared machine hits every row alike
-            results["engine alone"].append(engine_alone(load, args.tokens))
-            for r in rates:
-                app_module.UPDATES_PER_S = r
-                rate, lag = asyncio.run(in_app(store, load, args.tokens))
-                results[f"app, {r:g} updates/s"].append(rate)
-                lags[f"app, {r:g} updates/s"] += lag
-    base = statistics.median(results["engine alone"])
+            for name, (updates, replay) in settings.items():
+                if name == "engine alone":
+                    results[name].append(engine_alone(load, args.tokens))
+                    continue
+                app_module.UPDATES_PER_S = updates or app_module.UPDATES_PER_S
+                rate, lag = asyncio.run(in_app(store, load, args.tokens, replay))
+                results[name].append(rate)
+                lags[name] += lag
+    base = statistics.median(results["engine alone"]) if "engine alone" in results else None
     print(f"| {'setting':<22} | tok/s (median of {args.runs}) | vs engine alone | display lag ms: median | p99 | max |")
     print(f"|{'-' * 24}|{'-' * 23}|{'-' * 17}|---:|---:|---:|")
     for name, values in results.items():
@@ -147,7 +178,8 @@ def main() -> None:
         lag = sorted(lags[name])
         shown = (f"{statistics.median(lag) * 1e3:.0f} | {lag[int(0.99 * (len(lag) - 1))] * 1e3:.0f} | {lag[-1] * 1e3:.0f}"
                  if lag else "– | – | –")  # fmt: skip
-        print(f"| {name:<22} | {m:21.1f} | {m / base:15.2f} | {shown} |")
+        ratio = f"{m / base:15.2f}" if base else f"{'–':>15}"
+        print(f"| {name:<22} | {m:21.1f} | {ratio} | {shown} |")
 
 
 if __name__ == "__main__":

@@ -13,6 +13,7 @@ import time
 from collections.abc import Callable, Iterable
 from pathlib import Path
 
+from platformdirs import user_downloads_path
 from textual import on, work
 from textual.app import App, ComposeResult, SystemCommand
 from textual.binding import Binding
@@ -112,6 +113,14 @@ class ChatApp(App):
         yield from super().get_system_commands(screen)
         for title, help, action in self.ACTIONS:
             yield SystemCommand(title, help, lambda action=action: self.run_action(action))
+
+    def deliver_screenshot(self, filename: str | None = None, path: str | None = None, time_format: str | None = None) -> str | None:
+        """Textual saves screenshots to the Downloads folder; a server or a container often has
+        none, and then the palette's "Screenshot" failed. There it goes to the current folder."""
+        if path is None:
+            downloads = user_downloads_path()
+            path = str(downloads if downloads.is_dir() else Path.cwd())
+        return super().deliver_screenshot(filename, path, time_format)
 
     # --- the model ---------------------------------------------------------------------
     def target(self) -> tuple[str | None, str | None]:

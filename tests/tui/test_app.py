@@ -18,6 +18,7 @@ from localinfer.cli.chat import model_loader
 from localinfer.engine import stream as stream_module
 from localinfer.engine.loader import LoadOptions, open_engine
 from localinfer.engine.types import CompletionOutput
+import localinfer.tui.app as app_module
 from localinfer.tui.app import ChatApp
 from localinfer.tui.store import ChatStore
 from localinfer.tui.widgets import MessageView, PromptInput
@@ -458,6 +459,27 @@ def test_keys_newlines_copy_and_the_command_palette(tmp_path: Path) -> None:
             assert {action for _, _, action in ChatApp.ACTIONS} == {b.action for b in ChatApp.BINDINGS}  # one binding per palette entry
 
     run(test)
+
+
+@pytest.mark.parametrize("downloads", [True, False])
+def test_the_palettes_screenshot_saves_a_file_with_or_without_a_downloads_folder(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, downloads: bool) -> None:
+    folder = tmp_path / "Downloads"
+    if downloads:
+        folder.mkdir()
+    monkeypatch.setattr(app_module, "user_downloads_path", lambda: folder)
+    monkeypatch.chdir(tmp_path)
+    store = ChatStore.open(tmp_path / "chats.db")
+
+    async def test() -> None:
+        app = new_app(store)
+        async with app.run_test(size=SIZE) as pilot:
+            (screenshot,) = [c for c in app.get_system_commands(app.screen) if c.title == "Screenshot"]
+            screenshot.callback()
+            await until(pilot, lambda: any((folder if downloads else tmp_path).glob("*.svg")), timeout=20)
+
+    run(test)
+    (svg,) = (folder if downloads else tmp_path).glob("*.svg")
+    assert svg.read_text().lstrip().startswith("<svg")
 
 
 def test_opening_a_chat_on_another_model_closes_the_one_loaded(tmp_path: Path, model_path: Path) -> None:
