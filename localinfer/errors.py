@@ -36,6 +36,10 @@ class TemplateError(UserError):
     """The model's chat template failed to render."""
 
 
+class ConstraintError(UserError):
+    """A JSON schema, regex or grammar for structured output that cannot be used."""
+
+
 class BackendError(UserError):
     """The inference backend refused to load or run the model."""
 

@@ -69,6 +69,7 @@ class VocabInfo:
     add_bos: bool
     bos_text: str = ""
     eos_text: str = ""
+    special: dict[int, bytes] = field(default_factory=dict)  # control tokens and their text: never output text
 
 
 @dataclass

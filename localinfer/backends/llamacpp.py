@@ -288,6 +288,7 @@ class Tokenizer:
             add_bos=bool(C.llama_vocab_get_add_bos(vocab)),
             bos_text=self._piece(bos, special=True).decode("utf-8", "replace") if bos is not None else "",
             eos_text=self._piece(eos, special=True).decode("utf-8", "replace") if eos is not None else "",
+            special={t: self._piece(t, special=True) for t in range(n_vocab) if self._is_special(t)},
         )
         template = C.llama_model_chat_template(model, None)
         self.chat_template = template.decode("utf-8") if template else None
@@ -319,6 +320,17 @@ class Tokenizer:
             out = (C.llama_token * cap)()
             n = C.llama_tokenize(self._vocab_p, data, len(data), out, cap, add_special, parse_special)
         return list(out[:n])
+
+    def _is_special(self, token: int) -> bool:
+        """A control token, or one added as text in angle brackets (<tool_call>): as llama.cpp's
+        own llguidance glue decides."""
+        attr = C.llama_vocab_get_attr(self._vocab_p, token)
+        if attr & C.LLAMA_TOKEN_ATTR_CONTROL:
+            return True
+        if attr & C.LLAMA_TOKEN_ATTR_USER_DEFINED:
+            text = self._piece(token, special=True)
+            return text.startswith(b"<") and text.endswith(b">")
+        return False
 
     def _piece(self, token: int, special: bool) -> bytes:
         buf = ctypes.create_string_buffer(64)

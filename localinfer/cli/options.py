@@ -130,3 +130,36 @@ def cache_choice(both: str | None, k: str | None, v: str | None) -> tuple[str | 
     if both == "auto":
         return "auto"
     return (k or both, v or both)
+
+
+JsonSchema = Annotated[Optional[str], typer.Option("--json-schema", help="Answer in JSON that matches this JSON schema: a file, or the schema itself ('{\"type\": \"object\"}' for any JSON object).", show_default=False)]
+Grammar = Annotated[Optional[str], typer.Option("--grammar", help="Answer in this grammar: a GBNF file as llama.cpp writes them (a Lark grammar works too).", show_default=False)]
+Regex = Annotated[Optional[str], typer.Option("--regex", help="Answer with text the whole of which matches this regular expression.", show_default=False)]
+
+
+def constraint_choice(json_schema: str | None, grammar: str | None, regex: str | None):  # -> Constraint | None
+    """The structured-output option given (one at most), read and checked before a model loads."""
+    from pathlib import Path
+
+    from localinfer.engine.constraints import Constraint
+
+    given = [name for name, value in (("--json-schema", json_schema), ("--grammar", grammar), ("--regex", regex)) if value is not None]
+    if len(given) > 1:
+        raise typer.BadParameter(f"give one of {', '.join(given)}, not both", param_hint=given[1])
+    if json_schema is not None:
+        text = json_schema
+        if not text.lstrip().startswith(("{", "[")):
+            try:
+                text = Path(json_schema).read_text(encoding="utf-8")
+            except (OSError, UnicodeDecodeError) as e:
+                raise typer.BadParameter(f"not a JSON schema, nor a file to read one from: {e}", param_hint="--json-schema") from None
+        return Constraint.json_schema(text).check()
+    if grammar is not None:
+        try:
+            text = Path(grammar).read_text(encoding="utf-8")
+        except (OSError, UnicodeDecodeError) as e:
+            raise typer.BadParameter(f"cannot read the grammar file: {e}", param_hint="--grammar") from None
+        return Constraint("grammar", text).check()
+    if regex is not None:
+        return Constraint("regex", regex).check()
+    return None

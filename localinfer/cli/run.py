@@ -251,6 +251,9 @@ def run(
     draft_max: opt.DraftMax = 10,
     draft_ngram_min: opt.DraftNgramMin = 2,
     draft_ngram_max: opt.DraftNgramMax = 4,
+    json_schema: opt.JsonSchema = None,
+    grammar: opt.Grammar = None,
+    regex: opt.Regex = None,
 ) -> None:
     """Answer a prompt with a model, streaming the text as it is generated."""
     model, prompt = split_model_and_prompt(model, prompt)
@@ -266,6 +269,7 @@ def run(
 
     speculation = opt.draft_config(draft, draft_max, draft_ngram_min, draft_ngram_max)
     cache = opt.cache_choice(cache_type, cache_type_k, cache_type_v)
+    constraint = opt.constraint_choice(json_schema, grammar, regex)
 
     with progress_bar(enabled=not json_out) as progress:
         engine = open_engine(model, LoadOptions(engine=engine_name, ctx=ctx, threads=threads, gpu_layers=gpu_layers, kernels=kernels, verbose=DEBUG, draft=speculation, cache=cache), progress)
@@ -275,7 +279,7 @@ def run(
         err.print(f"[yellow]warning:[/yellow] {warning}", soft_wrap=True)
     params = engine.defaults.with_overrides(
         temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p,
-        repeat_penalty=repeat_penalty, seed=seed, max_tokens=max_tokens,
+        repeat_penalty=repeat_penalty, seed=seed, max_tokens=max_tokens, constraint=constraint,
     )
     try:
         if prompt is None:
@@ -284,13 +288,16 @@ def run(
         messages = ([{"role": "system", "content": system}] if system else []) + [{"role": "user", "content": prompt}]
         tokens = engine.tokenize_prompt(prompt if raw else engine.render_chat(messages))
         if json_out:
-            write(as_json(engine, engine.complete(tokens, params)) + "\n")
-            return
-        result = stream_answer(engine, tokens, params)
-        if result is None:
-            raise typer.Exit(130)
-        if verbose:
-            print_timings(engine, result)
+            result = engine.complete(tokens, params)
+            write(as_json(engine, result) + "\n")
+        else:
+            result = stream_answer(engine, tokens, params)
+            if result is None:
+                raise typer.Exit(130)
+            if verbose:
+                print_timings(engine, result)
+        if constraint is not None and result.finish_reason == "length":
+            err.print(f"[yellow]warning:[/yellow] the answer reached its token limit before it matched the {constraint.label}: it is incomplete (raise --max-tokens)", soft_wrap=True)
     finally:
         engine.close()
 

@@ -28,6 +28,7 @@ import numpy as np
 
 from localinfer.backends.base import Backend, Batch
 from localinfer.engine.budget import DEFAULT_SLOWDOWN, PrefillBudget
+from localinfer.engine.constraints import GrammarVocab, TokenMask
 from localinfer.engine.detokenize import StreamDetokenizer
 from localinfer.engine.sampler import Sampler
 from localinfer.engine.speculative import DraftConfig, DraftState, lookup, measure_verify_cost
@@ -67,6 +68,7 @@ class _Sequence:
     prompt_ms: float = 0.0
     cached_tokens: int = 0  # prompt tokens found in the KV cache, not prefilled again
     spec: DraftState | None = None  # prompt-lookup speculation, when the engine drafts
+    mask: TokenMask | None = None  # structured output: the grammar's state
     n_forwards: int = 0  # decode forwards this request took part in (tokens per forward = answer / this)
 
     @property
@@ -130,6 +132,8 @@ class Engine:
         # thread (start() has its thread do it at once). Measured on another thread, it would leave
         # that thread's OpenMP team spinning beside the owner's, and every later forward slower.
         self.verify_cost: np.ndarray | None = None
+        self._grammar_vocab: GrammarVocab | None = None  # built when a request first asks for structured output
+        self._grammar_lock = threading.Lock()
 
     @property
     def n_ctx(self) -> int:
@@ -171,6 +175,7 @@ class Engine:
                 f"the prompt is {len(prompt_tokens)} tokens but the context holds {self.n_ctx}; "
                 f"raise --ctx (this model was trained on {self.backend.facts.n_ctx_train})"
             )
+        mask = self.grammar_vocab().matcher(params.constraint) if params.constraint is not None else None  # a bad one fails here, not mid-stream
         rid = next(self._ids)  # atomic: safe from any thread
         stream = RequestStream(rid)
         seq = _Sequence(
@@ -183,9 +188,17 @@ class Engine:
             stream=stream,
             history=list(prompt_tokens),
             t_submit=time.perf_counter(),
+            mask=mask,
         )
         self._post(("submit", seq))
         return stream
+
+    def grammar_vocab(self) -> GrammarVocab:
+        """The vocabulary as the grammar engine sees it, built once (any thread)."""
+        with self._grammar_lock:
+            if self._grammar_vocab is None:
+                self._grammar_vocab = GrammarVocab(self.backend)
+            return self._grammar_vocab
 
     def abort(self, request_id: int) -> None:
         """Stop a request (Ctrl-C, a client that went away): its stream ends with
@@ -355,7 +368,10 @@ class Engine:
         if k <= 0:
             return []
         c = self.draft
-        return lookup(np.asarray(seq.history, dtype=np.int32), c.ngram_min, c.ngram_max, k)  # type: ignore[union-attr]
+        drafted = lookup(np.asarray(seq.history, dtype=np.int32), c.ngram_min, c.ngram_max, k)  # type: ignore[union-attr]
+        if seq.mask is not None and drafted:  # what the grammar would refuse could never be accepted: not worth a row
+            drafted = drafted[: seq.mask.valid_prefix(drafted)]
+        return drafted
 
     def _forward(self, rows: list[tuple[_Sequence, list[int], int, int]]) -> None:
         """One batched forward; if it fails, each sequence alone, so that a failure ends only
@@ -441,6 +457,8 @@ class Engine:
         """Sample the next token of a sequence and decide whether it is finished."""
         k = seq.params.logprobs
         raw = logits.copy() if k is not None else None  # the sampler edits logits in place
+        if seq.mask is not None and not seq.mask.apply(logits):  # before every other step of the sampler
+            return self._finish(seq, "error", error=UserError(seq.mask.error))
         token = seq.sampler.sample(logits, seq.history, seq.generated)
         seq.t_last = time.perf_counter()
         seq.n_sampled += 1
@@ -451,10 +469,14 @@ class Engine:
             return self._finish(seq, "stop")
         seq.generated.append(token)
         seq.history.append(token)
+        if seq.mask is not None and not seq.mask.advance(token):
+            return self._finish(seq, "error", error=UserError(seq.mask.error))
         text, hit_stop = seq.stops.push(seq.detok.push(token))
         self._emit(seq, token, text, *(token_logprobs(raw, token, k) if raw is not None else ()))
         if hit_stop:
             return self._finish(seq, "stop", flush=False)
+        if seq.mask is not None and seq.mask.finished:  # the grammar is complete: only end of generation may follow
+            return self._finish(seq, "stop")
         if seq.params.max_tokens is not None and len(seq.generated) >= seq.params.max_tokens:
             return self._finish(seq, "length")
         if seq.n_past + 1 >= self.n_ctx:

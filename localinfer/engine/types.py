@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field, replace
 
+from localinfer.engine.constraints import Constraint
+
 
 @dataclass(frozen=True)
 class SamplingParams:
@@ -21,6 +23,7 @@ class SamplingParams:
     max_tokens: int | None = None  # None: until end of generation or a full context
     logprobs: int | None = None  # None: none; k >= 0: each token's log-probability and the k most likely
     stop: tuple[str, ...] = ()
+    constraint: Constraint | None = None  # structured output: the answer must match this schema, regex or grammar
 
     def with_overrides(self, **changes: object) -> SamplingParams:
         """A copy with the given fields replaced; None values mean "keep"."""

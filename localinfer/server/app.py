@@ -25,7 +25,7 @@ from starlette.exceptions import HTTPException
 from localinfer.engine.engine import Engine
 from localinfer.engine.stream import RequestStream
 from localinfer.engine.types import CompletionOutput, TokenEvent
-from localinfer.errors import ModelNotFound, UserError
+from localinfer.errors import ConstraintError, ModelNotFound, UserError
 from localinfer.server import protocol as p
 from localinfer.server.host import Loaded, ModelHost
 from localinfer.server.metrics import Metrics
@@ -249,15 +249,22 @@ def create_app(host: ModelHost, api_key: str | None = None, parallel: int = 4, m
         max_tokens = body.max_completion_tokens or body.max_tokens
         if len(tokens) + (max_tokens or 1) > engine.n_ctx:
             raise ApiError(400, f"the prompt is {len(tokens)} tokens and max_tokens {max_tokens or 1}, but a request's context holds {engine.n_ctx}", param="max_tokens")
+        try:
+            constraint, field = body.constraint()
+        except ConstraintError as e:
+            raise ApiError(400, str(e), param="response_format") from None
         params = engine.defaults.with_overrides(
             temperature=body.temperature, top_p=body.top_p, top_k=body.top_k, min_p=body.min_p,
             repeat_penalty=body.repeat_penalty, max_tokens=max_tokens, stop=body.stops() or None,
             seed=body.seed + index if body.seed is not None and body.seed >= 0 else None,  # n choices, n samples
             logprobs=body.logprob_count(),  # type: ignore[attr-defined]
             presence_penalty=body.presence_penalty or None, frequency_penalty=body.frequency_penalty or None,
+            constraint=constraint,
         )  # fmt: skip
         try:
             stream = engine.submit(tokens, params)
+        except ConstraintError as e:
+            raise ApiError(400, str(e), param=field) from None
         except UserError as e:
             raise ApiError(400, str(e)) from None
         loaded.in_flight += 1

@@ -14,6 +14,9 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, SerializerFunctionWrapHandler, model_serializer
 
+from localinfer.engine.constraints import Constraint
+from localinfer.errors import ConstraintError
+
 
 class Lenient(BaseModel):
     model_config = ConfigDict(extra="ignore")
@@ -38,6 +41,18 @@ class StreamOptions(Lenient):
     include_usage: bool = False
 
 
+class JsonSchemaFormat(Lenient):
+    name: str = "response"
+    description: str | None = None
+    schema_: dict | None = Field(default=None, alias="schema")
+    strict: bool | None = None  # the schema is always enforced, strict or not
+
+
+class ResponseFormat(Lenient):
+    type: Literal["text", "json_object", "json_schema"]
+    json_schema: JsonSchemaFormat | None = None
+
+
 class SamplingFields(Lenient):
     """What both completion endpoints take, with OpenAI's ranges, plus our extensions."""
 
@@ -56,10 +71,31 @@ class SamplingFields(Lenient):
     top_k: int | None = Field(default=None, ge=0)  # extensions, as llama-server takes them
     min_p: float | None = Field(default=None, ge=0, le=1)
     repeat_penalty: float | None = Field(default=None, ge=0.01)
+    response_format: ResponseFormat | None = None
+    grammar: str | None = None  # extensions: a GBNF (or Lark) grammar, as llama-server takes it, or a regex
+    regex: str | None = None
 
     def stops(self) -> tuple[str, ...]:
         stops = [self.stop] if isinstance(self.stop, str) else list(self.stop or [])
         return tuple(s for s in stops if s)
+
+    def constraint(self) -> tuple[Constraint | None, str | None]:
+        """The structured output asked for, and the field that asked (for a 400's `param`)."""
+        fmt = self.response_format if self.response_format is not None and self.response_format.type != "text" else None
+        given = [name for name, value in (("response_format", fmt), ("grammar", self.grammar), ("regex", self.regex)) if value is not None]
+        if len(given) > 1:
+            raise ConstraintError(f"give one of {', '.join(given)}, not several")
+        if fmt is not None and fmt.type == "json_object":
+            return Constraint("json_object"), "response_format"
+        if fmt is not None:
+            if fmt.json_schema is None or fmt.json_schema.schema_ is None:
+                raise ConstraintError("response_format json_schema needs json_schema.schema")
+            return Constraint.json_schema(fmt.json_schema.schema_), "response_format"
+        if self.grammar is not None:
+            return Constraint("grammar", self.grammar), "grammar"
+        if self.regex is not None:
+            return Constraint("regex", self.regex), "regex"
+        return None, None
 
 
 class ChatCompletionRequest(SamplingFields):

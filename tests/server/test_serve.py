@@ -5,6 +5,7 @@ hides: status codes, headers, disconnects)."""
 from __future__ import annotations
 
 import json
+import re
 import signal
 import socket
 import subprocess
@@ -14,6 +15,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
+import jsonschema
 import openai
 import pytest
 
@@ -158,6 +160,13 @@ def test_disconnect_frees_the_slot(server: Server) -> None:
         ({"messages": CHAT, "model": "nobody/nothing-GGUF"}, 404, "not downloaded"),
         ({"messages": [{"role": "assistant", "content": "a"}, {"role": "assistant", "content": "b"}]}, None, None),
         (b"x" * (9 * 1024 * 1024), 413, "over"),
+        ({"messages": CHAT, "response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "objec"}}}}, 400, "invalid JSON schema"),
+        ({"messages": CHAT, "response_format": {"type": "json_schema", "json_schema": {"name": "x"}}}, 400, "json_schema.schema"),
+        ({"messages": CHAT, "response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "string", "format": "no-such"}}}}, 400, "JSON schema"),
+        ({"messages": CHAT, "response_format": {"type": "yaml"}}, 400, "response_format"),
+        ({"messages": CHAT, "grammar": "root ::= ("}, 400, "grammar"),
+        ({"messages": CHAT, "regex": "(unclosed"}, 400, "regex"),
+        ({"messages": CHAT, "regex": "a", "grammar": 'root ::= "a"'}, 400, "not several"),
     ],
 )
 def test_bad_requests_get_their_status_and_never_a_500(server: Server, body, status, needle) -> None:
@@ -169,6 +178,31 @@ def test_bad_requests_get_their_status_and_never_a_500(server: Server, body, sta
         error = r.json()["error"]
         assert set(error) == {"message", "type", "param", "code"} and needle in error["message"]
     assert httpx.get(server.url + "/health").status_code == 200
+
+
+def test_structured_output_through_the_openai_client(server: Server) -> None:
+    client = server.client()
+    schema = {
+        "type": "object",
+        "properties": {"city": {"type": "string", "maxLength": 30}, "population": {"type": "integer", "minimum": 0}, "coastal": {"type": "boolean"}},
+        "required": ["city", "population", "coastal"],
+        "additionalProperties": False,
+    }
+    fmt = {"type": "json_schema", "json_schema": {"name": "city", "schema": schema, "strict": True}}
+    ask = [{"role": "user", "content": "Describe a large city as JSON."}]
+    whole = client.chat.completions.create(model=server.model, messages=ask, response_format=fmt, temperature=0.9, seed=7, max_tokens=80)
+    jsonschema.validate(json.loads(whole.choices[0].message.content), schema)
+    assert whole.choices[0].finish_reason == "stop"
+    chunks = list(client.chat.completions.create(model=server.model, messages=ask, response_format=fmt, temperature=0.9, seed=7, max_tokens=80, stream=True))
+    assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices) == whole.choices[0].message.content
+    anything = client.chat.completions.create(model=server.model, messages=ask, response_format={"type": "json_object"}, temperature=0, max_tokens=120)
+    assert isinstance(json.loads(anything.choices[0].message.content), dict)
+    regex = client.chat.completions.create(model=server.model, messages=CHAT, extra_body={"regex": r"(Yes|No), because [a-z ]{1,40}\."}, temperature=0.9, seed=1, max_tokens=40)
+    assert re.fullmatch(r"(Yes|No), because [a-z ]{1,40}\.", regex.choices[0].message.content)
+    grammar = client.completions.create(model=server.model, prompt="The answer is", extra_body={"grammar": 'root ::= " " ("yes" | "no")'}, temperature=0, max_tokens=5)
+    assert grammar.choices[0].text in (" yes", " no") and grammar.choices[0].finish_reason == "stop"
+    cut = client.chat.completions.create(model=server.model, messages=ask, response_format=fmt, temperature=0, max_tokens=3)
+    assert cut.choices[0].finish_reason == "length"  # never passed off as complete JSON
 
 
 def test_no_cross_talk_between_concurrent_streams(f32_path: Path) -> None:
