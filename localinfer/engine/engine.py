@@ -141,7 +141,7 @@ class Engine:
         return self.backend.facts.n_ctx_seq
 
     # --- prompts -------------------------------------------------------------------
-    def render_chat(self, messages: list[Message], add_generation_prompt: bool = True) -> str:
+    def render_chat(self, messages: list[Message], add_generation_prompt: bool = True, tools: list[dict] | None = None) -> str:
         v = self.backend.vocab
         return render_chat(
             self.backend.facts.chat_template,
@@ -149,6 +149,7 @@ class Engine:
             add_generation_prompt=add_generation_prompt,
             bos_token=v.bos_text,
             eos_token=v.eos_text,
+            tools=tools,
         )
 
     def tokenize_prompt(self, text: str) -> list[int]:

@@ -21,7 +21,7 @@ CHATML = (
     "{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
 )
 
-Message = dict[str, str]
+Message = dict[str, object]  # role, content; tool_calls and tool_call_id where tools are in use
 
 
 def _raise(message: str) -> None:
@@ -52,8 +52,10 @@ def render_chat(
     add_generation_prompt: bool = True,
     bos_token: str = "",
     eos_token: str = "",
+    tools: list[dict] | None = None,
 ) -> str:
-    """The prompt text for a conversation, exactly as the model was trained to see it."""
+    """The prompt text for a conversation, exactly as the model was trained to see it
+    (`tools`: OpenAI's tool list, for templates that render tools themselves)."""
     compiled = _compile(template or CHATML)
     try:
         return compiled.render(
@@ -61,6 +63,7 @@ def render_chat(
             add_generation_prompt=add_generation_prompt,
             bos_token=bos_token,
             eos_token=eos_token,
+            tools=tools,
         )
     except jinja2.TemplateError as e:
         raise TemplateError(f"the model's chat template failed to render: {e}") from e

@@ -22,7 +22,9 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from sse_starlette.sse import EventSourceResponse
 from starlette.exceptions import HTTPException
 
+from localinfer.engine.constraints import Constraint
 from localinfer.engine.engine import Engine
+from localinfer.engine.tools import CallStream, ToolCall, ToolPlan, call_prefix, parse_calls, plan_tools, prompt_messages, tool_format
 from localinfer.engine.stream import RequestStream
 from localinfer.engine.types import CompletionOutput, TokenEvent
 from localinfer.errors import ConstraintError, ModelNotFound, UserError
@@ -147,20 +149,31 @@ def create_app(host: ModelHost, api_key: str | None = None, parallel: int = 4, m
             raise ApiError(400, "top_logprobs needs logprobs: true", param="top_logprobs")
         loaded = await model_for(body)
         engine = loaded.engine
-        messages = [{"role": "system" if m.role == "developer" else m.role, "content": m.text()} for m in body.messages]
+        template = engine.backend.facts.chat_template
+        choice = body.tool_choice.function.name if isinstance(body.tool_choice, p.NamedToolChoice) else (body.tool_choice or "auto")
         try:
-            tokens = engine.tokenize_prompt(engine.render_chat(messages))
+            plan = plan_tools(template, body.tool_list(), choice)
+        except ConstraintError as e:
+            raise ApiError(400, str(e), param="tools") from None
+        fmt = plan.fmt if plan else tool_format(template)
+        messages = prompt_messages([m.for_template() for m in body.messages], plan.tools if plan else [], fmt)
+        try:
+            text = engine.render_chat(messages, tools=plan.template_tools() if plan else None)
+            tokens = engine.tokenize_prompt(text + (call_prefix(fmt) if plan and plan.required else ""))
         except UserError as e:
             raise ApiError(400, str(e), param="messages") from None
-        jobs = await start(loaded, tokens, body)
+        jobs = await start(loaded, tokens, body, plan.constraint if plan else None)
         if body.stream:
-            return EventSourceResponse(chat_chunks(jobs, body), ping=15)
+            return EventSourceResponse(chat_chunks(jobs, body, plan), ping=15)
         results = await asyncio.gather(*(finish(job) for job in jobs))
-        choices = [
-            p.ChatChoice(index=i, message=p.ResponseMessage(content=out.text), finish_reason=out.finish_reason,
-                         logprobs=chat_logprobs(engine, tokens) if body.logprobs else None)
-            for i, (out, tokens) in enumerate(results)
-        ]  # fmt: skip
+        choices = []
+        for i, (out, tokens) in enumerate(results):
+            content, calls = parse_calls(out.text, plan.fmt, plan.required) if plan else (out.text, [])
+            choices.append(p.ChatChoice(
+                index=i, message=p.ResponseMessage(content=(content or None) if calls else content, tool_calls=[wire_call(c) for c in calls] or None),
+                finish_reason="tool_calls" if calls and out.finish_reason == "stop" else out.finish_reason,
+                logprobs=chat_logprobs(engine, tokens) if body.logprobs else None,
+            ))  # fmt: skip
         return p.ChatCompletion(id=jobs[0].rid, model=engine.name, usage=usage(*(out for out, _ in results)), choices=choices)
 
     @app.post("/v1/completions", dependencies=auth)
@@ -221,15 +234,15 @@ def create_app(host: ModelHost, api_key: str | None = None, parallel: int = 4, m
             raise ApiError(503, f"the server is busy ({parallel} running, {max_queue} waiting); retry shortly", "server_busy", headers={"Retry-After": "1"})
         return loaded
 
-    async def start(loaded: Loaded, tokens: list[int], body: p.SamplingFields) -> list[Job]:
+    async def start(loaded: Loaded, tokens: list[int], body: p.SamplingFields, tool_constraint: Constraint | None = None) -> list[Job]:
         """The request's n choices. The first goes alone; once its prompt is in the cache
         (its first event has come), the others are submitted, and the scheduler copies the
         prompt's cache to their slots with kv_copy instead of prefilling it n times."""
-        jobs = [submit(loaded, tokens, body, 0)]
+        jobs = [submit(loaded, tokens, body, 0, tool_constraint)]
         if body.n > 1:
             try:
                 await first_event(jobs[0])
-                jobs += [submit(loaded, tokens, body, i) for i in range(1, body.n)]
+                jobs += [submit(loaded, tokens, body, i, tool_constraint) for i in range(1, body.n)]
             except BaseException:
                 for job in jobs:
                     job.done()
@@ -244,7 +257,7 @@ def create_app(host: ModelHost, api_key: str | None = None, parallel: int = 4, m
             await ready.wait()
             ready.clear()
 
-    def submit(loaded: Loaded, tokens: list[int], body: p.SamplingFields, index: int = 0) -> Job:
+    def submit(loaded: Loaded, tokens: list[int], body: p.SamplingFields, index: int = 0, tool_constraint: Constraint | None = None) -> Job:
         engine = loaded.engine
         max_tokens = body.max_completion_tokens or body.max_tokens
         if len(tokens) + (max_tokens or 1) > engine.n_ctx:
@@ -253,6 +266,10 @@ def create_app(host: ModelHost, api_key: str | None = None, parallel: int = 4, m
             constraint, field = body.constraint()
         except ConstraintError as e:
             raise ApiError(400, str(e), param="response_format") from None
+        if tool_constraint is not None:
+            if constraint is not None:
+                raise ApiError(400, f"{field} and a required tool call cannot both shape the answer", param=field)
+            constraint, field = tool_constraint, "tools"
         params = engine.defaults.with_overrides(
             temperature=body.temperature, top_p=body.top_p, top_k=body.top_k, min_p=body.min_p,
             repeat_penalty=body.repeat_penalty, max_tokens=max_tokens, stop=body.stops() or None,
@@ -311,7 +328,7 @@ def create_app(host: ModelHost, api_key: str | None = None, parallel: int = 4, m
 
     async def chunks(jobs: list[Job], body: p.SamplingFields, make, first: list[str] | None = None) -> AsyncIterator[str]:  # type: ignore[no-untyped-def]
         """SSE data for the choices of one request, interleaved as their tokens come:
-        `make(index, text, finish_reason, usage, event)` builds each chunk. A client that goes
+        `make(index, text, finish_reason, usage, event)` builds the chunks of each. A client that goes
         away cancels this generator; the finally ends every choice's request."""
         queue: asyncio.Queue[tuple[int, object]] = asyncio.Queue()
 
@@ -332,12 +349,15 @@ def create_app(host: ModelHost, api_key: str | None = None, parallel: int = 4, m
                     if event.error is not None:
                         yield json.dumps(p.error_body(f"the model failed on this request: {event.error}", "server_error"))
                         break
-                    yield make(index, None, event.finish_reason, None, None).model_dump_json()
+                    for chunk in make(index, None, event.finish_reason, None, None):
+                        yield chunk.model_dump_json()
                 elif event.text or event.logprob is not None:  # type: ignore[attr-defined]
-                    yield make(index, event.text, None, None, event).model_dump_json()  # type: ignore[attr-defined]
+                    for chunk in make(index, event.text, None, None, event):  # type: ignore[attr-defined]
+                        yield chunk.model_dump_json()
             else:
                 if body.stream_options and body.stream_options.include_usage:
-                    yield make(0, None, None, usage(*outs), None).model_dump_json()
+                    for chunk in make(0, None, None, usage(*outs), None):
+                        yield chunk.model_dump_json()
             yield "[DONE]"
         finally:
             for task in tasks:
@@ -345,13 +365,29 @@ def create_app(host: ModelHost, api_key: str | None = None, parallel: int = 4, m
             for job in jobs:
                 job.done()
 
-    def chat_chunks(jobs: list[Job], body: p.SamplingFields) -> AsyncIterator[str]:
+    def chat_chunks(jobs: list[Job], body: p.SamplingFields, plan: ToolPlan | None) -> AsyncIterator[str]:
         name, engine = jobs[0].loaded.engine.name, jobs[0].loaded.engine
+        calls = [CallStream(plan.fmt, plan.required) if plan else None for _ in jobs]  # per choice: text with its calls held back
+        n_calls = [0] * len(jobs)
 
-        def make(index: int, text: str | None, finish: str | None, use: p.Usage | None, event: TokenEvent | None) -> p.ChatCompletionChunk:
+        def chunk(index: int, delta: p.Delta, finish: str | None = None, logprobs: p.ChoiceLogprobs | None = None) -> p.ChatCompletionChunk:
+            return p.ChatCompletionChunk(id=jobs[0].rid, model=name, choices=[p.ChunkChoice(index=index, delta=delta, finish_reason=finish, logprobs=logprobs)])
+
+        def make(index: int, text: str | None, finish: str | None, use: p.Usage | None, event: TokenEvent | None) -> list[p.ChatCompletionChunk]:
+            if use is not None:
+                return [p.ChatCompletionChunk(id=jobs[0].rid, model=name, choices=[], usage=use)]
             logprobs = chat_logprobs(engine, [event]) if event is not None and event.logprob is not None else None
-            choices = [] if use is not None else [p.ChunkChoice(index=index, delta=p.Delta(content=text), finish_reason=finish, logprobs=logprobs)]
-            return p.ChatCompletionChunk(id=jobs[0].rid, model=name, choices=choices, usage=use)
+            stream = calls[index]
+            if stream is None:
+                return [chunk(index, p.Delta(content=text), finish, logprobs)]
+            content, found = stream.finish() if finish is not None else stream.push(text or "")
+            out = [chunk(index, p.Delta(content=content), logprobs=logprobs)] if content or logprobs else []
+            for call in found:
+                out.append(chunk(index, p.Delta(tool_calls=[p.DeltaToolCall(index=n_calls[index], id=call.id, function=p.FunctionCall(name=call.name, arguments=call.arguments))])))
+                n_calls[index] += 1
+            if finish is not None:
+                out.append(chunk(index, p.Delta(), "tool_calls" if n_calls[index] and finish == "stop" else finish))
+            return out
 
         roles = [p.ChatCompletionChunk(id=jobs[0].rid, model=name, choices=[p.ChunkChoice(index=i, delta=p.Delta(role="assistant", content=""))]).model_dump_json() for i in range(len(jobs))]
         return chunks(jobs, body, make, roles)
@@ -359,10 +395,10 @@ def create_app(host: ModelHost, api_key: str | None = None, parallel: int = 4, m
     def text_chunks(jobs: list[Job], body: p.SamplingFields) -> AsyncIterator[str]:
         name, engine = jobs[0].loaded.engine.name, jobs[0].loaded.engine
 
-        def make(index: int, text: str | None, finish: str | None, use: p.Usage | None, event: TokenEvent | None) -> p.Completion:
+        def make(index: int, text: str | None, finish: str | None, use: p.Usage | None, event: TokenEvent | None) -> list[p.Completion]:
             logprobs = completion_logprobs(engine, [event]) if event is not None and event.logprob is not None else None
             choices = [] if use is not None else [p.TextChoice(index=index, text=text or "", finish_reason=finish, logprobs=logprobs)]
-            return p.Completion(id=jobs[0].rid, model=name, choices=choices, usage=use)
+            return [p.Completion(id=jobs[0].rid, model=name, choices=choices, usage=use)]
 
         return chunks(jobs, body, make)
 
@@ -391,6 +427,10 @@ def create_app(host: ModelHost, api_key: str | None = None, parallel: int = 4, m
         )  # fmt: skip
 
     return app
+
+
+def wire_call(call: ToolCall) -> p.MessageToolCall:
+    return p.MessageToolCall(id=call.id, function=p.FunctionCall(name=call.name, arguments=call.arguments))
 
 
 def token_text(engine: Engine, token: int) -> tuple[str, list[int]]:

@@ -15,6 +15,7 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field, SerializerFunctionWrapHandler, model_serializer
 
 from localinfer.engine.constraints import Constraint
+from localinfer.engine.tools import Tool
 from localinfer.errors import ConstraintError
 
 
@@ -27,14 +28,55 @@ class TextPart(Lenient):
     text: str
 
 
+class FunctionCall(Lenient):
+    name: str
+    arguments: str  # JSON text
+
+
+class MessageToolCall(Lenient):
+    id: str
+    type: Literal["function"] = "function"
+    function: FunctionCall
+
+
 class ChatMessage(Lenient):
-    role: Literal["system", "developer", "user", "assistant"]
+    role: Literal["system", "developer", "user", "assistant", "tool"]
     content: str | list[TextPart] | None = None
+    tool_calls: list[MessageToolCall] | None = None  # an assistant's earlier calls
+    tool_call_id: str | None = None  # a tool's result: the call it answers
 
     def text(self) -> str:
         if isinstance(self.content, list):
             return "".join(part.text for part in self.content)
         return self.content or ""
+
+    def for_template(self) -> dict[str, object]:
+        message: dict[str, object] = {"role": "system" if self.role == "developer" else self.role, "content": self.text()}
+        if self.tool_calls:
+            message["tool_calls"] = [c.model_dump() for c in self.tool_calls]
+        if self.tool_call_id is not None:
+            message["tool_call_id"] = self.tool_call_id
+        return message
+
+
+class FunctionSpec(Lenient):
+    name: str
+    description: str = ""
+    parameters: dict | None = None
+
+
+class ToolSpec(Lenient):
+    type: Literal["function"]
+    function: FunctionSpec
+
+
+class NamedFunction(Lenient):
+    name: str
+
+
+class NamedToolChoice(Lenient):
+    type: Literal["function"]
+    function: NamedFunction
 
 
 class StreamOptions(Lenient):
@@ -102,6 +144,13 @@ class ChatCompletionRequest(SamplingFields):
     messages: list[ChatMessage] = Field(min_length=1)
     logprobs: bool = False
     top_logprobs: int | None = Field(default=None, ge=0, le=20)
+    tools: list[ToolSpec] | None = None
+    tool_choice: Literal["auto", "none", "required"] | NamedToolChoice | None = None
+    parallel_tool_calls: bool | None = None  # taken, not honoured: a model writes as many calls as it writes
+
+    def tool_list(self) -> list[Tool]:
+        """The tools, checked (ConstraintError names the bad one)."""
+        return [Tool(t.function.name, t.function.parameters or {"type": "object", "properties": {}}, t.function.description) for t in self.tools or []]
 
     def logprob_count(self) -> int | None:
         return (self.top_logprobs or 0) if self.logprobs else None
@@ -147,7 +196,8 @@ class Usage(BaseModel):
 
 class ResponseMessage(BaseModel):
     role: Literal["assistant"] = "assistant"
-    content: str
+    content: str | None
+    tool_calls: list[MessageToolCall] | None = None
 
 
 class ChatChoice(BaseModel):
@@ -166,12 +216,23 @@ class ChatCompletion(BaseModel):
     usage: Usage
 
 
+class DeltaToolCall(BaseModel):
+    """A whole call in one chunk: its id, name and all its arguments (OpenAI may split the
+    arguments over chunks; clients join them by index either way)."""
+
+    index: int
+    id: str
+    type: Literal["function"] = "function"
+    function: FunctionCall
+
+
 class Delta(BaseModel):
     """As OpenAI sends it: a field a chunk does not carry is left out, not null (the role
     comes once, the last chunk's delta is {}), which stricter clients than the SDK expect."""
 
     role: Literal["assistant"] | None = None
     content: str | None = None
+    tool_calls: list[DeltaToolCall] | None = None
 
     @model_serializer(mode="wrap")
     def _leave_out_none(self, handler: SerializerFunctionWrapHandler) -> dict:

@@ -23,6 +23,8 @@ from ..conftest import start_cli
 
 MODEL = "smollm2:135m"
 CHAT = [{"role": "user", "content": "Why is the sky blue?"}]
+WEATHER_PARAMS = {"type": "object", "properties": {"city": {"type": "string", "maxLength": 30}, "unit": {"enum": ["celsius", "fahrenheit"]}}, "required": ["city", "unit"]}
+WEATHER = {"type": "function", "function": {"name": "get_weather", "description": "Current weather in a city", "parameters": WEATHER_PARAMS}}
 
 
 class Server:
@@ -167,6 +169,12 @@ def test_disconnect_frees_the_slot(server: Server) -> None:
         ({"messages": CHAT, "grammar": "root ::= ("}, 400, "grammar"),
         ({"messages": CHAT, "regex": "(unclosed"}, 400, "regex"),
         ({"messages": CHAT, "regex": "a", "grammar": 'root ::= "a"'}, 400, "not several"),
+        ({"messages": CHAT, "tools": [{"type": "function", "function": {"name": "f", "parameters": {"type": "string"}}}]}, 400, "type object"),
+        ({"messages": CHAT, "tools": [{"type": "function", "function": {"name": "two words"}}]}, 400, "tool name"),
+        ({"messages": CHAT, "tools": [WEATHER], "tool_choice": {"type": "function", "function": {"name": "nope"}}}, 400, "not one of the tools"),
+        ({"messages": CHAT, "tool_choice": "required"}, 400, "no tools"),
+        ({"messages": CHAT, "tools": [WEATHER], "tool_choice": "required", "response_format": {"type": "json_object"}}, 400, "cannot both"),
+        ({"messages": CHAT, "tools": [{"type": "retrieval"}]}, 400, "tools"),
     ],
 )
 def test_bad_requests_get_their_status_and_never_a_500(server: Server, body, status, needle) -> None:
@@ -203,6 +211,41 @@ def test_structured_output_through_the_openai_client(server: Server) -> None:
     assert grammar.choices[0].text in (" yes", " no") and grammar.choices[0].finish_reason == "stop"
     cut = client.chat.completions.create(model=server.model, messages=ask, response_format=fmt, temperature=0, max_tokens=3)
     assert cut.choices[0].finish_reason == "length"  # never passed off as complete JSON
+
+
+def test_a_weather_tool_round_trip_through_the_openai_client(server: Server) -> None:
+    client = server.client()
+    ask = [{"role": "user", "content": "What is the weather in Paris?"}]
+    whole = client.chat.completions.create(model=server.model, messages=ask, tools=[WEATHER], tool_choice="required", temperature=0, max_tokens=80)
+    assert whole.choices[0].finish_reason == "tool_calls" and whole.choices[0].message.content is None
+    (call,) = whole.choices[0].message.tool_calls
+    assert call.type == "function" and call.function.name == "get_weather" and call.id.startswith("call_")
+    jsonschema.validate(json.loads(call.function.arguments), WEATHER_PARAMS)
+    chunks = list(client.chat.completions.create(model=server.model, messages=ask, tools=[WEATHER], tool_choice="required", temperature=0, max_tokens=80, stream=True))
+    streamed = [tc for c in chunks if c.choices for tc in c.choices[0].delta.tool_calls or []]
+    assert [(tc.index, tc.function.name, tc.function.arguments) for tc in streamed] == [(0, "get_weather", call.function.arguments)]
+    assert [c.choices[0].finish_reason for c in chunks if c.choices][-1] == "tool_calls"
+
+    def answer(result: str):  # the call and its result back, as a client sends them
+        back = [*ask, whole.choices[0].message.model_dump(exclude_none=True), {"role": "tool", "tool_call_id": call.id, "content": result}]
+        return client.chat.completions.create(model=server.model, messages=back, tools=[WEATHER], temperature=0, max_tokens=40)
+
+    short, longer = answer('{"temperature": 18}'), answer('{"temperature": 18, "sky": "clear", "wind": "light breeze from the west"}')
+    assert short.choices[0].message.content and short.choices[0].finish_reason in ("stop", "length")
+    assert longer.usage.prompt_tokens > short.usage.prompt_tokens  # the tool's result is in the prompt
+    named = client.chat.completions.create(model=server.model, messages=ask, tools=[WEATHER, {"type": "function", "function": {"name": "get_time"}}],
+                                           tool_choice={"type": "function", "function": {"name": "get_time"}}, temperature=0, max_tokens=40)  # fmt: skip
+    assert [(c.function.name, json.loads(c.function.arguments)) for c in named.choices[0].message.tool_calls] == [("get_time", {})]
+
+
+def test_tool_choice_required_always_yields_a_valid_call(server: Server) -> None:
+    client = server.client()
+    ask = [{"role": "user", "content": "Tell me a joke."}]  # nothing to do with the tool
+    for seed in range(10):
+        r = client.chat.completions.create(model=server.model, messages=ask, tools=[WEATHER], tool_choice="required", temperature=1.2, seed=seed, max_tokens=80)
+        assert r.choices[0].finish_reason == "tool_calls"
+        (call,) = r.choices[0].message.tool_calls
+        jsonschema.validate(json.loads(call.function.arguments), WEATHER_PARAMS)
 
 
 def test_no_cross_talk_between_concurrent_streams(f32_path: Path) -> None:
