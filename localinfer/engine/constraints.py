@@ -129,13 +129,14 @@ class TokenMask:
             raise ConstraintError(f"invalid {constraint.label}: {one_line(self._matcher.get_error())}")
         self._bits = np.zeros((vocab.n_vocab + 31) // 32, dtype=np.int32)
 
-    def apply(self, logits: np.ndarray) -> bool:
-        """Set the logits of every token the grammar forbids here to -inf, in place; False
-        when the grammar has failed (a parser limit) and allows nothing."""
+    def apply(self, logits: np.ndarray) -> np.ndarray:
+        """Set the logits of every token the grammar forbids here to -inf, in place, and
+        return the ids it allows (the sampler's candidates: a partial sort of a vocabulary
+        that is mostly -inf is slow). Empty when the grammar has failed (a parser limit)."""
         self._matcher.unsafe_compute_mask_ptr(self._bits.ctypes.data, self._bits.nbytes)
         allowed = np.unpackbits(self._bits.view(np.uint8), bitorder="little", count=len(logits)).view(bool)
         logits[~allowed] = -np.inf
-        return not self._matcher.is_error() and bool(allowed.any())
+        return np.flatnonzero(allowed) if not self._matcher.is_error() else np.empty(0, dtype=np.intp)
 
     def advance(self, token: int) -> bool:
         """Take a sampled token; False if the grammar refuses it (then `error` says why)."""

@@ -458,9 +458,10 @@ class Engine:
         """Sample the next token of a sequence and decide whether it is finished."""
         k = seq.params.logprobs
         raw = logits.copy() if k is not None else None  # the sampler edits logits in place
-        if seq.mask is not None and not seq.mask.apply(logits):  # before every other step of the sampler
-            return self._finish(seq, "error", error=UserError(seq.mask.error))
-        token = seq.sampler.sample(logits, seq.history, seq.generated)
+        allowed = seq.mask.apply(logits) if seq.mask is not None else None  # before every other step of the sampler
+        if allowed is not None and not len(allowed):
+            return self._finish(seq, "error", error=UserError(seq.mask.error))  # type: ignore[union-attr]
+        token = seq.sampler.sample(logits, seq.history, seq.generated, allowed)
         seq.t_last = time.perf_counter()
         seq.n_sampled += 1
         if not seq.t_first:

@@ -19,18 +19,19 @@ class Sampler:
         seed = params.seed if params.seed is not None and params.seed >= 0 else None  # -1: a fresh one
         self.rng = np.random.default_rng(seed)
 
-    def sample(self, logits: np.ndarray, history: list[int], generated: list[int] | None = None) -> int:
+    def sample(self, logits: np.ndarray, history: list[int], generated: list[int] | None = None, allowed: np.ndarray | None = None) -> int:
         """Pick the next token. `logits` is [n_vocab] float32 and may be modified in place;
         `history` is prompt + answer (repetition penalty), `generated` the answer alone
-        (presence and frequency penalties, as OpenAI defines them)."""
-        ids, probs = self.distribution(logits, history, generated)
+        (presence and frequency penalties, as OpenAI defines them); `allowed`, the only ids
+        a grammar permits (their logits alone are finite)."""
+        ids, probs = self.distribution(logits, history, generated, allowed)
         if self.params.temperature <= 0:
             return int(ids[0])
         draw = self.rng.random() * probs.sum()
         choice = min(int(np.searchsorted(np.cumsum(probs), draw, side="right")), len(ids) - 1)
         return int(ids[choice])
 
-    def distribution(self, logits: np.ndarray, history: list[int], generated: list[int] | None = None) -> tuple[np.ndarray, np.ndarray]:
+    def distribution(self, logits: np.ndarray, history: list[int], generated: list[int] | None = None, allowed: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
         """The distribution a draw is made from, after every filter: token ids and their
         probabilities (greedy: the argmax alone). Speculation is lossless against this."""
         p = self.params
@@ -41,7 +42,7 @@ class Sampler:
         if p.temperature <= 0:
             return np.array([int(np.argmax(logits))]), np.ones(1)
 
-        ids, vals = top_k(logits, p.top_k)  # sorted by logit, descending
+        ids, vals = top_k(logits, p.top_k, allowed)  # sorted by logit, descending
         probs = softmax(vals)
         keep = len(probs)
         if p.top_p < 1.0:
@@ -65,9 +66,12 @@ def apply_presence_frequency(logits: np.ndarray, generated: list[int], presence:
     logits[ids] -= (counts * frequency + presence).astype(logits.dtype)
 
 
-def top_k(logits: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
-    """The k largest logits and their ids, sorted descending; k <= 0 keeps all."""
-    if 0 < k < len(logits):
+def top_k(logits: np.ndarray, k: int, among: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """The k largest logits and their ids, sorted descending; k <= 0 keeps all. `among`:
+    the only ids that can be chosen (the rest are -inf)."""
+    if among is not None:
+        ids = among[np.argpartition(logits[among], -k)[-k:]] if 0 < k < len(among) else among
+    elif 0 < k < len(logits):
         ids = np.argpartition(logits, -k)[-k:]
     else:
         ids = np.arange(len(logits))
