@@ -51,6 +51,7 @@ class ChatApp(App):
         Binding("f2", "rename", "Rename"),
         Binding("f3", "copy", "Copy"),
         Binding("f4", "export", "Export"),
+        Binding("f9", "json_mode", "JSON"),
         Binding("f8", "delete", "Delete"),
     ]
     # What the command palette offers: (title, help, action), one per binding's action.
@@ -65,6 +66,7 @@ class ChatApp(App):
         ("Rename chat", "Give this chat a new title", "rename"),
         ("Copy reply", "Copy the focused (or last) reply to the clipboard", "copy"),
         ("Export chat", "Write this chat to a Markdown or JSON file", "export"),
+        ("JSON mode", "Turn this chat's JSON mode on or off: every reply a JSON object", "json_mode"),
         ("Delete chat", "Delete this chat, after asking", "delete"),
     ]
 
@@ -223,9 +225,9 @@ class ChatApp(App):
         return self.store.settings(self.chat.id) if self.chat else dict(self.pending_settings)
 
     def sampling(self) -> dict[str, object]:
-        """The chat's own sampling settings; the model's defaults fill in the rest."""
+        """The chat's own sampling settings (and JSON mode); the model's defaults fill in the rest."""
         values = self.settings()
-        return {k: values[k] for k in SETTINGS if values.get(k) is not None}
+        return {k: values[k] for k in (*SETTINGS, "json_mode") if values.get(k) is not None}
 
     # --- sending and streaming ---------------------------------------------------------
     @on(PromptInput.Submitted)
@@ -418,6 +420,15 @@ class ChatApp(App):
         model = self.target()[0]
         models = [] if self.target()[1] else local_names()
         self.push_screen(SettingsScreen(self.settings(), defaults, models, model), self._settings_saved)
+
+    def action_json_mode(self) -> None:
+        values = self.settings()
+        values["json_mode"] = None if values.get("json_mode") else True
+        if self.chat is None:
+            self.pending_settings = values
+        else:
+            self.store.save_settings(self.chat.id, values)
+        self.notify("JSON mode on: replies are JSON objects." if values["json_mode"] else "JSON mode off.")
 
     def _settings_saved(self, values: dict | None) -> None:
         if values is None:

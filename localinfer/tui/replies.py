@@ -13,6 +13,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from urllib.parse import urlsplit
 
+from localinfer.engine.constraints import Constraint
 from localinfer.engine.conversation import answer_room, fit_conversation
 from localinfer.engine.engine import Engine
 from localinfer.engine.templates import Message
@@ -96,8 +97,11 @@ class LocalModel:
         return self.engine.n_ctx
 
     def reply(self, messages: list[Message], settings: dict[str, object]) -> Reply:
-        """A reply to `messages`, sampled with the model's defaults overridden by `settings`."""
-        return _LocalReply(self, messages, self.engine.defaults.with_overrides(**settings))
+        """A reply to `messages`, sampled with the model's defaults overridden by `settings`
+        (`json_mode`: the reply is a JSON object, under the engine's structured output)."""
+        settings = dict(settings)
+        constraint = Constraint("json_object") if settings.pop("json_mode", None) else None
+        return _LocalReply(self, messages, self.engine.defaults.with_overrides(**settings, constraint=constraint))
 
     def close(self) -> None:
         self.engine.close()
@@ -229,8 +233,10 @@ class _RemoteReply(Reply):
 
     def __iter__(self) -> Iterator[str]:
         clock, f = _Clock(), self.figures
-        openai_names = {"temperature", "top_p", "max_tokens", "seed"}
-        given = {k: v for k, v in self.settings.items() if v is not None}
+        openai_names = {"temperature", "top_p", "max_tokens", "seed", "response_format"}
+        given = {k: v for k, v in self.settings.items() if v is not None and k != "json_mode"}
+        if self.settings.get("json_mode"):
+            given["response_format"] = {"type": "json_object"}
         extra = {k: v for k, v in given.items() if k not in openai_names}  # top_k, min_p, repeat_penalty: llama-server's and ours
         with remote_errors(self.model.url):
             self._response = self._create(given={k: v for k, v in given.items() if k in openai_names}, extra_body=extra or None)

@@ -8,7 +8,7 @@ from textual.app import ComposeResult
 from textual.binding import Binding
 from textual.containers import Grid, Horizontal, Vertical, VerticalScroll
 from textual.screen import ModalScreen
-from textual.widgets import Button, Input, Label, Select, TextArea
+from textual.widgets import Button, Input, Label, Select, Switch, TextArea
 
 from localinfer.cli.options import SAMPLING, sampling_value
 from localinfer.engine.types import SamplingParams
@@ -71,7 +71,7 @@ class SettingsScreen(ModalScreen[dict | None]):
             yield Label("Chat settings (empty fields: the model's defaults, shown dimmed)", classes="heading")
             yield Label("Model")
             options = [(name, name) for name in dict.fromkeys([*(self.models), *([self.model] if self.model else [])])]
-            yield Select(options, value=self.model if self.model else Select.BLANK, prompt="the default model", id="model", compact=True)
+            yield Select(options, value=self.model if self.model else Select.NULL, prompt="the default model", id="model", compact=True)
             yield Label("System prompt")
             yield TextArea(str(self.values.get("system") or ""), id="system", compact=True, soft_wrap=True)
             with Grid(classes="fields"):
@@ -80,6 +80,9 @@ class SettingsScreen(ModalScreen[dict | None]):
                     yield Label(name.replace("_", " "))
                     value = self.values.get(name)
                     yield Input("" if value is None else str(value), placeholder=f"{default if default is not None else 'none'}", id=name, compact=True)
+            with Horizontal(classes="switch"):
+                yield Switch(bool(self.values.get("json_mode")), id="json_mode")
+                yield Label("JSON mode: every reply is a JSON object (structured output)")
             yield Label("", id="problem", classes="problem")
             with Horizontal(classes="buttons"):
                 yield Button("Save", variant="primary", id="save")
@@ -102,8 +105,9 @@ class SettingsScreen(ModalScreen[dict | None]):
                 self.query_one("#problem", Label).update(f"{name.replace('_', ' ')} {e.message}")
                 self.query_one(f"#{name}", Input).focus()
                 return
+        values["json_mode"] = self.query_one("#json_mode", Switch).value or None
         model = self.query_one("#model", Select).value
-        values["model"] = None if model is Select.BLANK else model
+        values["model"] = None if model is Select.NULL else model
         self.dismiss(values)
 
 

@@ -13,6 +13,7 @@ from pathlib import Path
 
 import openai
 import pytest
+from textual.widgets import Input
 
 from localinfer.cli.chat import model_loader
 from localinfer.engine import stream as stream_module
@@ -20,6 +21,7 @@ from localinfer.engine.loader import LoadOptions, open_engine
 from localinfer.engine.types import CompletionOutput
 import localinfer.tui.app as app_module
 from localinfer.tui.app import ChatApp
+from localinfer.tui.screens import SettingsScreen
 from localinfer.tui.store import ChatStore
 from localinfer.tui.widgets import MessageView, PromptInput
 
@@ -356,6 +358,60 @@ def test_the_url_mode_talks_to_a_real_localinfer_serve(tmp_path: Path) -> None:
         assert reply.content == want.choices[0].message.content
         assert (reply.tokens, reply.prompt_tokens, reply.finish_reason) == (want.usage.completion_tokens, want.usage.prompt_tokens, "length")
         assert store.chat(chat_id).url == server.url
+    finally:
+        assert server.stop()[0] == 0
+
+
+def test_settings_open_and_save_with_no_model_downloaded(tmp_path: Path) -> None:
+    """A fresh install has no downloaded models: the model picker is empty, not a crash."""
+    store = ChatStore.open(tmp_path / "chats.db")
+
+    async def test() -> None:
+        app = new_app(store)
+        async with app.run_test(size=SIZE) as pilot:
+            await until(pilot, ready(app))
+            await pilot.press("ctrl+s")
+            await until(pilot, lambda: isinstance(app.screen, SettingsScreen), timeout=10)
+            app.screen.query_one("#temperature", Input).value = "0.3"
+            await pilot.press("ctrl+s")
+            await until(pilot, lambda: not isinstance(app.screen, SettingsScreen), timeout=10)
+            assert {k: v for k, v in app.pending_settings.items() if v is not None} == {"temperature": 0.3} and app.model_ref is None
+
+    run(test)
+
+
+def test_json_mode_makes_every_reply_a_json_object_locally_and_remotely(tmp_path: Path) -> None:
+    """F9 turns the chat's JSON mode on; the in-process engine and a real `localinfer serve`
+    (through response_format) then both answer with a JSON object."""
+    from ..server.test_serve import Server
+
+    store, chat_id = greedy_store(tmp_path, {"max_tokens": 120})
+    question = "Describe a cat."
+
+    async def test() -> None:
+        app = new_app(store, chat_id=chat_id)
+        async with app.run_test(size=SIZE) as pilot:
+            await until(pilot, ready(app))
+            await pilot.press("f9")
+            assert store.settings(chat_id)["json_mode"] is True
+            await send(pilot, app, question)
+
+    run(test)
+    reply = store.messages(chat_id)[-1]
+    assert reply.finish_reason == "stop" and isinstance(json.loads(reply.content), dict)
+    server = Server("--parallel", "1")
+    try:
+        remote = store.new_chat("Remote", "smollm2:135m", server.url)
+        store.save_settings(remote.id, {**GREEDY, "max_tokens": 120, "json_mode": True})
+
+        async def test_remote() -> None:
+            app = new_app(store, chat_id=remote.id)
+            async with app.run_test(size=SIZE) as pilot:
+                await send(pilot, app, question)
+
+        run(test_remote)
+        reply = store.messages(remote.id)[-1]
+        assert reply.finish_reason == "stop" and isinstance(json.loads(reply.content), dict)
     finally:
         assert server.stop()[0] == 0
 
