@@ -12,7 +12,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from localinfer.engine.engine import Engine
-from localinfer.engine.tools import CLOSE, OPEN, CallStream, Tool, parse_calls, plan_tools, prompt_messages, tool_format
+from localinfer.engine.tools import CLOSE, OPEN, CallStream, Tool, call_prefix, parse_calls, plan_tools, prompt_messages, tool_format
 from localinfer.engine.types import SamplingParams
 from localinfer.errors import ConstraintError
 
@@ -102,7 +102,7 @@ def test_tools_and_tool_results_reach_the_prompt(engine: Engine) -> None:
         engine.backend.facts.chat_template = saved
 
 
-@pytest.mark.parametrize("template", [None, HERMES_TEMPLATE])
+@pytest.mark.parametrize("template", [None, HERMES_TEMPLATE, LLAMA3_TEMPLATE])
 @pytest.mark.parametrize("choice", ["required", "get_time"])
 def test_a_required_call_is_always_a_valid_call(engine: Engine, template: str | None, choice: str) -> None:
     saved = engine.backend.facts.chat_template
@@ -111,7 +111,7 @@ def test_a_required_call_is_always_a_valid_call(engine: Engine, template: str | 
     try:
         plan = plan_tools(engine.backend.facts.chat_template, [WEATHER, TIME], choice)
         assert plan is not None and plan.required
-        text = engine.render_chat(prompt_messages([{"role": "user", "content": "Weather in Paris?"}], plan.tools, plan.fmt), tools=plan.template_tools()) + OPEN
+        text = engine.render_chat(prompt_messages([{"role": "user", "content": "Weather in Paris?"}], plan.tools, plan.fmt), tools=plan.template_tools()) + call_prefix(plan.fmt)
         tokens = engine.tokenize_prompt(text)
         for seed in range(8):
             out = engine.complete(tokens, SamplingParams(temperature=1.0, seed=seed, max_tokens=80, constraint=plan.constraint))
