@@ -131,7 +131,9 @@ def test_speculation_under_a_grammar_equals_plain_constrained_decoding(engine: E
         (lambda: Constraint.json_schema('{"type": "objec"}'), "invalid JSON schema"),
         (lambda: Constraint.json_schema("{not json"), "not valid JSON"),
         (lambda: Constraint.json_schema("[1, 2]"), "must be a JSON object"),
-        (lambda: Constraint.json_schema({"type": "string", "format": "no-such-format"}), "JSON schema"),
+        (lambda: Constraint.json_schema({"type": "string", "format": "no-such-format"}), "Unknown format"),
+        (lambda: Constraint.json_schema({"type": "object", "if": {"required": ["a"]}, "then": {"required": ["b"]}}), "Unimplemented keys"),  # a feature llguidance lacks
+        (lambda: Constraint.json_schema({"$ref": "http://example.com/schema.json"}), "does not fetch"),  # nothing is fetched
         (lambda: Constraint("regex", "(unclosed"), "invalid regex"),
         (lambda: Constraint("grammar", 'root ::= "a" missing_rule'), "grammar"),
         (lambda: Constraint("grammar", "root ::= ("), "grammar"),

@@ -165,6 +165,7 @@ def test_disconnect_frees_the_slot(server: Server) -> None:
         ({"messages": CHAT, "response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "objec"}}}}, 400, "invalid JSON schema"),
         ({"messages": CHAT, "response_format": {"type": "json_schema", "json_schema": {"name": "x"}}}, 400, "json_schema.schema"),
         ({"messages": CHAT, "response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "string", "format": "no-such"}}}}, 400, "JSON schema"),
+        ({"messages": CHAT, "response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": {"if": {"required": ["a"]}, "then": {}}}}}, 400, "Unimplemented"),
         ({"messages": CHAT, "response_format": {"type": "yaml"}}, 400, "response_format"),
         ({"messages": CHAT, "grammar": "root ::= ("}, 400, "grammar"),
         ({"messages": CHAT, "regex": "(unclosed"}, 400, "regex"),
