@@ -31,9 +31,9 @@ def _register() -> None:
     """Add the verbs once (main() may run many times in one process: the tests do)."""
     if app.registered_commands:
         return
-    from localinfer.cli import chat, doctor, eval, list, pull, quantize, rm, run, serve, show
+    from localinfer.cli import bench, chat, doctor, eval, list, pull, quantize, rm, run, serve, show
 
-    for module in (run, chat, serve, pull, list, show, rm, quantize, eval, doctor):
+    for module in (run, chat, serve, pull, list, show, rm, quantize, eval, bench, doctor):
         module.register(app)
 
 

@@ -132,6 +132,7 @@ class Engine:
         # thread (start() has its thread do it at once). Measured on another thread, it would leave
         # that thread's OpenMP team spinning beside the owner's, and every later forward slower.
         self.verify_cost: np.ndarray | None = None
+        self._eog = np.array(sorted(backend.vocab.eog_ids), dtype=np.intp)
         self._grammar_vocab: GrammarVocab | None = None  # built when a request first asks for structured output
         self._grammar_lock = threading.Lock()
 
@@ -458,6 +459,8 @@ class Engine:
         """Sample the next token of a sequence and decide whether it is finished."""
         k = seq.params.logprobs
         raw = logits.copy() if k is not None else None  # the sampler edits logits in place
+        if seq.params.ignore_eos:
+            logits[self._eog] = -np.inf
         allowed = seq.mask.apply(logits) if seq.mask is not None else None  # before every other step of the sampler
         if allowed is not None and not len(allowed):
             return self._finish(seq, "error", error=UserError(seq.mask.error))  # type: ignore[union-attr]

@@ -23,6 +23,7 @@ class SamplingParams:
     max_tokens: int | None = None  # None: until end of generation or a full context
     logprobs: int | None = None  # None: none; k >= 0: each token's log-probability and the k most likely
     stop: tuple[str, ...] = ()
+    ignore_eos: bool = False  # never end at an end-of-generation token (benchmarks: a fixed answer length)
     constraint: Constraint | None = None  # structured output: the answer must match this schema, regex or grammar
 
     def with_overrides(self, **changes: object) -> SamplingParams:

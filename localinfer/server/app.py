@@ -276,7 +276,7 @@ def create_app(host: ModelHost, api_key: str | None = None, parallel: int = 4, m
             seed=body.seed + index if body.seed is not None and body.seed >= 0 else None,  # n choices, n samples
             logprobs=body.logprob_count(),  # type: ignore[attr-defined]
             presence_penalty=body.presence_penalty or None, frequency_penalty=body.frequency_penalty or None,
-            constraint=constraint,
+            constraint=constraint, ignore_eos=body.ignore_eos,
         )  # fmt: skip
         try:
             stream = engine.submit(tokens, params)

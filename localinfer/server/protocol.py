@@ -113,6 +113,7 @@ class SamplingFields(Lenient):
     top_k: int | None = Field(default=None, ge=0)  # extensions, as llama-server takes them
     min_p: float | None = Field(default=None, ge=0, le=1)
     repeat_penalty: float | None = Field(default=None, ge=0.01)
+    ignore_eos: bool | None = None  # as llama-server and vLLM take it: for load generators
     response_format: ResponseFormat | None = None
     grammar: str | None = None  # extensions: a GBNF (or Lark) grammar, as llama-server takes it, or a regex
     regex: str | None = None

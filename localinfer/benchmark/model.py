@@ -1,0 +1,185 @@
+"""`localinfer bench model`: prompt processing (ppN) and token generation (tgN) in tokens/s,
+as llama-bench reports them, for every combination of engine, kernels, threads, KV types and
+speculation, through our own Engine (so the figures are what `run` and `serve` get).
+
+Each combination runs in a process of its own (`python -m localinfer.benchmark.model`): its
+resident memory is its own, its thread pools start clean, and a crash or Ctrl-C loses only
+that combination. The worker prints one JSON line per result as it is measured.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import asdict, dataclass, field
+
+import numpy as np
+
+from localinfer.errors import UserError
+
+VERIFY_ROWS = 8  # the verify cost reported: a forward of this many rows of one sequence, over one row
+
+
+@dataclass(frozen=True)
+class Setup:
+    """One combination: everything that decides how a model runs."""
+
+    model: str
+    engine: str = "llama.cpp"
+    kernels: str | None = None  # native engine only: c | numba (None: auto)
+    threads: int = 2
+    type_k: str = "f16"
+    type_v: str = "f16"
+    draft: bool = False  # prompt-lookup speculation
+    gpu_layers: int | str = 0  # llama.cpp: layers offloaded, or "auto" (all that fit)
+
+
+@dataclass
+class Result:
+    """One test of one setup. `samples` are tokens/s, one per repetition."""
+
+    setup: Setup
+    test: str  # "pp512" | "tg128"
+    n_prompt: int
+    n_gen: int
+    samples: list[float]
+    model_file: str = ""
+    model_bytes: int = 0
+    n_params: int = 0
+    kernels_used: str = ""  # what `auto` picked, for the native engine
+    verify_cost: float | None = None  # a VERIFY_ROWS-row forward over a 1-row forward
+    rss_bytes: int = 0  # the worker's resident memory after its tests
+    cpu: str = field(default_factory=lambda: cpu_name())
+
+    @property
+    def avg(self) -> float:
+        return statistics.fmean(self.samples) if self.samples else 0.0
+
+    @property
+    def stdev(self) -> float:
+        return statistics.stdev(self.samples) if len(self.samples) > 1 else 0.0
+
+    def as_dict(self) -> dict[str, object]:
+        d = asdict(self)
+        d.update(d.pop("setup"))
+        d.update(avg_ts=round(self.avg, 3), stddev_ts=round(self.stdev, 3))
+        return d
+
+    @classmethod
+    def from_dict(cls, d: dict) -> Result:
+        d = dict(d)
+        setup = Setup(**{k: d.pop(k) for k in Setup.__dataclass_fields__})
+        d.pop("avg_ts", None), d.pop("stddev_ts", None)
+        return cls(setup=setup, **d)
+
+
+def cpu_name() -> str:
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def run(setups: list[Setup], prompts: list[int], gens: list[int], reps: int, on_result: Callable[[Result], None] | None = None, timeout: float = 1800) -> list[Result]:
+    """Every test of every setup, each setup in a worker process. Ctrl-C stops the worker
+    and returns what was measured (the caller writes it)."""
+    results: list[Result] = []
+    for setup in setups:
+        job = json.dumps({"setup": asdict(setup), "prompts": prompts, "gens": gens, "reps": reps})
+        proc = subprocess.Popen([sys.executable, "-m", "localinfer.benchmark.model"], stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        try:
+            proc.stdin.write(job)  # type: ignore[union-attr]
+            proc.stdin.close()  # type: ignore[union-attr]
+            deadline = time.monotonic() + timeout
+            for line in proc.stdout:  # type: ignore[union-attr]
+                reply = json.loads(line)
+                if "error" in reply:
+                    raise UserError(f"{setup.engine} on {setup.model}: {reply['error']}")
+                result = Result.from_dict(reply)
+                results.append(result)
+                if on_result:
+                    on_result(result)
+                if time.monotonic() > deadline:
+                    raise UserError(f"{setup.engine} on {setup.model} took over {timeout:.0f} s; stopped")
+            if proc.wait() != 0 and not any(r.setup == setup for r in results):
+                raise UserError(f"{setup.engine} on {setup.model} failed: {_last_line(proc.stderr.read())}")  # type: ignore[union-attr]
+        except KeyboardInterrupt:
+            break
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+    return results
+
+
+def _last_line(text: str) -> str:
+    lines = [line.strip() for line in text.splitlines() if line.strip()]
+    return lines[-1] if lines else "no output"
+
+
+# --- the worker ----------------------------------------------------------------------------
+def measure(setup: Setup, prompts: list[int], gens: list[int], reps: int) -> Iterator[Result]:
+    """The tests of one setup, in this process."""
+    import psutil
+
+    from localinfer.engine.loader import LoadOptions, open_engine
+    from localinfer.engine.speculative import DraftConfig, measure_verify_cost
+    from localinfer.engine.types import SamplingParams
+
+    ctx = max([*prompts, 1]) + max([*gens, 1]) + 16
+    engine = open_engine(setup.model, LoadOptions(engine=setup.engine, ctx=ctx, threads=setup.threads, kernels=setup.kernels, draft=DraftConfig() if setup.draft else None, cache=(setup.type_k, setup.type_v), gpu_layers=setup.gpu_layers))
+    try:
+        backend = engine.backend
+        rng = np.random.default_rng(1234)
+        banned = set(backend.vocab.special) | set(backend.vocab.eog_ids)
+        ordinary = np.array([t for t in range(backend.vocab.n_vocab) if t not in banned])
+
+        def tokens(n: int) -> list[int]:  # random tokens, as llama-bench uses: a new first token each time, so no prefix is reused
+            return rng.choice(ordinary, size=n).tolist()
+
+        engine.complete(tokens(8), SamplingParams(temperature=0, max_tokens=4, ignore_eos=True))  # warm-up
+        facts = {"model_file": str(backend.facts.path), "model_bytes": os.path.getsize(backend.facts.path), "n_params": backend.facts.n_params,
+                 "kernels_used": str(backend.runtime_report().get("kernels", ""))}  # fmt: skip
+        tests = [("pp", n, 0) for n in prompts] + [("tg", 0, n) for n in gens]
+        measured = []
+        for kind, n_prompt, n_gen in tests:
+            samples = []
+            for _ in range(reps):
+                if kind == "pp":
+                    out = engine.complete(tokens(n_prompt), SamplingParams(temperature=0, max_tokens=1, ignore_eos=True))
+                    samples.append(out.timings.prompt_tokens_per_s)
+                else:
+                    out = engine.complete(tokens(4), SamplingParams(temperature=0, max_tokens=n_gen + 1, ignore_eos=True))
+                    samples.append(out.timings.tokens_per_s)  # the n_gen tokens after the first: decode alone
+            measured.append(Result(setup, f"{kind}{n_prompt or n_gen}", n_prompt, n_gen, samples, **facts))
+        if measured:
+            verify = float(measure_verify_cost(backend, 0, VERIFY_ROWS - 1, repeats=3)[VERIFY_ROWS - 1])
+            rss = psutil.Process().memory_info().rss
+            for result in measured:
+                result.verify_cost, result.rss_bytes = verify, rss
+                yield result
+    finally:
+        engine.close()
+
+
+def _worker() -> None:
+    job = json.loads(sys.stdin.read())
+    try:
+        for result in measure(Setup(**job["setup"]), job["prompts"], job["gens"], job["reps"]):
+            print(json.dumps(result.as_dict()), flush=True)
+    except UserError as e:
+        print(json.dumps({"error": str(e)}), flush=True)
+
+
+if __name__ == "__main__":
+    _worker()

@@ -1,0 +1,143 @@
+"""`localinfer bench model`: llama-bench-style tables of prompt processing and generation
+speed for every combination of the options' lists."""
+
+from __future__ import annotations
+
+import itertools
+from pathlib import Path
+from typing import Annotated, Optional
+
+import typer
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TimeElapsedColumn
+
+from localinfer.cli import options as opt
+
+bench_app = typer.Typer(name="bench", help="Measure models and servers: llama-bench-style tables.", no_args_is_help=True)
+err = Console(stderr=True, highlight=False)
+
+
+def _list(kind, check=None):  # type: ignore[no-untyped-def]
+    """A comma-separated option (`-p 128,512`), each item converted and checked."""
+
+    def parse(value: str | None):  # type: ignore[no-untyped-def]
+        if value is None:
+            return None
+        items = [item.strip() for item in value.split(",") if item.strip()]
+        if not items:
+            raise typer.BadParameter("is empty")
+        out = []
+        for item in items:
+            try:
+                converted = kind(item)
+            except ValueError:
+                raise typer.BadParameter(f"'{item}' is not {'a whole number' if kind is int else 'valid'}") from None
+            out.append(check(converted) if check else converted)
+        return list(dict.fromkeys(out))
+
+    return parse
+
+
+def _positive(n: int) -> int:
+    if n < 1:
+        raise typer.BadParameter(f"must be at least 1, not {n}")
+    return n
+
+
+def _draft(value: str) -> bool:
+    if value in ("on", "prompt-lookup"):
+        return True
+    if value in ("off", "none"):
+        return False
+    raise typer.BadParameter(f"'{value}' is not on or off")
+
+
+def _gpu_layers(value: str) -> int | str:
+    return opt.gpu_layers(value)
+
+
+@bench_app.command("model")
+def model(
+    models: Annotated[Optional[list[str]], typer.Argument(help="Models to measure (catalog alias, .gguf path, owner/repo[:QUANT]). Default: the embedded SmolLM2-135M.", show_default=False)] = None,
+    prompts: Annotated[str, typer.Option("-p", "--n-prompt", help="Prompt lengths to measure (ppN), comma-separated; 0 for none.")] = "512",
+    gens: Annotated[str, typer.Option("-n", "--n-gen", help="Generation lengths to measure (tgN), comma-separated; 0 for none.")] = "128",
+    reps: Annotated[int, typer.Option("-r", "--repetitions", help="Runs of each test (mean ± stdev).", callback=opt.between(1, 100))] = 3,
+    engines: Annotated[str, typer.Option("--engine", help="Engines, comma-separated: llama.cpp, native.")] = "llama.cpp",
+    kernels: Annotated[Optional[str], typer.Option("--kernels", help="Native kernel sets, comma-separated: auto, c, numba.", show_default=False)] = None,
+    threads: Annotated[str, typer.Option("-t", "--threads", help="Thread counts, comma-separated. [default: physical cores]", show_default=False)] = "",
+    cache_k: Annotated[str, typer.Option("--cache-type-k", "-ctk", help="K cache types, comma-separated (f16, q8_0, q4_0; llama.cpp also q4_1, q5_0, q5_1, iq4_nl).")] = "f16",
+    cache_v: Annotated[str, typer.Option("--cache-type-v", "-ctv", help="V cache types, comma-separated.")] = "f16",
+    draft: Annotated[str, typer.Option("--draft", help="Prompt-lookup speculation, comma-separated: off, on.")] = "off",
+    gpu_layers: Annotated[str, typer.Option("--gpu-layers", "-ngl", help="llama.cpp: layers on the GPU, comma-separated (numbers or auto).")] = "0",
+    json_out: Annotated[bool, typer.Option("--json", help="Print the results as JSON (one record per test, fields as in docs/benchmarks.md).")] = False,
+    csv_out: Annotated[bool, typer.Option("--csv", help="Print the results as CSV.")] = False,
+    output: Annotated[Optional[Path], typer.Option("-o", "--output", help="Also write the results as JSON to this file.", show_default=False)] = None,
+) -> None:
+    """Prompt processing (ppN) and generation (tgN) speed in tokens/s, as llama-bench
+    reports them, for every combination of the lists given; plus the verify cost (an
+    8-row forward over a 1-row one) and each combination's resident memory."""
+    from localinfer.backends.llamacpp import default_threads
+    from localinfer.benchmark import report
+    from localinfer.benchmark.model import Setup, run
+    from localinfer.store.refs import resolve
+
+    if json_out and csv_out:
+        raise typer.BadParameter("give --json or --csv, not both", param_hint="--csv")
+    n_prompt = [n for n in _list(int, _nonnegative)(prompts) if n]
+    n_gen = [n for n in _list(int, _nonnegative)(gens) if n]
+    if not n_prompt and not n_gen:
+        raise typer.BadParameter("nothing to measure: every -p and -n is 0", param_hint="-p/-n")
+    engine_list = _list(str, opt.engine_name)(engines)
+    kernel_list = _list(str, lambda k: opt.kernel_set(None if k == "auto" else k))(kernels) if kernels else [None]
+    thread_list = _list(int, _positive)(threads) if threads else [default_threads()]
+    k_list, v_list = _list(str, _cache)(cache_k), _list(str, _cache)(cache_v)
+    draft_list = _list(str, _draft)(draft)
+    ngl_list = _list(str, _gpu_layers)(gpu_layers)
+    refs = models or [None]
+    for ref in refs:
+        resolve(ref)  # a bad name fails here, in one line, before any run
+    setups, skipped = [], []
+    for ref, engine, kern, n_threads, k, v, spec, ngl in itertools.product(refs, engine_list, kernel_list, thread_list, k_list, v_list, draft_list, ngl_list):
+        if engine == "native" and not {k, v} <= {"f16", "q8_0", "q4_0"}:
+            skipped.append(f"native with a {k}/{v} cache")
+            continue
+        native = engine == "native"  # kernels are the native engine's, GPU layers llama.cpp's
+        setups.append(Setup(ref or "smollm2:135m", engine, kern if native else None, n_threads, k, v, spec, 0 if native else (int(ngl) if str(ngl).isdigit() else ngl)))
+    setups = list(dict.fromkeys(setups))  # one row, not a copy per value of an option the engine ignores
+    for note in dict.fromkeys(skipped):
+        err.print(f"[dim]skipped: {note} (the native engine's cache is f16, q8_0 or q4_0)[/dim]")
+
+    total = len(setups) * (len(n_prompt) + len(n_gen))
+    bar = Progress("[progress.description]{task.description}", BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(), console=err, transient=True, disable=json_out or csv_out or not err.is_terminal)
+    with bar:
+        task = bar.add_task("benchmarking", total=total)
+        results = run(setups, n_prompt, n_gen, reps, on_result=lambda r: bar.update(task, advance=1, description=f"{r.setup.engine} {r.test}"))
+    if output is not None:
+        from localinfer.paths import write_atomic
+
+        write_atomic(output, report.as_json(results).encode())
+    if json_out:
+        print(report.as_json(results))
+    elif csv_out:
+        print(report.as_csv(results), end="")
+    else:
+        print(report.markdown(results))
+    if len(results) < total:
+        err.print(f"[yellow]stopped:[/yellow] {len(results)} of {total} tests measured" + (f", written to {output}" if output else ""))
+        raise typer.Exit(130)
+
+
+def _nonnegative(n: int) -> int:
+    if n < 0:
+        raise typer.BadParameter(f"must be 0 or more, not {n}")
+    return n
+
+
+def _cache(value: str) -> str:
+    if value == "auto":
+        raise typer.BadParameter("'auto' is not a type to measure: name the types")
+    return opt.cache_type(value)  # type: ignore[return-value]
+
+
+def register(app: typer.Typer) -> None:
+    app.add_typer(bench_app)
