@@ -55,3 +55,62 @@ def as_csv(results: list[Result]) -> str:
         for record in records:
             writer.writerow({k: json.dumps(v) if isinstance(v, list) else v for k, v in record.items()})
     return out.getvalue()
+
+
+# --- bench serve ---------------------------------------------------------------------------------
+def _ms(p: dict | None, q: str) -> str:
+    value = (p or {}).get(q)
+    return "–" if value is None else f"{value * 1e3:.0f}"
+
+
+def _level(level: dict) -> str:
+    return f"c={level['concurrency']}" if level.get("concurrency") else f"{level['rate']:g} req/s"
+
+
+SERVE_COLUMNS = ("load", "ok/sent", "TTFT p50/p90/p99 ms", "TPOT p50/p90/p99 ms", "ITL p50/p99 ms", "E2E p50/p99 ms", "req/s", "tok/s", "goodput req/s")
+
+
+def serve_row(level: dict) -> list[str]:
+    s = level["summary"]
+    tri = lambda key: "/".join(_ms(s[key], q) for q in ("p50", "p90", "p99"))  # noqa: E731
+    return [
+        _level(level), f"{s['ok']}/{s['requests']}", tri("ttft_s"), tri("tpot_s"),
+        f"{_ms(s['itl_s'], 'p50')}/{_ms(s['itl_s'], 'p99')}", f"{_ms(s['e2e_s'], 'p50')}/{_ms(s['e2e_s'], 'p99')}",
+        f"{s['request_throughput']:.2f}", f"{s['output_throughput']:.1f}", f"{s['goodput']:.2f}",
+    ]  # fmt: skip
+
+
+def _table(header: list[str], rows: list[list[str]]) -> str:
+    line = lambda cells: "| " + " | ".join(cells) + " |"  # noqa: E731
+    return "\n".join([line(header), "|" + "|".join("---" if i == 0 else "---:" for i in range(len(header))) + "|", *(line(r) for r in rows)])
+
+
+def serve_markdown(run: dict) -> str:
+    slo = ", ".join(f"{k.removeprefix('slo_').removesuffix('_ms').upper()} ≤ {run[k]:g} ms" for k in ("slo_ttft_ms", "slo_tpot_ms") if run.get(k) is not None)
+    title = f"{run['url']} · {run['model'] or 'default model'} · {run['workload']} · {run['requests_per_level']} requests per level" + (f" · SLO {slo}" if slo else "")
+    errors = [f"- {_level(level)}: " + "; ".join(level["summary"]["errors"]) for level in run["levels"] if level["summary"]["errors"]]
+    return "\n".join([title, "", _table(list(SERVE_COLUMNS), [serve_row(level) for level in run["levels"]]), *(["", "Errors:", *errors] if errors else [])])
+
+
+COMPARED = (("TTFT p50 ms", "ttft_s", "p50"), ("TTFT p99 ms", "ttft_s", "p99"), ("TPOT p50 ms", "tpot_s", "p50"), ("TPOT p99 ms", "tpot_s", "p99"), ("E2E p50 ms", "e2e_s", "p50"))
+
+
+def compare_markdown(a: dict, b: dict) -> str:
+    """Level by level (matched by load), each metric as A, B and B/A."""
+    header = ["load", "metric", "A", "B", "B/A"]
+    rows = []
+    b_levels = {_level(level): level for level in b["levels"]}
+    for level in a["levels"]:
+        other = b_levels.get(_level(level))
+        if other is None:
+            continue
+        sa, sb = level["summary"], other["summary"]
+        pairs = [(name, (sa[key] or {}).get(q), (sb[key] or {}).get(q), 1e3) for name, key, q in COMPARED]
+        pairs += [("req/s", sa["request_throughput"], sb["request_throughput"], 1), ("tok/s", sa["output_throughput"], sb["output_throughput"], 1), ("goodput req/s", sa["goodput"], sb["goodput"], 1), ("failed", sa["failed"], sb["failed"], 1)]
+        for name, x, y, scale in pairs:
+            ratio = f"{y / x:.2f}" if x and y is not None else "–"
+            fmt = lambda v: "–" if v is None else (f"{v * scale:.0f}" if scale != 1 else f"{v:.2f}" if isinstance(v, float) else str(v))  # noqa: E731
+            rows.append([_level(level), name, fmt(x), fmt(y), ratio])
+    if not rows:
+        return "The two runs share no load level."
+    return "\n".join([f"A: {a['url']} · {a['model'] or 'default'} · {a['workload']}", f"B: {b['url']} · {b['model'] or 'default'} · {b['workload']}", "", _table(header, rows)])

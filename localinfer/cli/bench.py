@@ -1,9 +1,12 @@
-"""`localinfer bench model`: llama-bench-style tables of prompt processing and generation
-speed for every combination of the options' lists."""
+"""`localinfer bench`: `model`, llama-bench-style tables of prompt processing and generation
+speed for every combination of the options' lists; `serve`, a load generator for any
+OpenAI-compatible endpoint; `compare`, two serve runs side by side."""
 
 from __future__ import annotations
 
 import itertools
+import json
+import sys
 from pathlib import Path
 from typing import Annotated, Optional
 
@@ -141,3 +144,113 @@ def _cache(value: str) -> str:
 
 def register(app: typer.Typer) -> None:
     app.add_typer(bench_app)
+
+
+@bench_app.command("serve")
+def serve(
+    url: Annotated[str, typer.Option("--url", help="The endpoint's base URL (ours, llama-server, Ollama's /v1, vLLM).")] = "http://127.0.0.1:8080",
+    model: Annotated[Optional[str], typer.Option("--model", help="The model to ask for. [default: the server's own]", show_default=False)] = None,
+    concurrency: Annotated[Optional[str], typer.Option("--concurrency", "-c", help="Closed loop: requests in flight, comma-separated (a sweep). [default: 1,2,4,8]", show_default=False)] = None,
+    rate: Annotated[Optional[str], typer.Option("--rate", help="Open loop instead: Poisson arrivals at these requests/s, comma-separated.", show_default=False)] = None,
+    requests: Annotated[int, typer.Option("--requests", "-n", help="Requests per load level.", callback=opt.between(1, 100000))] = 32,
+    workload: Annotated[str, typer.Option("--workload", help="synthetic, chat (shipped prompts), shared-prefix (one long system prompt), long-prompt (a long prompt every 8th request).")] = "synthetic",
+    input_len: Annotated[int, typer.Option("--input-len", help="Prompt length in words (synthetic, long-prompt; x8 for shared-prefix's system prompt).", callback=opt.between(1, 100000))] = 64,
+    output_len: Annotated[int, typer.Option("--output-len", help="Tokens asked for per answer.", callback=opt.between(1, 100000))] = 64,
+    seed: Annotated[int, typer.Option("--seed", help="Fixes the prompts and arrival times, so runs compare.")] = 0,
+    timeout: Annotated[float, typer.Option("--timeout", help="Seconds a request may take before it counts as failed.", callback=opt.at_least(0.1))] = 120.0,
+    slo_ttft_ms: Annotated[Optional[float], typer.Option("--slo-ttft-ms", help="Goodput counts requests whose TTFT is at most this.", callback=opt.at_least(0), show_default=False)] = None,
+    slo_tpot_ms: Annotated[Optional[float], typer.Option("--slo-tpot-ms", help="... and whose TPOT is at most this.", callback=opt.at_least(0), show_default=False)] = None,
+    ignore_eos: Annotated[bool, typer.Option("--ignore-eos/--no-ignore-eos", help="Ask for exactly --output-len tokens (llama-server, vLLM and ours take ignore_eos).")] = True,
+    output: Annotated[Optional[Path], typer.Option("-o", "--output", help="Write the run (settings, every request, the summaries) to this JSON file. [default: bench-serve-<time>.json]", show_default=False)] = None,
+    plot: Annotated[Optional[Path], typer.Option("--plot", help="Draw latency and throughput against load into this PNG.", show_default=False)] = None,
+    json_out: Annotated[bool, typer.Option("--json", help="Print the run as JSON instead of the table.")] = False,
+) -> None:
+    """Load an OpenAI-compatible endpoint and measure TTFT, TPOT, ITL and end-to-end latency
+    (p50/p90/p99), request and token throughput, and goodput under an SLO, per load level."""
+    import asyncio
+    import time
+
+    from localinfer.benchmark import serve as sv
+    from localinfer.benchmark.report import serve_markdown
+
+    if concurrency and rate:
+        raise typer.BadParameter("give --concurrency or --rate, not both", param_hint="--rate")
+    if workload not in sv.WORKLOADS:
+        raise typer.BadParameter(f"'{workload}' is not one of: {', '.join(sv.WORKLOADS)}", param_hint="--workload")
+    levels = [sv.Level(rate=r) for r in _list(float, _positive_rate)(rate)] if rate else [sv.Level(concurrency=c) for c in _list(int, _positive)(concurrency or "1,2,4,8")]
+    url = url.rstrip("/").removesuffix("/v1")
+    if not url.startswith(("http://", "https://")):
+        raise typer.BadParameter(f"'{url}' is not an http(s) URL", param_hint="--url")
+    sv.check_server(url, model)
+    extra = {"ignore_eos": True} if ignore_eos else {}
+    slo_ttft, slo_tpot = (slo_ttft_ms / 1e3 if slo_ttft_ms is not None else None), (slo_tpot_ms / 1e3 if slo_tpot_ms is not None else None)
+    run: dict = {"url": url, "model": model, "workload": workload, "requests_per_level": requests, "input_len": input_len, "output_len": output_len,
+                 "seed": seed, "slo_ttft_ms": slo_ttft_ms, "slo_tpot_ms": slo_tpot_ms, "ignore_eos": ignore_eos, "started": time.time(), "levels": []}  # fmt: skip
+    output = output or Path(f"bench-serve-{time.strftime('%Y%m%d-%H%M%S')}.json")
+    bar = Progress("[progress.description]{task.description}", BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(), console=err, transient=True, disable=json_out or not err.is_terminal)
+    stopped = False
+    with bar:
+        task = bar.add_task("warm-up", total=len(levels) * requests)
+        try:
+            for i, level in enumerate(levels):
+                specs = sv.workload(workload, requests + 1, seed + i, input_len, output_len)
+                asyncio.run(sv.run_level(url, model, sv.Level(concurrency=1), specs[:1], seed, timeout, extra))  # warm-up, not counted
+                bar.update(task, description=level.label)
+                records: list = []
+                try:
+                    _, wall = asyncio.run(sv.run_level(url, model, level, specs[1:], seed + i, timeout, extra, on_done=lambda r: (records.append(r), bar.update(task, advance=1))))
+                except KeyboardInterrupt:
+                    stopped, wall = True, max((r.sent + (r.e2e or 0) for r in records), default=0.0)
+                run["levels"].append({"concurrency": level.concurrency, "rate": level.rate, "summary": sv.summarize(records, wall, slo_ttft, slo_tpot), "records": [sv.record_dict(r) for r in records]})
+                if stopped:
+                    break
+        except KeyboardInterrupt:
+            stopped = True
+    from localinfer.paths import write_atomic
+
+    write_atomic(output, json.dumps(run, indent=1).encode())
+    if plot is not None and run["levels"]:
+        from localinfer.benchmark.plot import png
+
+        png(run, plot)
+    if json_out:
+        print(json.dumps(run))
+    else:
+        print(serve_markdown(run))
+        if sys.stdout.isatty() and len(run["levels"]) > 1:
+            from localinfer.benchmark.plot import terminal
+
+            print(terminal(run))
+    err.print(f"[dim]written to {output}" + (f" and {plot}" if plot else "") + "[/dim]")
+    if stopped:
+        err.print("[yellow]stopped:[/yellow] what was measured is in the file")
+        raise typer.Exit(130)
+
+
+@bench_app.command("compare")
+def compare(
+    a: Annotated[Path, typer.Argument(help="A `bench serve` JSON file: the baseline.", show_default=False)],
+    b: Annotated[Path, typer.Argument(help="Another, compared with it (B/A ratios).", show_default=False)],
+) -> None:
+    """Two `bench serve` runs side by side, level by level, with B/A ratios."""
+    from localinfer.benchmark.report import compare_markdown
+
+    print(compare_markdown(_read_run(a), _read_run(b)))
+
+
+def _read_run(path: Path) -> dict:
+    try:
+        run = json.loads(path.read_text(encoding="utf-8"))
+    except UnicodeDecodeError:
+        raise typer.BadParameter(f"{path} is not a bench serve JSON file") from None
+    except json.JSONDecodeError as e:
+        raise typer.BadParameter(f"{path} is not valid JSON ({e.msg}, line {e.lineno})") from None
+    if not isinstance(run, dict) or not isinstance(run.get("levels"), list):
+        raise typer.BadParameter(f"{path} is not a bench serve result (no levels)")
+    return run
+
+
+def _positive_rate(x: float) -> float:
+    if not x > 0:
+        raise typer.BadParameter(f"must be more than 0, not {x:g}")
+    return x
