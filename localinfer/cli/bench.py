@@ -16,7 +16,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TimeElapsedCo
 
 from localinfer.cli import options as opt
 
-bench_app = typer.Typer(name="bench", help="Measure models and servers: llama-bench-style tables.", no_args_is_help=True)
+bench_app = typer.Typer(name="bench", help="Measure models (llama-bench-style tables) and servers (a load generator).", no_args_is_help=True)
 err = Console(stderr=True, highlight=False)
 
 
@@ -76,9 +76,11 @@ def model(
     csv_out: Annotated[bool, typer.Option("--csv", help="Print the results as CSV.")] = False,
     output: Annotated[Optional[Path], typer.Option("-o", "--output", help="Also write the results as JSON to this file.", show_default=False)] = None,
 ) -> None:
-    """Prompt processing (ppN) and generation (tgN) speed in tokens/s, as llama-bench
-    reports them, for every combination of the lists given; plus the verify cost (an
-    8-row forward over a 1-row one) and each combination's resident memory."""
+    """Prompt (ppN) and generation (tgN) speed, as llama-bench reports it.
+
+    Every combination of the lists given runs in its own process; each test reports
+    tokens/s as mean ± stdev, with the verify cost (an 8-row forward over a 1-row one)
+    and the combination's resident memory."""
     from localinfer.backends.llamacpp import default_threads
     from localinfer.benchmark import report
     from localinfer.benchmark.model import Setup, run
@@ -165,8 +167,11 @@ def serve(
     plot: Annotated[Optional[Path], typer.Option("--plot", help="Draw latency and throughput against load into this PNG.", show_default=False)] = None,
     json_out: Annotated[bool, typer.Option("--json", help="Print the run as JSON instead of the table.")] = False,
 ) -> None:
-    """Load an OpenAI-compatible endpoint and measure TTFT, TPOT, ITL and end-to-end latency
-    (p50/p90/p99), request and token throughput, and goodput under an SLO, per load level."""
+    """Load any OpenAI-compatible endpoint; TTFT, TPOT, ITL, goodput per load level.
+
+    Streams every request and times each chunk as it arrives: TTFT, TPOT, ITL and
+    end-to-end latency (p50/p90/p99), request and token throughput, and goodput under
+    --slo-ttft-ms/--slo-tpot-ms. Writes one JSON file per run; Ctrl-C keeps what was measured."""
     import asyncio
     import time
 
@@ -232,7 +237,7 @@ def compare(
     a: Annotated[Path, typer.Argument(help="A `bench serve` JSON file: the baseline.", show_default=False)],
     b: Annotated[Path, typer.Argument(help="Another, compared with it (B/A ratios).", show_default=False)],
 ) -> None:
-    """Two `bench serve` runs side by side, level by level, with B/A ratios."""
+    """Two `bench serve` runs side by side, with B/A ratios."""
     from localinfer.benchmark.report import compare_markdown
 
     print(compare_markdown(_read_run(a), _read_run(b)))
