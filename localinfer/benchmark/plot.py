@@ -37,7 +37,7 @@ def png(run: dict, path: Path) -> None:
     good.set_ylabel("goodput, requests/s")
     thr.legend(loc="upper left", fontsize=8)
     good.legend(loc="lower right", fontsize=8)
-    fig.suptitle(f"{run['url']} · {run['model'] or 'default model'} · workload {run['workload']}", fontsize=10)
+    fig.suptitle(f"{run.get('label') or run['url']} · {run['model'] or 'default model'} · workload {run['workload']}", fontsize=10)
     fig.tight_layout()
     tmp = path.with_name(f".{path.name}.tmp.png")
     fig.savefig(tmp, dpi=110)

@@ -87,7 +87,7 @@ def _table(header: list[str], rows: list[list[str]]) -> str:
 
 def serve_markdown(run: dict) -> str:
     slo = ", ".join(f"{k.removeprefix('slo_').removesuffix('_ms').upper()} ≤ {run[k]:g} ms" for k in ("slo_ttft_ms", "slo_tpot_ms") if run.get(k) is not None)
-    title = f"{run['url']} · {run['model'] or 'default model'} · {run['workload']} · {run['requests_per_level']} requests per level" + (f" · SLO {slo}" if slo else "")
+    title = f"{run.get('label') or run['url']} · {run['model'] or 'default model'} · {run['workload']} · {run['requests_per_level']} requests per level" + (f" · SLO {slo}" if slo else "")
     errors = [f"- {_level(level)}: " + "; ".join(level["summary"]["errors"]) for level in run["levels"] if level["summary"]["errors"]]
     return "\n".join([title, "", _table(list(SERVE_COLUMNS), [serve_row(level) for level in run["levels"]]), *(["", "Errors:", *errors] if errors else [])])
 
@@ -113,4 +113,5 @@ def compare_markdown(a: dict, b: dict) -> str:
             rows.append([_level(level), name, fmt(x), fmt(y), ratio])
     if not rows:
         return "The two runs share no load level."
-    return "\n".join([f"A: {a['url']} · {a['model'] or 'default'} · {a['workload']}", f"B: {b['url']} · {b['model'] or 'default'} · {b['workload']}", "", _table(header, rows)])
+    name = lambda run: f"{run.get('label') or run['url']} · {run['model'] or 'default model'} · {run['workload']}"  # noqa: E731
+    return "\n".join([f"A: {name(a)}", f"B: {name(b)}", "", _table(header, rows)])

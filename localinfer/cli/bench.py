@@ -165,6 +165,7 @@ def serve(
     ignore_eos: Annotated[bool, typer.Option("--ignore-eos/--no-ignore-eos", help="Ask for exactly --output-len tokens (llama-server, vLLM and ours take ignore_eos).")] = True,
     output: Annotated[Optional[Path], typer.Option("-o", "--output", help="Write the run (settings, every request, the summaries) to this JSON file. [default: bench-serve-<time>.json]", show_default=False)] = None,
     plot: Annotated[Optional[Path], typer.Option("--plot", help="Draw latency and throughput against load into this PNG.", show_default=False)] = None,
+    label: Annotated[Optional[str], typer.Option("--label", help="A name for this run in its table, plot and comparisons. [default: the URL]", show_default=False)] = None,
     json_out: Annotated[bool, typer.Option("--json", help="Print the run as JSON instead of the table.")] = False,
 ) -> None:
     """Load any OpenAI-compatible endpoint; TTFT, TPOT, ITL, goodput per load level.
@@ -189,7 +190,7 @@ def serve(
     sv.check_server(url, model)
     extra = {"ignore_eos": True} if ignore_eos else {}
     slo_ttft, slo_tpot = (slo_ttft_ms / 1e3 if slo_ttft_ms is not None else None), (slo_tpot_ms / 1e3 if slo_tpot_ms is not None else None)
-    run: dict = {"url": url, "model": model, "workload": workload, "requests_per_level": requests, "input_len": input_len, "output_len": output_len,
+    run: dict = {"label": label or url, "url": url, "model": model, "workload": workload, "requests_per_level": requests, "input_len": input_len, "output_len": output_len,
                  "seed": seed, "slo_ttft_ms": slo_ttft_ms, "slo_tpot_ms": slo_tpot_ms, "ignore_eos": ignore_eos, "started": time.time(), "levels": []}  # fmt: skip
     output = output or Path(f"bench-serve-{time.strftime('%Y%m%d-%H%M%S')}.json")
     bar = Progress("[progress.description]{task.description}", BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(), console=err, transient=True, disable=json_out or not err.is_terminal)
