@@ -148,6 +148,10 @@ def test_the_cli_against_a_real_localinfer_serve_compare_and_plot(tmp_path: Path
     import matplotlib.image
 
     assert matplotlib.image.imread(tmp_path / "a.png").shape[:2] > (300, 600)
+    from localinfer.benchmark.plot import terminal
+
+    drawn = terminal(run)  # what a terminal gets after the table
+    assert "latency against load" in drawn and "TTFT p50" in drawn and "concurrency" in drawn
     c = run_cli("bench", "compare", str(tmp_path / "a.json"), str(tmp_path / "b.json"))
     assert c.returncode == 0 and "| c=1 | TTFT p50 ms |" in c.stdout and "B/A" in c.stdout
 
