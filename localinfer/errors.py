@@ -36,6 +36,10 @@ class TemplateError(UserError):
     """The model's chat template failed to render."""
 
 
+class PathNotAllowed(UserError):
+    """A server request named a file on the server's disk, which `serve` refuses unless --allow-paths."""
+
+
 class ConstraintError(UserError):
     """A JSON schema, regex or grammar for structured output that cannot be used."""
 

@@ -44,6 +44,7 @@ def serve(
     draft_max: opt.DraftMax = 10,
     draft_ngram_min: opt.DraftNgramMin = 2,
     draft_ngram_max: opt.DraftNgramMax = 4,
+    allow_paths: Annotated[bool, typer.Option("--allow-paths", help="Let a request's 'model' name any .gguf file on this machine (by default only the models given here, the catalog's and the downloaded ones).")] = False,
     decode_slowdown: Annotated[float, typer.Option(help="While others decode, a step that prefills may take this many times a decode step (fewer prompt tokens per step); 0: no limit.", callback=opt.at_least(0))] = 2.0,
 ) -> None:
     """Serve models over an OpenAI-compatible HTTP API (chat and text completions, models, health, metrics)."""
@@ -57,7 +58,7 @@ def serve(
     speculation = opt.draft_config(draft, draft_max, draft_ngram_min, draft_ngram_max)
     options = LoadOptions(engine=engine_name, ctx=ctx, threads=threads, n_seq_max=parallel, kernels=kernels, draft=speculation,
                           cache=opt.cache_choice(cache_type, cache_type_k, cache_type_v))  # fmt: skip
-    models = ModelHost(model, options, prefill_chunk=prefill_chunk, decode_slowdown=decode_slowdown, max_loaded=max_loaded, keep_alive=duration(keep_alive))
+    models = ModelHost(model, options, prefill_chunk=prefill_chunk, decode_slowdown=decode_slowdown, max_loaded=max_loaded, keep_alive=duration(keep_alive), allow_paths=allow_paths)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s", datefmt="%H:%M:%S")
     app = create_app(models, api_key=api_key, parallel=parallel, max_queue=max_queue)
     serve_app(app, host, port)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import hmac
 import json
 import logging
 import time
@@ -27,7 +28,7 @@ from localinfer.engine.engine import Engine
 from localinfer.engine.tools import CallStream, ToolCall, ToolPlan, call_prefix, parse_calls, plan_tools, prompt_messages, tool_format
 from localinfer.engine.stream import RequestStream
 from localinfer.engine.types import CompletionOutput, TokenEvent
-from localinfer.errors import ConstraintError, ModelNotFound, UserError
+from localinfer.errors import ConstraintError, ModelNotFound, PathNotAllowed, UserError
 from localinfer.server import protocol as p
 from localinfer.server.host import Loaded, ModelHost
 from localinfer.server.metrics import Metrics
@@ -118,7 +119,7 @@ def create_app(host: ModelHost, api_key: str | None = None, parallel: int = 4, m
         return await call_next(request)
 
     async def authorized(request: Request) -> None:
-        if api_key and request.headers.get("authorization", "") != f"Bearer {api_key}":
+        if api_key and not hmac.compare_digest(request.headers.get("authorization", "").encode(), f"Bearer {api_key}".encode()):  # constant time
             raise ApiError(401, "a valid API key is needed: Authorization: Bearer KEY", "authentication_error")
 
     auth = [Depends(authorized)]
@@ -228,6 +229,8 @@ def create_app(host: ModelHost, api_key: str | None = None, parallel: int = 4, m
             loaded = await host.get(body.model)
         except ModelNotFound as e:
             raise ApiError(404, str(e), "not_found_error", "model", ) from None
+        except PathNotAllowed as e:
+            raise ApiError(403, str(e), "permission_error", "model") from None
         except UserError as e:
             raise ApiError(400, str(e), param="model") from None
         if loaded.in_flight + getattr(body, "n", 1) > parallel + max_queue:

@@ -10,9 +10,9 @@ from dataclasses import dataclass, field
 
 from localinfer.engine.engine import Engine
 from localinfer.engine.loader import LoadOptions, open_engine
-from localinfer.errors import ModelNotFound
+from localinfer.errors import ModelNotFound, PathNotAllowed
 from localinfer.store.pull import local_path
-from localinfer.store.refs import resolve
+from localinfer.store.refs import is_path_ref, resolve
 
 
 @dataclass
@@ -23,8 +23,9 @@ class Loaded:
 
 
 class ModelHost:
-    def __init__(self, default_ref: str | None, options: LoadOptions, prefill_chunk: int, decode_slowdown: float, max_loaded: int = 1, keep_alive: float = 300.0) -> None:
+    def __init__(self, default_ref: str | None, options: LoadOptions, prefill_chunk: int, decode_slowdown: float, max_loaded: int = 1, keep_alive: float = 300.0, allow_paths: bool = False) -> None:
         self.default_ref = default_ref
+        self.allow_paths = allow_paths  # may a request's `model` name any file on this machine?
         self.options = options
         self.prefill_chunk = prefill_chunk
         self.decode_slowdown = decode_slowdown
@@ -53,6 +54,8 @@ class ModelHost:
     async def get(self, ref: str | None) -> Loaded:
         """The loaded model for a request's `model` field, loading it if needed."""
         name = self.default_name if not ref else ref
+        if ref and not self.allow_paths and ref != self.default_ref and ref not in self.models and is_path_ref(ref):
+            raise PathNotAllowed("the request's model names a file on the server; only the server's own models may be asked for (start it with --allow-paths to allow files)")
         async with self._lock:
             loaded = self.models.get(name or "")
             if loaded is None:

@@ -49,7 +49,8 @@ def _from_entry(entry: CatalogEntry) -> ModelSource:
     )
 
 
-def _looks_like_path(ref: str) -> bool:
+def is_path_ref(ref: str) -> bool:
+    """Does this reference name a file (rather than a catalog alias, a pulled name or a hub repo)?"""
     return ref.lower().endswith(".gguf") or ref.startswith((".", "~")) or os.sep in ref and Path(ref).exists()
 
 
@@ -57,7 +58,7 @@ def resolve(ref: str | None) -> ModelSource:
     catalog = load_catalog()
     if not ref:
         return _from_entry(catalog.default)
-    if _looks_like_path(ref):
+    if is_path_ref(ref):
         path = Path(ref).expanduser()
         if not path.exists():
             raise ModelNotFound(f"no such file: {ref}")

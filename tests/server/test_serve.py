@@ -310,7 +310,15 @@ def test_presence_penalty_changes_a_greedy_answer(server: Server) -> None:
 def test_models_load_on_demand_and_unload_when_idle(model_path: Path, tmp_path: Path) -> None:
     other = tmp_path / "second.gguf"
     other.symlink_to(model_path)  # another file: another model, as far as the server knows
-    s = Server("--keep-alive", "2s", "--max-loaded", "2")
+    refusing = Server()
+    try:  # by default a request may not name a file on the server's disk
+        r = httpx.post(refusing.url + "/v1/chat/completions", json={"model": str(other), "messages": CHAT, "max_tokens": 2}, timeout=60)
+        assert r.status_code == 403 and r.json()["error"]["param"] == "model" and "--allow-paths" in r.json()["error"]["message"]
+        assert httpx.post(refusing.url + "/v1/chat/completions", json={"model": "/etc/passwd", "messages": CHAT}, timeout=60).status_code == 403
+        assert refusing.client().chat.completions.create(model=MODEL, messages=CHAT, max_tokens=2).choices  # its own model still answers
+    finally:
+        assert refusing.stop()[0] == 0
+    s = Server("--keep-alive", "2s", "--max-loaded", "2", "--allow-paths")
     try:
         client = s.client()
         assert client.chat.completions.create(model=str(other), messages=CHAT, max_tokens=2).model == str(other)
