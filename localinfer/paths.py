@@ -45,14 +45,30 @@ def ensure_dir(path: Path) -> Path:
 
 
 def write_atomic(path: Path, data: bytes) -> None:
-    """Write to a temporary file in the same folder, then rename: readers see all or nothing."""
+    """Write to a temporary file in the same folder, then rename: readers see all or nothing.
+    The file gets the mode a plain open() would give it (mkstemp's is 0600)."""
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
         with os.fdopen(fd, "wb") as f:
             f.write(data)
             f.flush()
             os.fsync(f.fileno())
+        os.chmod(tmp, 0o666 & ~_umask())
         os.replace(tmp, path)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
+
+
+def _umask() -> int:
+    """The process's umask, read without changing it where the system tells it (Linux)."""
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith("Umask:"):
+                    return int(line.split()[1], 8)
+    except (OSError, ValueError):
+        pass
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
