@@ -1,4 +1,4 @@
-"""Which compute devices this llama.cpp build can use, with their free memory.
+"""Which compute devices this llama.cpp build can use, with their free memory, and the CPU's name.
 
 llama-cpp-python does not bind ggml's device registry, so we call it in the shared
 library it already loaded. Used by `doctor` and by `--gpu-layers auto`.
@@ -7,10 +7,23 @@ library it already loaded. Used by `doctor` and by `--gpu-layers auto`.
 from __future__ import annotations
 
 import ctypes
+import platform
 from dataclasses import dataclass
 from pathlib import Path
 
 _TYPES = {0: "CPU", 1: "GPU", 2: "iGPU", 3: "accelerator"}
+
+
+def cpu_name() -> str:
+    """The CPU's marketing name (doctor, and every benchmark figure says which CPU it came from)."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
 
 
 @dataclass

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import json
 import os
-import platform
 import statistics
 import subprocess
 import sys
@@ -21,6 +20,7 @@ from dataclasses import asdict, dataclass, field
 
 import numpy as np
 
+from localinfer.backends.devices import cpu_name
 from localinfer.errors import UserError
 
 VERIFY_ROWS = 8  # the verify cost reported: a forward of this many rows of one sequence, over one row
@@ -77,17 +77,6 @@ class Result:
         setup = Setup(**{k: d.pop(k) for k in Setup.__dataclass_fields__})
         d.pop("avg_ts", None), d.pop("stddev_ts", None)
         return cls(setup=setup, **d)
-
-
-def cpu_name() -> str:
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
 
 
 def run(setups: list[Setup], prompts: list[int], gens: list[int], reps: int, on_result: Callable[[Result], None] | None = None, timeout: float = 1800) -> list[Result]:

@@ -14,18 +14,8 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
+from localinfer.backends.devices import cpu_name
 from localinfer.paths import data_dir, models_dir
-
-
-def _cpu_name() -> str:
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
 
 
 def _system_gpus() -> list[str]:
@@ -92,7 +82,7 @@ def collect() -> dict[str, object]:
     lc = llama_cpp_report()
     features = [part.strip() for part in str(lc.get("system_info", "")).split("|") if "= 1" in part]
     return {
-        "cpu": {"name": _cpu_name(), "cores": psutil.cpu_count(logical=False), "threads": psutil.cpu_count(), "features": [f.split("=")[0].strip().split(":")[-1].strip() for f in features]},
+        "cpu": {"name": cpu_name(), "cores": psutil.cpu_count(logical=False), "threads": psutil.cpu_count(), "features": [f.split("=")[0].strip().split(":")[-1].strip() for f in features]},
         "ram": {"total_bytes": vm.total, "available_bytes": vm.available},
         "llama_cpp": lc,
         "native_kernels": native_kernels(),
