@@ -11,6 +11,7 @@ from datetime import datetime
 from functools import lru_cache
 
 import jinja2
+from jinja2.exceptions import SecurityError
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 
 from localinfer.errors import TemplateError
@@ -33,9 +34,29 @@ def _tojson(value: object, indent: int | None = None, **_: object) -> str:
     return json.dumps(value, ensure_ascii=False, indent=indent)
 
 
+MAX_PRODUCT = 1 << 20  # characters or items a template's `*` may make; a prompt is never near it
+MAX_EXPONENT = 256  # a template's `**`: 10 ** 10 ** 8 would compute for minutes
+
+
+class _Sandbox(ImmutableSandboxedEnvironment):
+    """jinja2's immutable sandbox, which blocks attribute escapes, plus limits on the two
+    operators that let a hostile template ask for gigabytes or minutes in one expression."""
+
+    intercepted_binops = frozenset({"*", "**"})
+
+    def call_binop(self, context, operator: str, left: object, right: object) -> object:  # type: ignore[no-untyped-def]
+        if operator == "*":
+            for seq, n in ((left, right), (right, left)):
+                if isinstance(seq, (str, list, tuple)) and isinstance(n, int) and len(seq) * n > MAX_PRODUCT:
+                    raise SecurityError(f"the template repeats a sequence {n} times")
+        if operator == "**" and isinstance(right, int) and abs(right) > MAX_EXPONENT:
+            raise SecurityError(f"the template raises a number to the power {right}")
+        return super().call_binop(context, operator, left, right)
+
+
 @lru_cache(maxsize=8)
 def _compile(source: str) -> jinja2.Template:
-    env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
+    env = _Sandbox(trim_blocks=True, lstrip_blocks=True)
     env.globals["raise_exception"] = _raise
     env.globals["strftime_now"] = lambda fmt: datetime.now().strftime(fmt)
     env.filters["tojson"] = _tojson
@@ -65,5 +86,5 @@ def render_chat(
             eos_token=eos_token,
             tools=tools,
         )
-    except jinja2.TemplateError as e:
-        raise TemplateError(f"the model's chat template failed to render: {e}") from e
+    except Exception as e:  # the template is code from a downloaded file: whatever it raises is its failure, not ours
+        raise TemplateError(f"the model's chat template failed to render: {type(e).__name__ + ': ' if not isinstance(e, jinja2.TemplateError) else ''}{e}") from e

@@ -49,6 +49,13 @@ def test_seed_below_minus_one_is_a_usage_error() -> None:
 # --- files that are not what they claim ----------------------------------------------------
 
 
+def test_a_model_file_with_a_hostile_chat_template_fails_in_one_line(model_path: Path, tmp_path: Path) -> None:
+    hostile = "{{ cycler.__init__.__globals__.os.popen('touch " + str(tmp_path / "pwned") + "').read() }}{{ 'x' * 10**10 }}"
+    bad = rewrite_metadata(model_path, tmp_path / "hostile.gguf", {"tokenizer.chat_template": MetadataDetails(gguf.GGUFValueType.STRING, hostile)})
+    assert_one_line_error(run_cli("run", str(bad), "Hello"), "chat template failed to render")
+    assert not (tmp_path / "pwned").exists()
+
+
 def test_unreadable_gguf(tmp_path: Path) -> None:
     """A file whose read fails (root can read any file, so an I/O error stands in for a permission one)."""
     link = tmp_path / "unreadable.gguf"

@@ -49,6 +49,20 @@ def test_template_syntax_error_is_reported() -> None:
         render_chat("{% for %}", [])
 
 
-def test_sandbox_blocks_attribute_escapes() -> None:
-    with pytest.raises(TemplateError):
-        render_chat("{{ messages.__class__.__mro__[1].__subclasses__() }}", [])
+@pytest.mark.parametrize(
+    "hostile",
+    [
+        "{{ messages.__class__.__mro__[1].__subclasses__() }}",  # the classic escape to every class
+        "{{ cycler.__init__.__globals__.os.popen('id').read() }}",  # a shell through a helper's globals
+        "{% for i in range(10**9) %}x{% endfor %}",  # the sandbox's OverflowError was a traceback
+        "{{ 'x' * 10**10 }}",  # ten gigabytes in one expression
+        "{{ ['x'] * 10**9 }}",
+        "{{ 10 ** (10 ** 8) }}",  # minutes of big-integer arithmetic
+        "{{ 1 / 0 }}",
+    ],
+)
+def test_a_hostile_template_fails_cleanly(hostile: str) -> None:
+    with pytest.raises(TemplateError) as e:
+        render_chat(hostile, [{"role": "user", "content": "hi"}])
+    assert "\n" not in str(e.value)
+    assert render_chat("{{ 'ab' * 3 }}{{ 2 ** 10 }}", []) == "ababab1024"  # ordinary arithmetic still works
