@@ -181,16 +181,24 @@ async def run_level(url: str, model: str | None, level: Level, specs: list[Reque
 
                 await asyncio.gather(*(worker() for _ in range(level.concurrency)))
             else:
-                rng = random.Random(seed)
-                tasks, at = [], 0.0
-                for spec in specs:
-                    at += rng.expovariate(level.rate)  # type: ignore[arg-type]
+                tasks = []
+                for spec, at in zip(specs, arrival_times(len(specs), level.rate, seed)):  # type: ignore[arg-type]
                     await asyncio.sleep(max(0.0, at - (time.perf_counter() - t0)))
                     tasks.append(asyncio.create_task(one(spec)))
                 await asyncio.gather(*tasks)
         finally:
             wall = time.perf_counter() - t0
     return records, wall
+
+
+def arrival_times(n: int, rate: float, seed: int) -> list[float]:
+    """When each of n requests is sent under an open loop: a Poisson process at `rate` per
+    second (exponential gaps), the same for the same seed."""
+    rng, at, times = random.Random(seed), 0.0, []
+    for _ in range(n):
+        at += rng.expovariate(rate)
+        times.append(at)
+    return times
 
 
 def percentiles(values: list[float]) -> dict[str, float | None]:
