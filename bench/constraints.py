@@ -2,8 +2,8 @@
 schema, a GBNF grammar and a regex against plain decoding of as many tokens, per engine,
 plus the time the mask itself takes (computing it, applying it to the logits, advancing
 the matcher), timed inside the engine. Each constraint runs until --tokens (its grammar
-never lets the answer end sooner), and plain decoding is kept from ending sooner by banning
-its end-of-generation tokens, so every row decodes the same number of tokens.
+never lets the answer end sooner), and plain decoding is kept from ending sooner by
+`ignore_eos`, so every row decodes the same number of tokens.
 
     .venv/bin/python bench/constraints.py [--engines llama.cpp,native] [--tokens 128] [--repeats 5] [--threads 2]
 """
@@ -44,34 +44,6 @@ CASES = {
 PROMPT = "List the users of a web app, as many as you can."
 
 
-class NoEnd:
-    """Plain decoding that cannot stop early: bans the end-of-generation tokens, nothing
-    else, through the engine's mask hook, so that "plain" decodes --tokens tokens too."""
-
-    finished = False
-
-    def __init__(self, eog: list[int]) -> None:
-        self._eog = eog
-
-    def apply(self, logits):  # type: ignore[no-untyped-def]
-        logits[self._eog] = float("-inf")
-        return None  # no candidate list: the sampler's plain path
-
-    def advance(self, token: int) -> bool:
-        return True
-
-
-PLAIN = Constraint("regex", "plain")  # a marker: the vocabulary below hands out NoEnd for it
-
-
-class Vocab:
-    def __init__(self, inner, eog: list[int]) -> None:  # type: ignore[no-untyped-def]
-        self._inner, self._eog = inner, eog
-
-    def matcher(self, constraint: Constraint):  # type: ignore[no-untyped-def]
-        return NoEnd(self._eog) if constraint is PLAIN else self._inner.matcher(constraint)
-
-
 class MaskClock:
     """Adds up the time spent in TokenMask's per-token work, wherever the engine calls it."""
 
@@ -110,15 +82,15 @@ def main() -> None:
         try:
             tokens = engine.tokenize_prompt(engine.render_chat([{"role": "user", "content": PROMPT}]))
             params = SamplingParams(temperature=0.8, seed=1, max_tokens=args.tokens, min_p=0.0)
-            vocab = Vocab(engine.grammar_vocab(), sorted(engine.backend.vocab.eog_ids))  # built once per engine: not a per-token cost
-            engine.grammar_vocab = lambda: vocab  # type: ignore[method-assign]
+            engine.grammar_vocab()  # built once per engine: not a per-token cost
             engine.complete(tokens, params)  # warm-up
             tpot: dict[str, list[float]] = {"plain": []} | {case: [] for case in CASES}
             mask: dict[str, list[float]] = {case: [] for case in CASES}
             for _ in range(args.repeats):  # interleaved, so drift hits every row alike
                 for case in tpot:
                     clock.seconds, clock.calls = 0.0, 0
-                    out = engine.complete(tokens, params.with_overrides(constraint=CASES.get(case, PLAIN)))
+                    plain = case == "plain"  # with its end-of-generation tokens banned, it too runs to --tokens
+                    out = engine.complete(tokens, params.with_overrides(constraint=CASES.get(case), ignore_eos=plain or None))
                     assert out.completion_tokens == args.tokens, (case, out.finish_reason, out.text)
                     tpot[case].append(out.timings.tpot_ms)
                     if case in mask:

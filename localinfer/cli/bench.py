@@ -41,22 +41,12 @@ def _list(kind, check=None):  # type: ignore[no-untyped-def]
     return parse
 
 
-def _positive(n: int) -> int:
-    if n < 1:
-        raise typer.BadParameter(f"must be at least 1, not {n}")
-    return n
-
-
 def _draft(value: str) -> bool:
     if value in ("on", "prompt-lookup"):
         return True
     if value in ("off", "none"):
         return False
     raise typer.BadParameter(f"'{value}' is not on or off")
-
-
-def _gpu_layers(value: str) -> int | str:
-    return opt.gpu_layers(value)
 
 
 @bench_app.command("model")
@@ -94,10 +84,10 @@ def model(
         raise typer.BadParameter("nothing to measure: every -p and -n is 0", param_hint="-p/-n")
     engine_list = _list(str, opt.engine_name)(engines)
     kernel_list = _list(str, lambda k: opt.kernel_set(None if k == "auto" else k))(kernels) if kernels else [None]
-    thread_list = _list(int, _positive)(threads) if threads else [default_threads()]
+    thread_list = _list(int, opt.at_least(1))(threads) if threads else [default_threads()]
     k_list, v_list = _list(str, _cache)(cache_k), _list(str, _cache)(cache_v)
     draft_list = _list(str, _draft)(draft)
-    ngl_list = _list(str, _gpu_layers)(gpu_layers)
+    ngl_list = _list(str, opt.gpu_layers)(gpu_layers)  # numbers as ints, or "auto"
     refs = models or [None]
     for ref in refs:
         resolve(ref)  # a bad name fails here, in one line, before any run
@@ -107,7 +97,7 @@ def model(
             skipped.append(f"native with a {k}/{v} cache")
             continue
         native = engine == "native"  # kernels are the native engine's, GPU layers llama.cpp's
-        setups.append(Setup(ref or "smollm2:135m", engine, kern if native else None, n_threads, k, v, spec, 0 if native else (int(ngl) if str(ngl).isdigit() else ngl)))
+        setups.append(Setup(ref or "smollm2:135m", engine, kern if native else None, n_threads, k, v, spec, 0 if native else ngl))
     setups = list(dict.fromkeys(setups))  # one row, not a copy per value of an option the engine ignores
     for note in dict.fromkeys(skipped):
         err.print(f"[dim]skipped: {note} (the native engine's cache is f16, q8_0 or q4_0)[/dim]")
@@ -183,7 +173,7 @@ def serve(
         raise typer.BadParameter("give --concurrency or --rate, not both", param_hint="--rate")
     if workload not in sv.WORKLOADS:
         raise typer.BadParameter(f"'{workload}' is not one of: {', '.join(sv.WORKLOADS)}", param_hint="--workload")
-    levels = [sv.Level(rate=r) for r in _list(float, _positive_rate)(rate)] if rate else [sv.Level(concurrency=c) for c in _list(int, _positive)(concurrency or "1,2,4,8")]
+    levels = [sv.Level(rate=r) for r in _list(float, _positive_rate)(rate)] if rate else [sv.Level(concurrency=c) for c in _list(int, opt.at_least(1))(concurrency or "1,2,4,8")]
     url = url.rstrip("/").removesuffix("/v1")
     if not url.startswith(("http://", "https://")):
         raise typer.BadParameter(f"'{url}' is not an http(s) URL", param_hint="--url")

@@ -123,7 +123,6 @@ class TokenMask:
     def __init__(self, vocab: GrammarVocab, constraint: Constraint) -> None:
         from llguidance import LLMatcher
 
-        self._vocab = vocab
         self._matcher = LLMatcher(vocab.tokenizer, constraint.grammar(), log_level=0)
         if self._matcher.is_error():
             raise ConstraintError(f"invalid {constraint.label}: {one_line(self._matcher.get_error())}")
@@ -154,8 +153,3 @@ class TokenMask:
     def finished(self) -> bool:
         """The output is complete: nothing but end of generation may follow."""
         return self._matcher.is_stopped()
-
-    @property
-    def accepting(self) -> bool:
-        """What was written so far is a complete match (it may also go on)."""
-        return self._matcher.is_accepting()

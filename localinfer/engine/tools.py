@@ -116,24 +116,14 @@ def call_constraint(tools: list[Tool], fmt: ToolFormat) -> Constraint:
 
 
 def parse_calls(text: str, fmt: ToolFormat, required: bool = False) -> tuple[str, list[ToolCall]]:
-    """(content, calls) from a finished answer. With `required`, the answer is the call's
-    JSON alone (the prefix was in the prompt, the grammar shaped the rest)."""
-    if required:
-        call = _call(text)
-        return ("", [call]) if call else (text, [])
-    if fmt == "llama3":
-        call = _call(text.strip())
-        return ("", [call]) if call else (text, [])
-    calls, content, pos = [], [], 0
-    for match in re.finditer(re.escape(OPEN) + r"(.*?)(?:" + re.escape(CLOSE) + r"|$)", text, re.S):
-        call = _call(match.group(1).strip())
-        if call is None:
-            continue  # not a call after all: it stays text
-        content.append(text[pos : match.start()])
-        pos = match.end()
-        calls.append(call)
-    content.append(text[pos:])
-    return ("".join(content).strip() if calls else text), calls
+    """(content, calls) from a finished answer, read as a stream read in one piece, so a
+    streamed answer and a whole one always agree. With `required`, the answer is the
+    call's JSON alone (the prefix was in the prompt, the grammar shaped the rest)."""
+    stream = CallStream(fmt, required)
+    head, calls = stream.push(text)
+    tail, more = stream.finish()
+    calls += more
+    return ((head + tail).strip() if calls else text), calls
 
 
 def _call(text: str) -> ToolCall | None:
@@ -187,9 +177,9 @@ class CallStream:
 
     def finish(self) -> tuple[str, list[ToolCall]]:
         if self._whole:
-            content, calls = parse_calls(self._buffer, self.fmt, self.required)
-            self._buffer = ""
-            return content, calls
+            text, self._buffer = self._buffer, ""
+            call = _call(text.strip())
+            return ("", [call]) if call else (text, [])
         return self._drain(final=True)
 
     def _drain(self, final: bool) -> tuple[str, list[ToolCall]]:
