@@ -18,6 +18,13 @@ from localinfer.errors import InvalidModelFile, ModelNotFound
 
 GGUF_MAGIC = b"GGUF"
 MAX_DIMS = 4  # GGML_MAX_DIMS
+MAX_NAME = 64  # GGML_MAX_NAME: a tensor name is shorter than this, as llama.cpp requires
+
+
+def shown(text: str, limit: int = 60) -> str:
+    """A string from a file, fit for a one-line message: control characters escaped, cut short."""
+    text = text.encode("unicode_escape").decode("ascii") if not text.isprintable() else text
+    return text if len(text) <= limit else text[: limit - 1] + "…"
 
 
 @dataclass(frozen=True)
@@ -105,21 +112,34 @@ class _HeaderScanner:
         self.pos += n
         return raw.decode("utf-8", errors="replace")
 
-    def value(self, vtype: int) -> Any:
+    def value(self, vtype: int, unique: bool = False) -> Any:
+        """The next value; `unique`: an array of strings must not repeat one (a vocabulary:
+        llama.cpp aborts the process on a repeated token instead of failing the load)."""
         if vtype in self.SCALARS:
             return self.take(self.SCALARS[vtype])
         if vtype == self.STRING:
             return self.string()
         if vtype == self.ARRAY:
             etype, count = self.take("<I"), self.take("<Q")
+            if etype == self.ARRAY:  # llama.cpp refuses nested arrays too; they would recurse without bound
+                raise ValueError("an array of arrays")
             if count <= self.KEEP_ARRAY:
-                return [self.value(etype) for _ in range(count)]
+                values = [self.value(etype) for _ in range(count)]
+                if unique and len(set(values)) < len(values):
+                    raise ValueError("a token is in the vocabulary twice")
+                return values
             if etype in self.SCALARS:
                 self.pos += count * struct.calcsize(self.SCALARS[etype])
             elif etype == self.STRING:  # vocabularies: 50k-250k strings, skipped by length
                 buf, pos, unpack = self.buf, self.pos, struct.unpack_from
+                seen: set[bytes] = set()
                 for _ in range(count):
-                    pos += 8 + unpack("<Q", buf, pos)[0]
+                    n = unpack("<Q", buf, pos)[0]
+                    if unique:
+                        seen.add(buf[pos + 8 : pos + 8 + n])
+                    pos += 8 + n
+                if unique and len(seen) < count:
+                    raise ValueError("a token is in the vocabulary twice")
                 self.pos = pos
             else:
                 for _ in range(count):
@@ -187,13 +207,17 @@ def _inspect(path: Path) -> GGUFInfo:
         fields: dict[str, Any] = {}
         for _ in range(n_kv):
             key = scan.string()
-            fields[key] = scan.value(scan.take("<I"))
+            fields[key] = scan.value(scan.take("<I"), unique=key == "tokenizer.ggml.tokens")
         tensors = []  # (name, dims, type, offset)
+        names: set[str] = set()
         for _ in range(n_tensors):
             name = scan.string()
+            if len(name.encode()) >= MAX_NAME or name in names:
+                raise InvalidModelFile(f"{path} is corrupt (tensor name '{shown(name)}' is {'too long' if name not in names else 'there twice'})")
+            names.add(name)
             n_dims = scan.take("<I")
             if not 1 <= n_dims <= MAX_DIMS:
-                raise InvalidModelFile(f"{path} is corrupt (tensor '{name}' has {n_dims} dimensions)")
+                raise InvalidModelFile(f"{path} is corrupt (tensor '{shown(name)}' has {n_dims} dimensions)")
             dims = tuple(scan.take("<Q") for _ in range(n_dims))
             ttype, offset = scan.take("<I"), scan.take("<Q")
             tensors.append((name, dims, ttype, offset))
@@ -204,7 +228,7 @@ def _inspect(path: Path) -> GGUFInfo:
     except _Truncated:
         raise InvalidModelFile(f"{path} is truncated (its header ends early)") from None
     except (ValueError, UnicodeError, struct.error, OverflowError) as e:
-        raise InvalidModelFile(f"{path} is corrupt ({e})") from None
+        raise InvalidModelFile(f"{path} is corrupt ({shown(str(e), 200)})") from None
     finally:
         buf.close()
 
@@ -217,6 +241,9 @@ def _inspect(path: Path) -> GGUFInfo:
             block, block_bytes = GGML_QUANT_SIZES[qtype]
         except (ValueError, KeyError):
             raise InvalidModelFile(f"{path} has a tensor of unknown type {ttype}; is it corrupt?") from None
+        if dims[0] % block or offset % alignment:  # as llama.cpp checks them: kernels read whole blocks
+            what = f"rows of {dims[0]} values in {qtype.name} blocks of {block}" if dims[0] % block else f"an offset of {offset} not aligned to {alignment}"
+            raise InvalidModelFile(f"{path} is corrupt (tensor '{shown(name)}' has {what})")
         nbytes = math.prod(dims) // block * block_bytes
         type_counts[qtype.name] += 1
         tensor_bytes += nbytes
@@ -224,14 +251,20 @@ def _inspect(path: Path) -> GGUFInfo:
         infos.append(TensorInfo(name, dims, ttype, data_start + offset, nbytes))
     if end > size:
         raise InvalidModelFile(f"{path} is truncated: its tensors need {end:,} bytes but the file has {size:,}")
+    by_offset = sorted(infos, key=lambda t: t.offset)
+    for before, after in zip(by_offset, by_offset[1:]):
+        if after.offset < before.offset + before.nbytes:  # two tensors in the same bytes
+            raise InvalidModelFile(f"{path} is corrupt (tensors '{shown(before.name)}' and '{shown(after.name)}' overlap)")
 
-    arch = str(fields.get("general.architecture", "unknown"))
+    arch = shown(str(fields.get("general.architecture", "unknown")))  # printed by show and in errors: no escapes
 
     def arch_int(key: str, default: int = 0) -> int:
         value = fields.get(f"{arch}.{key}")
         if isinstance(value, list):  # per-layer values in some models: take the first
             value = value[0] if value else default
-        return int(value) if isinstance(value, (int, float)) else default
+        if isinstance(value, float) and value.is_integer():
+            value = int(value)
+        return value if type(value) is int and value >= 0 else default  # NaN, negative or not a number: absent
 
     n_embd = arch_int("embedding_length")
     n_head = arch_int("attention.head_count", 1) or 1
@@ -241,7 +274,7 @@ def _inspect(path: Path) -> GGUFInfo:
         path=path,
         file_size=size,
         architecture=arch,
-        name=text("general.name"),
+        name=shown(text("general.name"), 200) if text("general.name") is not None else None,
         n_params=sum(math.prod(dims) for _, dims, _, _ in tensors),
         context_length=arch_int("context_length") or None,
         n_layer=arch_int("block_count"),
@@ -253,7 +286,7 @@ def _inspect(path: Path) -> GGUFInfo:
         tensor_types=dict(type_counts.most_common()),
         tensor_bytes=tensor_bytes,
         chat_template=text("tokenizer.chat_template"),
-        license=text("general.license"),
+        license=shown(text("general.license"), 200) if text("general.license") is not None else None,
         metadata={k: v for k, v in fields.items() if isinstance(v, (str, int, float, bool, list))},
         tensors=infos,
     )

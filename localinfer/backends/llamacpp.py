@@ -291,7 +291,7 @@ class Tokenizer:
             special={t: self._piece(t, special=True) for t in range(n_vocab) if self._is_special(t)},
         )
         template = C.llama_model_chat_template(model, None)
-        self.chat_template = template.decode("utf-8") if template else None
+        self.chat_template = template.decode("utf-8", "replace") if template else None
 
     @classmethod
     def load(cls, path: Path, verbose: bool = False) -> Tokenizer:

@@ -7,6 +7,8 @@ ImmutableSandboxedEnvironment, with the few helpers Hugging Face templates expec
 from __future__ import annotations
 
 import json
+import sys
+import time
 from datetime import datetime
 from functools import lru_cache
 
@@ -36,6 +38,26 @@ def _tojson(value: object, indent: int | None = None, **_: object) -> str:
 
 MAX_PRODUCT = 1 << 20  # characters or items a template's `*` may make; a prompt is never near it
 MAX_EXPONENT = 256  # a template's `**`: 10 ** 10 ** 8 would compute for minutes
+RENDER_SECONDS = 2.0  # nested loops over a long message could run for hours; a real template takes ms
+
+
+class _Deadline:
+    """Ends a render that runs past its time: a trace function on the template's own frames
+    (jinja2 compiles a template to Python code named '<template>'), which counts lines and
+    looks at the clock every 1,024 of them. Other code runs untraced."""
+
+    def __init__(self, seconds: float) -> None:
+        self.end = time.monotonic() + seconds
+        self.lines = 0
+
+    def on_call(self, frame, event: str, arg: object):  # type: ignore[no-untyped-def]
+        return self.on_line if frame.f_code.co_filename == "<template>" else None
+
+    def on_line(self, frame, event: str, arg: object):  # type: ignore[no-untyped-def]
+        self.lines += 1
+        if not self.lines & 1023 and time.monotonic() > self.end:
+            raise SecurityError(f"the template ran for over {RENDER_SECONDS:g} s")
+        return self.on_line
 
 
 class _Sandbox(ImmutableSandboxedEnvironment):
@@ -78,6 +100,9 @@ def render_chat(
     """The prompt text for a conversation, exactly as the model was trained to see it
     (`tools`: OpenAI's tool list, for templates that render tools themselves)."""
     compiled = _compile(template or CHATML)
+    tracing = sys.gettrace() is None  # a debugger's or coverage's tracer stays; ours would replace it
+    if tracing:
+        sys.settrace(_Deadline(RENDER_SECONDS).on_call)
     try:
         return compiled.render(
             messages=messages,
@@ -88,3 +113,6 @@ def render_chat(
         )
     except Exception as e:  # the template is code from a downloaded file: whatever it raises is its failure, not ours
         raise TemplateError(f"the model's chat template failed to render: {type(e).__name__ + ': ' if not isinstance(e, jinja2.TemplateError) else ''}{e}") from e
+    finally:
+        if tracing:
+            sys.settrace(None)

@@ -2,6 +2,7 @@
 what llama.cpp renders for the same messages."""
 
 import ctypes
+import sys
 
 import llama_cpp
 import pytest
@@ -66,3 +67,20 @@ def test_a_hostile_template_fails_cleanly(hostile: str) -> None:
         render_chat(hostile, [{"role": "user", "content": "hi"}])
     assert "\n" not in str(e.value)
     assert render_chat("{{ 'ab' * 3 }}{{ 2 ** 10 }}", []) == "ababab1024"  # ordinary arithmetic still works
+
+
+def test_a_template_that_would_loop_for_hours_is_stopped(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Nested loops over a user's long message: 10^15 steps, each small; the render ends at its deadline."""
+    import localinfer.engine.templates as templates
+
+    if sys.gettrace() is not None:
+        pytest.skip("a tracer (debugger, coverage) is active; the deadline stands aside for it")
+    monkeypatch.setattr(templates, "RENDER_SECONDS", 0.3)
+    loops = "{% for a in messages[0].content %}{% for b in messages[0].content %}{% for c in messages[0].content %}{% endfor %}{% endfor %}{% endfor %}"
+    with pytest.raises(TemplateError, match="ran for over 0.3 s"):
+        render_chat(loops, [{"role": "user", "content": "x" * 100_000}])
+    recursion = "{% macro f(n) %}{{ f(n + 1) }}{% endmacro %}{{ f(0) }}"
+    with pytest.raises(TemplateError, match="RecursionError"):
+        render_chat(recursion, [])
+    assert sys.gettrace() is None  # the tracer is gone after a render
+    assert render_chat(loops, [{"role": "user", "content": "xyz"}]) == ""

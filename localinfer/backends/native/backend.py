@@ -47,8 +47,12 @@ class NativeBackend(LlamaTokenized, Backend):
             self.kernels = load_kernels(params.kernels, threads)
         except KernelsUnavailable as e:
             raise UserError(str(e)) from None
-        self._tok = Tokenizer.load(path, params.verbose)
-        self.weights = Weights.open(path, info, config)
+        self.weights = Weights.open(path, info, config)  # first: its checks name the tensor that is wrong
+        try:
+            self._tok = Tokenizer.load(path, params.verbose)
+        except BaseException:
+            self.weights.close()
+            raise
         self.cache = KVCache(config, params.n_ctx, params.n_seq_max, native_cache_types(params.cache_types, config.head_dim))
         self.model = Transformer(config, self.weights, self.kernels, params.n_ctx)  # compiles or loads kernels
         # Code, vocabulary and compiled kernels are fixed costs; from here on, what the

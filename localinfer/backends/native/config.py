@@ -5,6 +5,7 @@ One place decides what the native engine can run; everything else trusts this.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 from localinfer.errors import InvalidModelFile, UserError
@@ -58,7 +59,7 @@ class ModelConfig:
                 raise InvalidModelFile(f"{info.path.name} has no {arch}.{key}, which the native engine needs; is the file complete?")
             if kind is str:
                 return str(value)
-            if isinstance(value, bool) or not isinstance(value, (int, float)) or (kind is int and value != int(value)):
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or (kind is int and not (isinstance(value, int) or (math.isfinite(value) and value.is_integer()))):
                 raise InvalidModelFile(f"{info.path.name} has {arch}.{key} = {value!r}, not a number")
             return kind(value)
 
@@ -73,8 +74,15 @@ class ModelConfig:
         if get("attention.value_length", head_dim, int) != head_dim:
             raise UnsupportedModel("keys and values of different sizes are not run by the native engine; use --engine llama.cpp")
         n_ff = get("feed_forward_length", None, int)
-        if n_ff <= 0 or head_dim <= 0 or info.n_head % info.n_head_kv:
-            raise InvalidModelFile(f"{info.path.name} has inconsistent sizes (heads {info.n_head}/{info.n_head_kv}, head size {head_dim}, feed-forward {n_ff})")
+        rope_dims = get("rope.dimension_count", head_dim, int)
+        if n_ff <= 0 or head_dim <= 0 or head_dim % 2 or info.n_head % info.n_head_kv or not 0 < rope_dims <= head_dim or rope_dims % 2 or info.n_vocab <= 0:
+            raise InvalidModelFile(
+                f"{info.path.name} has inconsistent sizes (heads {info.n_head}/{info.n_head_kv}, head size {head_dim}, "
+                f"rotated dims {rope_dims}, feed-forward {n_ff}, vocabulary {info.n_vocab})"
+            )
+        norm_eps, rope_base = get("attention.layer_norm_rms_epsilon", 1e-5), get("rope.freq_base", 10000.0)
+        if not (math.isfinite(norm_eps) and norm_eps >= 0 and math.isfinite(rope_base) and rope_base > 0 and math.isfinite(factor) and factor > 0):
+            raise InvalidModelFile(f"{info.path.name} has unusable numbers (RMS epsilon {norm_eps}, RoPE base {rope_base}, scaling factor {factor})")
         return cls(
             architecture=arch,
             n_layer=info.n_layer,
@@ -85,9 +93,9 @@ class ModelConfig:
             head_dim=head_dim,
             n_vocab=info.n_vocab,
             n_ctx_train=info.context_length or 0,
-            norm_eps=get("attention.layer_norm_rms_epsilon", 1e-5),
+            norm_eps=norm_eps,
             rope_layout=ROPE_LAYOUT[arch],
-            rope_dims=get("rope.dimension_count", head_dim, int),
-            rope_base=get("rope.freq_base", 10000.0),
+            rope_dims=rope_dims,
+            rope_base=rope_base,
             rope_linear_scale=factor if scaling == "linear" else 1.0,
         )

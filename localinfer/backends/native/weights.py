@@ -14,6 +14,7 @@ import numpy as np
 from gguf import GGMLQuantizationType
 
 from localinfer.backends.native.config import ModelConfig, UnsupportedModel
+from localinfer.errors import InvalidModelFile
 from localinfer.modelfile import GGUFInfo, TensorInfo
 from localinfer_native import SUPPORTED_TYPES, QMatrix
 
@@ -46,23 +47,34 @@ class Weights:
 
     @classmethod
     def open(cls, path: Path, info: GGUFInfo, config: ModelConfig) -> Weights:
+        """Every tensor's shape is checked against the config before a view is made: the
+        kernels trust these sizes and read raw pointers into the map."""
         with open(path, "rb") as f:
             mm = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
+        if len(mm) < info.file_size:  # the file shrank since it was inspected
+            raise InvalidModelFile(f"{path.name} changed while it was being loaded")
         tensors = {t.name: t for t in info.tensors}
+        c = config
+        q_dim, kv_dim = c.n_head * c.head_dim, c.n_head_kv * c.head_dim
 
-        def raw(t: TensorInfo) -> np.ndarray:
+        def raw(t: TensorInfo, shape: tuple[int, ...]) -> np.ndarray:
+            got = t.shape
+            while len(got) > len(shape) and got[-1] == 1:
+                got = got[:-1]
+            if got != shape:
+                raise InvalidModelFile(f"{path.name} has tensor {t.name} of shape {list(t.shape)} where this model's sizes need {list(shape)}")
             return np.frombuffer(mm, dtype=np.uint8, count=t.nbytes, offset=t.offset)
 
-        def matrix(name: str) -> QMatrix:
+        def matrix(name: str, cols: int, rows: int) -> QMatrix:
             t = tensors.get(name)
             if t is None:
                 raise UnsupportedModel(f"{path.name} has no tensor '{name}', which a {config.architecture} model needs; use --engine llama.cpp")
             qtype = GGMLQuantizationType(t.type)
             if qtype not in SUPPORTED_TYPES:
                 raise UnsupportedModel(f"type {qtype.name} (tensor {name}) is not supported by the native engine; use --engine llama.cpp")
-            return QMatrix.from_array(qtype, raw(t), t.shape[0])
+            return QMatrix.from_array(qtype, raw(t, (cols, rows)), cols)
 
-        def vector(name: str, required: bool = True) -> np.ndarray | None:
+        def vector(name: str, length: int, required: bool = True) -> np.ndarray | None:
             t = tensors.get(name)
             if t is None:
                 if required:
@@ -70,34 +82,37 @@ class Weights:
                 return None
             if t.type != GGMLQuantizationType.F32:
                 raise UnsupportedModel(f"tensor {name} is {GGMLQuantizationType(t.type).name}, the native engine expects F32; use --engine llama.cpp")
-            return raw(t).view(np.float32)
+            return raw(t, (length,)).view(np.float32)
 
         layers = []
         for i in range(config.n_layer):
             p = f"blk.{i}."
             layers.append(
                 LayerWeights(
-                    attn_norm=vector(p + "attn_norm.weight"),
-                    wq=matrix(p + "attn_q.weight"),
-                    wk=matrix(p + "attn_k.weight"),
-                    wv=matrix(p + "attn_v.weight"),
-                    q_bias=vector(p + "attn_q.bias", required=False),
-                    k_bias=vector(p + "attn_k.bias", required=False),
-                    v_bias=vector(p + "attn_v.bias", required=False),
-                    wo=matrix(p + "attn_output.weight"),
-                    ffn_norm=vector(p + "ffn_norm.weight"),
-                    w_gate=matrix(p + "ffn_gate.weight"),
-                    w_up=matrix(p + "ffn_up.weight"),
-                    w_down=matrix(p + "ffn_down.weight"),
+                    attn_norm=vector(p + "attn_norm.weight", c.n_embd),
+                    wq=matrix(p + "attn_q.weight", c.n_embd, q_dim),
+                    wk=matrix(p + "attn_k.weight", c.n_embd, kv_dim),
+                    wv=matrix(p + "attn_v.weight", c.n_embd, kv_dim),
+                    q_bias=vector(p + "attn_q.bias", q_dim, required=False),
+                    k_bias=vector(p + "attn_k.bias", kv_dim, required=False),
+                    v_bias=vector(p + "attn_v.bias", kv_dim, required=False),
+                    wo=matrix(p + "attn_output.weight", q_dim, c.n_embd),
+                    ffn_norm=vector(p + "ffn_norm.weight", c.n_embd),
+                    w_gate=matrix(p + "ffn_gate.weight", c.n_embd, c.n_ff),
+                    w_up=matrix(p + "ffn_up.weight", c.n_embd, c.n_ff),
+                    w_down=matrix(p + "ffn_down.weight", c.n_ff, c.n_embd),
                 )
             )
-        token_embd = matrix("token_embd.weight")
+            lw = layers[-1]
+            if len({lw.q_bias is None, lw.k_bias is None, lw.v_bias is None}) > 1:
+                raise InvalidModelFile(f"{path.name} has some of layer {i}'s q/k/v biases but not all three")
+        token_embd = matrix("token_embd.weight", c.n_embd, c.n_vocab)
         return cls(
             token_embd=token_embd,
             layers=layers,
-            output_norm=vector("output_norm.weight"),
-            output=matrix("output.weight") if "output.weight" in tensors else token_embd,
-            rope_freq_factors=vector("rope_freqs.weight", required=False),
+            output_norm=vector("output_norm.weight", c.n_embd),
+            output=matrix("output.weight", c.n_embd, c.n_vocab) if "output.weight" in tensors else token_embd,
+            rope_freq_factors=vector("rope_freqs.weight", c.rope_dims // 2, required=False),
             mapped_bytes=len(mm),
             _map=mm,
         )
