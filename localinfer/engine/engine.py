@@ -30,6 +30,7 @@ from localinfer.backends.base import Backend, Batch
 from localinfer.engine.budget import DEFAULT_SLOWDOWN, PrefillBudget
 from localinfer.engine.constraints import GrammarVocab, TokenMask
 from localinfer.engine.detokenize import StreamDetokenizer
+from localinfer.engine.filewatch import ModelFileWatch
 from localinfer.engine.sampler import Sampler
 from localinfer.engine.speculative import DraftConfig, DraftState, lookup, measure_verify_cost
 from localinfer.engine.stops import StopMatcher
@@ -133,6 +134,8 @@ class Engine:
         # that thread's OpenMP team spinning beside the owner's, and every later forward slower.
         self.verify_cost: np.ndarray | None = None
         self._eog = np.array(sorted(backend.vocab.eog_ids), dtype=np.intp)
+        self._watch = ModelFileWatch(backend.facts.path)
+        self.broken: str | None = None  # why the model can no longer run (its file was truncated)
         self._grammar_vocab: GrammarVocab | None = None  # built when a request first asks for structured output
         self._grammar_lock = threading.Lock()
 
@@ -165,8 +168,8 @@ class Engine:
     # --- requests (any thread) ------------------------------------------------------
     def submit(self, prompt_tokens: list[int], params: SamplingParams | None = None) -> RequestStream:
         """Queue a request; its events arrive on the returned stream."""
-        if self._closed:
-            raise BackendError("the engine is closed")
+        if self._closed or self.broken:
+            raise BackendError(self.broken or "the engine is closed")
         params = params or self.defaults
         if params.seed is None or params.seed < 0:  # -1 is llama.cpp's and Ollama's "random"
             params = replace(params, seed=secrets.randbits(32))
@@ -299,6 +302,8 @@ class Engine:
         forward of every decoding request's next token plus up to `prefill_chunk` prompt tokens."""
         t0 = time.perf_counter()  # the whole step is what a running stream waits between tokens
         self._apply_inbox()
+        if self.broken or (self._running or self._waiting or self._calls) and self._check_file():
+            return
         if self.draft is not None and self.verify_cost is None and len(self._free_slots) == len(self._slot_tokens):
             self._calibrate()
         self._run_calls()
@@ -329,6 +334,19 @@ class Engine:
             self._forward(rows)
             chunks = [(start, len(part)) for seq, part, start, _ in rows[stats.decoded :]]
             self.budget.observe(time.perf_counter() - t0, stats.decoded, chunks)
+
+    def _check_file(self) -> bool:
+        """Before the next forward touches the mapped weights: has the file been truncated?
+        If so every request ends with that error, and new ones are refused."""
+        self.broken = self._watch.problem()
+        if self.broken:
+            error = BackendError(self.broken)
+            for seq in [*self._running.values(), *self._waiting]:
+                self._finish(seq, "error", flush=False, error=error)
+            self._waiting.clear()
+            while self._calls:
+                self._calls.popleft()[1].set_exception(error)
+        return self.broken is not None
 
     def _place(self, seq: _Sequence) -> None:
         """Prefix reuse. A finished request leaves its cache in its slot; a new request takes
@@ -612,4 +630,5 @@ class Engine:
     def close(self) -> None:
         self.stop()
         self._closed = True
+        self._watch.close()
         self.backend.close()

@@ -28,7 +28,7 @@ from localinfer.engine.engine import Engine
 from localinfer.engine.tools import CallStream, ToolCall, ToolPlan, call_prefix, parse_calls, plan_tools, prompt_messages, tool_format
 from localinfer.engine.stream import RequestStream
 from localinfer.engine.types import CompletionOutput, TokenEvent
-from localinfer.errors import ConstraintError, ModelNotFound, PathNotAllowed, UserError
+from localinfer.errors import BackendError, ConstraintError, ModelNotFound, PathNotAllowed, UserError
 from localinfer.server import protocol as p
 from localinfer.server.host import Loaded, ModelHost
 from localinfer.server.metrics import Metrics
@@ -42,6 +42,17 @@ class ApiError(Exception):
     def __init__(self, status: int, message: str, kind: str = "invalid_request_error", param: str | None = None, headers: dict[str, str] | None = None) -> None:
         super().__init__(message)
         self.status, self.message, self.kind, self.param, self.headers = status, message, kind, param, headers
+
+
+class ClientGone(Exception):
+    """The client disconnected before its (non-streamed) answer was ready."""
+
+
+async def disconnected(request: Request) -> None:
+    """Returns when the client disconnects. The body has been read, so the next ASGI
+    message can only be the disconnect."""
+    while (await request.receive())["type"] != "http.disconnect":
+        pass
 
 
 class Job:
@@ -106,6 +117,10 @@ def create_app(host: ModelHost, api_key: str | None = None, parallel: int = 4, m
         where = ".".join(str(x) for x in first.get("loc", ()) if x != "body")
         return JSONResponse(p.error_body(f"{where}: {first['msg']}" if where else first["msg"], param=where or None), status_code=400)
 
+    @app.exception_handler(ClientGone)
+    async def client_gone(request: Request, e: ClientGone) -> Response:
+        return Response(status_code=499)  # nginx's "client closed request": nobody reads it
+
     @app.exception_handler(HTTPException)
     async def http_error(request: Request, e: HTTPException) -> JSONResponse:
         kind = "not_found_error" if e.status_code == 404 else "invalid_request_error"
@@ -127,6 +142,9 @@ def create_app(host: ModelHost, api_key: str | None = None, parallel: int = 4, m
     # --- routes -----------------------------------------------------------------------------
     @app.get("/health")
     async def health() -> JSONResponse:
+        broken = [m.engine.broken for m in host.unique() if m.engine.broken]
+        if broken:
+            return JSONResponse({"status": "error", "error": broken[0]}, status_code=503)
         ok = host.default_name is not None
         return JSONResponse({"status": "ok" if ok else "loading"}, status_code=200 if ok else 503)
 
@@ -166,7 +184,7 @@ def create_app(host: ModelHost, api_key: str | None = None, parallel: int = 4, m
         jobs = await start(loaded, tokens, body, plan.constraint if plan else None)
         if body.stream:
             return EventSourceResponse(chat_chunks(jobs, body, plan), ping=15)
-        results = await asyncio.gather(*(finish(job) for job in jobs))
+        results = await unless_gone(request, jobs)
         choices = []
         for i, (out, tokens) in enumerate(results):
             content, calls = parse_calls(out.text, plan.fmt, plan.required) if plan else (out.text, [])
@@ -186,7 +204,7 @@ def create_app(host: ModelHost, api_key: str | None = None, parallel: int = 4, m
         jobs = await start(loaded, loaded.engine.tokenize_prompt(prompts[0]), body)
         if body.stream:
             return EventSourceResponse(text_chunks(jobs, body), ping=15)
-        results = await asyncio.gather(*(finish(job) for job in jobs))
+        results = await unless_gone(request, jobs)
         choices = [
             p.TextChoice(index=i, text=out.text, finish_reason=out.finish_reason,
                          logprobs=completion_logprobs(loaded.engine, tokens) if body.logprobs is not None else None)
@@ -285,6 +303,8 @@ def create_app(host: ModelHost, api_key: str | None = None, parallel: int = 4, m
             stream = engine.submit(tokens, params)
         except ConstraintError as e:
             raise ApiError(400, str(e), param=field) from None
+        except BackendError as e:  # the engine cannot run at all now (closed, or its file truncated)
+            raise ApiError(503, str(e), "server_error") from None
         except UserError as e:
             raise ApiError(400, str(e)) from None
         loaded.in_flight += 1
@@ -315,12 +335,28 @@ def create_app(host: ModelHost, api_key: str | None = None, parallel: int = 4, m
         finally:
             job.done()
 
+    async def unless_gone(request: Request, jobs: list[Job]) -> list[tuple[CompletionOutput, list[TokenEvent]]]:
+        """Every job's result; if the client disconnects first (a timeout, Ctrl-C), the jobs
+        are aborted and their slots freed at once, instead of decoding for nobody."""
+        results = asyncio.ensure_future(asyncio.gather(*(finish(job) for job in jobs)))
+        gone = asyncio.ensure_future(disconnected(request))
+        await asyncio.wait({results, gone}, return_when=asyncio.FIRST_COMPLETED)
+        gone.cancel()
+        if not results.done():
+            results.cancel()
+            for job in jobs:
+                job.done()
+            raise ClientGone
+        return results.result()
+
     async def finish(job: Job) -> tuple[CompletionOutput, list[TokenEvent]]:
         tokens: list[TokenEvent] = []
         try:
             async with aclosing(events(job)) as stream_events:
                 async for event in stream_events:
                     if isinstance(event, CompletionOutput):
+                        if isinstance(event.error, BackendError) and job.loaded.engine.broken:
+                            raise ApiError(503, str(event.error), "server_error")
                         if event.error is not None:
                             raise ApiError(500, f"the model failed on this request: {event.error}", "server_error")
                         return event, tokens
