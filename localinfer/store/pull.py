@@ -8,9 +8,11 @@ the model visible to `list` and `run` is written.
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import os
 import re
+import shutil
 import threading
 from datetime import datetime, timezone
 import importlib.util
@@ -20,6 +22,7 @@ from typing import Callable
 from localinfer.errors import DownloadError, ModelNotFound
 from localinfer.paths import ensure_dir, models_dir
 from localinfer.store import manifests
+from localinfer.store.lock import model_lock
 from localinfer.store.refs import ModelSource
 
 Progress = Callable[[int, int], None]  # (bytes done, bytes total)
@@ -125,38 +128,53 @@ def _pull_hub(src: ModelSource, progress: Progress | None, warn: Warn | None) ->
     disable_progress_bars()  # we draw our own, from _watch
     repo = src.repo or ""
     target = ensure_dir(models_dir() / repo)  # before the hub is asked anything
-    try:
-        files = [src.file] if src.file else choose_files(hf.list_repo_files(repo, revision=src.revision), src.quant, repo)
-        urls = [hf.hf_hub_url(repo, f, revision=src.revision) for f in files]
-        metas = [hf.get_hf_file_metadata(url) for url in urls]
-        paths, digests, unverified = [], [], False
-        with _watch(target, sum(m.size or 0 for m in metas), progress):
-            for name, url, meta in zip(files, urls, metas):
-                expected = _expected_sha(src, meta.etag, len(files))
-                if expected is None and warn:
-                    warn(f"no sha256 is published for {repo}/{name}: its download cannot be verified")
-                path, digest = _download(url, target / name, meta.size, expected)
-                paths.append(path)
-                digests.append(digest)
-                unverified = unverified or expected is None
-    except DownloadError:
-        raise
-    except Exception as e:  # the hub client raises many kinds; each becomes one line
-        if type(e).__module__.split(".")[0] in ("huggingface_hub", "httpx", "httpx2", "requests", "urllib3") or isinstance(e, OSError):
-            raise _hub_errors(repo)(e) from None
-        raise
-    manifests.save(
-        manifests.LocalModel(
-            name=src.name,
-            path=str(paths[0]),
-            size=sum(p.stat().st_size for p in paths),
-            sha256=digests[0] or sha256_of(paths[0]),
-            source=f"hf://{repo}/{paths[0].name}@{src.revision}",
-            pulled_at=datetime.now(timezone.utc).isoformat(timespec="seconds"),
-            verified=not unverified,
+    with model_lock(target, warn):  # the download and the manifest: one writer per model folder
+        try:
+            files = [src.file] if src.file else choose_files(hf.list_repo_files(repo, revision=src.revision), src.quant, repo)
+            urls = [hf.hf_hub_url(repo, f, revision=src.revision) for f in files]
+            metas = [hf.get_hf_file_metadata(url) for url in urls]
+            check_space(target, files, [m.size for m in metas])
+            paths, digests, unverified = [], [], False
+            with _watch(target, sum(m.size or 0 for m in metas), progress):
+                for name, url, meta in zip(files, urls, metas):
+                    expected = _expected_sha(src, meta.etag, len(files))
+                    if expected is None and warn:
+                        warn(f"no sha256 is published for {repo}/{name}: its download cannot be verified")
+                    path, digest = _download(url, target / name, meta.size, expected)
+                    paths.append(path)
+                    digests.append(digest)
+                    unverified = unverified or expected is None
+        except DownloadError:
+            raise
+        except Exception as e:  # the hub client raises many kinds; each becomes one line
+            if type(e).__module__.split(".")[0] in ("huggingface_hub", "httpx", "httpx2", "requests", "urllib3") or isinstance(e, OSError):
+                raise _hub_errors(repo)(e) from None
+            raise
+        manifests.save(
+            manifests.LocalModel(
+                name=src.name,
+                path=str(paths[0]),
+                size=sum(p.stat().st_size for p in paths),
+                sha256=digests[0] or sha256_of(paths[0]),
+                source=f"hf://{repo}/{paths[0].name}@{src.revision}",
+                pulled_at=datetime.now(timezone.utc).isoformat(timespec="seconds"),
+                verified=not unverified,
+            )
         )
-    )
     return paths[0]
+
+
+def check_space(target: Path, files: list[str], sizes: list[int | None]) -> None:
+    """Refuse before the first byte if what is left to download cannot fit."""
+    need = 0
+    for name, size in zip(files, sizes):
+        done = target / name
+        partial = done.with_name(name + ".partial")
+        if size and not (done.is_file() and done.stat().st_size == size):
+            need += size - (partial.stat().st_size if partial.is_file() else 0)
+    free = shutil.disk_usage(target).free
+    if need > free:
+        raise DownloadError(f"not enough disk space in {target}: the download needs {need / 1e9:.2f} GB and {free / 1e9:.2f} GB are free")
 
 
 def _expected_sha(src: ModelSource, etag: str | None, n_files: int) -> str | None:
@@ -182,14 +200,20 @@ def _download(url: str, dest: Path, size: int | None, sha256: str | None) -> tup
         return dest, None
     partial = dest.with_name(dest.name + ".partial")
     ensure_dir(partial.parent)
-    with open(partial, "ab") as fh:
-        have = fh.tell()
-        if size is not None and have > size:  # the file changed upstream: start over
-            fh.truncate(0)
-            have = 0
-        http_get(url, fh, resume_size=have, headers=build_hf_headers(), expected_size=size, displayed_filename=dest.name)
-        fh.flush()
-        os.fsync(fh.fileno())
+    try:
+        with open(partial, "ab") as fh:
+            have = fh.tell()
+            if size is not None and have > size:  # the file changed upstream: start over
+                fh.truncate(0)
+                have = 0
+            http_get(url, fh, resume_size=have, headers=build_hf_headers(), expected_size=size, displayed_filename=dest.name)
+            fh.flush()
+            os.fsync(fh.fileno())
+    except OSError as e:
+        if e.errno in (errno.ENOSPC, errno.EDQUOT):  # the disk filled up: give the space back, keep nothing half-written
+            partial.unlink(missing_ok=True)
+            raise DownloadError(f"the disk filled up while pulling {dest.name}; the partial download was removed ({e.strerror})") from None
+        raise
     try:
         digest = _verify(partial, sha256)
     except DownloadError:
