@@ -38,6 +38,21 @@ log = logging.getLogger("localinfer.server")
 MAX_BODY_BYTES = 8 * 1024 * 1024
 
 
+def errors(*statuses: int) -> dict[int | str, dict[str, object]]:
+    """The error statuses a route can answer, for the OpenAPI document (schemathesis checks
+    every response against it). Every route may meet a full body (413) and a draining server (503)."""
+    why = {400: "A bad request: the message names the field", 401: "A missing or wrong API key", 403: "A model path without --allow-paths",
+           404: "No such model", 413: "A body over 8 MiB", 500: "The model failed on this request", 503: "Busy, shutting down, or the model cannot run; see Retry-After"}  # fmt: skip
+    return {status: {"model": p.ErrorResponse, "description": why[status]} for status in sorted({*statuses, 413, 503})}
+
+
+SAMPLING_ERRORS = errors(400, 401, 403, 404, 500)
+STREAMED = {"text/event-stream": {"schema": {  # one server-sent event
+    "type": "object", "required": ["data"],
+    "properties": {"event": {"type": "string"}, "data": {"type": "string", "description": "A JSON chunk (ChatCompletionChunk or Completion), or [DONE]"}},
+}}}  # fmt: skip
+
+
 class ApiError(Exception):
     def __init__(self, status: int, message: str, kind: str = "invalid_request_error", param: str | None = None, headers: dict[str, str] | None = None) -> None:
         super().__init__(message)
@@ -140,7 +155,7 @@ def create_app(host: ModelHost, api_key: str | None = None, parallel: int = 4, m
     auth = [Depends(authorized)]
 
     # --- routes -----------------------------------------------------------------------------
-    @app.get("/health")
+    @app.get("/health", response_model=p.Health, responses=errors())
     async def health() -> JSONResponse:
         broken = [m.engine.broken for m in host.unique() if m.engine.broken]
         if broken:
@@ -148,7 +163,7 @@ def create_app(host: ModelHost, api_key: str | None = None, parallel: int = 4, m
         ok = host.default_name is not None
         return JSONResponse({"status": "ok" if ok else "loading"}, status_code=200 if ok else 503)
 
-    @app.get("/metrics", dependencies=auth)
+    @app.get("/metrics", dependencies=auth, response_class=Response, responses={200: {"content": {"text/plain": {"schema": {"type": "string"}}}, "description": "Prometheus metrics"}, **errors(401)})
     async def prometheus() -> Response:
         metrics.kv_bytes.clear()
         for m in host.unique():
@@ -157,12 +172,12 @@ def create_app(host: ModelHost, api_key: str | None = None, parallel: int = 4, m
                 metrics.kv_bytes.labels(m.engine.name, *m.engine.cache_types).set(used)
         return Response(generate_latest(metrics.registry), media_type=CONTENT_TYPE_LATEST)
 
-    @app.get("/v1/models", dependencies=auth, response_model=p.ModelList)
+    @app.get("/v1/models", dependencies=auth, response_model=p.ModelList, responses=errors(401))
     async def models() -> p.ModelList:
         names = list(dict.fromkeys([*host.models, *local_names()]))
         return p.ModelList(data=[p.ModelCard(id=name) for name in names])
 
-    @app.post("/v1/chat/completions", dependencies=auth)
+    @app.post("/v1/chat/completions", dependencies=auth, response_model=p.ChatCompletion, responses={200: {"content": STREAMED}, **SAMPLING_ERRORS})
     async def chat(body: p.ChatCompletionRequest, request: Request):  # type: ignore[no-untyped-def]
         if body.top_logprobs is not None and not body.logprobs:
             raise ApiError(400, "top_logprobs needs logprobs: true", param="top_logprobs")
@@ -195,7 +210,7 @@ def create_app(host: ModelHost, api_key: str | None = None, parallel: int = 4, m
             ))  # fmt: skip
         return p.ChatCompletion(id=jobs[0].rid, model=engine.name, usage=usage(*(out for out, _ in results)), choices=choices)
 
-    @app.post("/v1/completions", dependencies=auth)
+    @app.post("/v1/completions", dependencies=auth, response_model=p.Completion, responses={200: {"content": STREAMED}, **SAMPLING_ERRORS})
     async def complete(body: p.CompletionRequest, request: Request):  # type: ignore[no-untyped-def]
         prompts = [body.prompt] if isinstance(body.prompt, str) else body.prompt
         if len(prompts) != 1:
@@ -212,7 +227,7 @@ def create_app(host: ModelHost, api_key: str | None = None, parallel: int = 4, m
         ]  # fmt: skip
         return p.Completion(id=jobs[0].rid, model=loaded.engine.name, usage=usage(*(out for out, _ in results)), choices=choices)
 
-    @app.post("/v1/embeddings", dependencies=auth, response_model=p.EmbeddingList)
+    @app.post("/v1/embeddings", dependencies=auth, response_model=p.EmbeddingList, responses=errors(400, 401, 403, 404))
     async def embeddings(body: p.EmbeddingRequest) -> p.EmbeddingList:
         loaded = await model_for(body)
         engine = loaded.engine
@@ -465,6 +480,19 @@ def create_app(host: ModelHost, api_key: str | None = None, parallel: int = 4, m
             job.rid, engine.name, out.prompt_tokens, out.cached_tokens, out.completion_tokens, out.timings.ttft_ms, status,
         )  # fmt: skip
 
+    def openapi() -> dict[str, object]:
+        """FastAPI documents a 422 for every body; this server answers those as OpenAI's 400."""
+        if app.openapi_schema is None:
+            schema = FastAPI.openapi(app)
+            for ops in schema["paths"].values():
+                for op in ops.values():
+                    op["responses"].pop("422", None)
+            for name in ("HTTPValidationError", "ValidationError"):
+                schema.get("components", {}).get("schemas", {}).pop(name, None)
+            app.openapi_schema = schema
+        return app.openapi_schema
+
+    app.openapi = openapi  # type: ignore[method-assign]
     return app
 
 

@@ -313,5 +313,23 @@ def new_id(prefix: str) -> str:
     return f"{prefix}-{uuid.uuid4().hex[:24]}"
 
 
+class ErrorDetail(BaseModel):
+    message: str
+    type: str
+    param: str | None = None
+    code: str | None = None
+
+
+class ErrorResponse(BaseModel):
+    """OpenAI's error body, the only one this server sends."""
+
+    error: ErrorDetail
+
+
+class Health(BaseModel):
+    status: Literal["ok", "loading", "error"]
+    error: str | None = None
+
+
 def error_body(message: str, kind: str = "invalid_request_error", param: str | None = None, code: str | None = None) -> dict[str, object]:
     return {"error": {"message": message, "type": kind, "param": param, "code": code}}

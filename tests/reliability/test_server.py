@@ -94,3 +94,30 @@ def test_a_model_file_truncated_or_deleted_while_served(f32_server, model_path: 
     health = httpx.get(s2.url + "/health", timeout=10)
     assert health.status_code == 503 and "truncated" in health.json()["error"]
     assert s2.proc.poll() is None  # still up, no SIGBUS
+
+
+def test_a_non_streamed_request_whose_client_left_is_aborted(f32_server) -> None:
+    """Was decoded to its end for nobody: 2,000 tokens holding a slot for half a minute."""
+    s = f32_server("--parallel", "1")
+    assert serving.drop_non_streamed(s.url, serving.chat_body("Write a very long story about the sea.", 2000, False), 1.0)
+    deadline = time.time() + 5
+    while s.metrics()["localinfer_requests_running"] and time.time() < deadline:
+        time.sleep(0.05)
+    m = s.metrics()
+    assert m["localinfer_requests_running"] == 0 and m['localinfer_requests_total{status="disconnected"}'] == 1
+
+
+def test_no_secret_reaches_the_log(model_path: Path) -> None:
+    """Neither the API key (right or wrong), nor a prompt's text, nor an answer's."""
+    key, secret_prompt = "sk-do-not-log-4f1e", "my bank PIN is 9137"
+    s = Server(str(model_path), "--draft", "none", env={"LOCALINFER_API_KEY": key})
+    try:
+        for auth in (key, "sk-wrong-guess-77ab"):
+            httpx.post(s.url + "/v1/chat/completions", headers={"Authorization": f"Bearer {auth}"}, json=serving.chat_body(secret_prompt, 8, False), timeout=60)
+        answer = s.client(key).chat.completions.create(model=s.model, messages=[{"role": "user", "content": secret_prompt}], max_tokens=8, temperature=0)
+    finally:
+        code, log = s.stop()
+    assert code == 0 and "status=" in log  # it did log the requests
+    text = answer.choices[0].message.content.strip()
+    for secret in (key, "sk-wrong-guess-77ab", secret_prompt, *([text] if len(text) >= 10 else [])):  # a short answer could be anywhere
+        assert secret not in log, secret
