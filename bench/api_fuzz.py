@@ -37,7 +37,7 @@ def schemathesis(url: str, name: str, max_examples: int, report_dir: Path, seed:
     if header:
         cmd += ["--header", header]
     print("$", " ".join(cmd), flush=True)
-    return subprocess.run(cmd).returncode
+    return subprocess.run(cmd, cwd=report_dir).returncode  # its .schemathesis cache goes there too
 
 
 def main() -> None:
