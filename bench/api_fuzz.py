@@ -46,6 +46,7 @@ def main() -> None:
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--report-dir", type=Path, default=Path("schemathesis-reports"))
     args = ap.parse_args()
+    args.report_dir = args.report_dir.resolve()
     args.report_dir.mkdir(parents=True, exist_ok=True)
     failed = 0
     server = Server(*SERVE)
