@@ -52,9 +52,11 @@ def run(name: str, engine: str, model: Path) -> dict[str, object]:
         else:
             report = serving.soak(server.url, server.proc.pid, parallel)
     finally:
-        code, _ = server.stop()
+        code, log = server.stop()
     if code != 0:
         report["problems"].append(f"serve exited {code} on SIGTERM")  # type: ignore[union-attr]
+    if "Traceback" in log:
+        report["problems"].append("the server's log has a traceback: " + log[log.index("Traceback") :][:600])  # type: ignore[union-attr]
     return {"scenario": name, "engine": engine, "server": " ".join(["localinfer serve", *args]), "seconds": round(time.monotonic() - started, 1), **report}
 
 

@@ -359,6 +359,7 @@ def create_app(host: ModelHost, api_key: str | None = None, parallel: int = 4, m
         gone.cancel()
         if not results.done():
             results.cancel()
+            results.add_done_callback(lambda f: f.cancelled() or f.exception())  # retrieved: no "never retrieved" traceback in the log
             for job in jobs:
                 job.done()
             raise ClientGone

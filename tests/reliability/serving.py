@@ -162,18 +162,47 @@ def load(url: str, parallel: int, clients: int = 100, n_prompts: int = 20, max_t
 # --- 4. disconnects ----------------------------------------------------------------------------
 
 
-def drop_after(url: str, body: dict[str, object], chunks: int, seconds: float) -> int:
-    """Open a streamed request and leave after `chunks` content chunks or `seconds`,
-    whichever is first; the number of content chunks seen."""
+def drop_after(url: str, body: dict[str, object], chunks: int) -> int:
+    """Open a streamed request and leave after `chunks` content chunks; how many came."""
     seen = 0
-    deadline = time.monotonic() + seconds
     with httpx.stream("POST", url + "/v1/chat/completions", json=body, timeout=60) as r:
         for line in r.iter_lines():
-            if line.startswith("data: {") and '"content":"' in line and '"content":""' not in line:
-                seen += 1
-            if seen >= chunks or time.monotonic() > deadline:
+            seen += is_content(line.encode())
+            if seen >= chunks:
                 break
     return seen
+
+
+def is_content(data: bytes) -> int:
+    """How many streamed chunks in `data` carry text (not the role chunk's empty content)."""
+    return sum(1 for line in data.split(b"\n") if line.startswith(b"data: {") and b'"content":"' in line and b'"content":""' not in line)
+
+
+def drop_at(url: str, body: dict[str, object], seconds: float) -> int:
+    """Send a streamed request on a raw socket and close it after `seconds`, whatever has
+    come (httpx reads only when a line arrives, and in a prefill nothing does); the number
+    of content chunks that came before."""
+    import json
+    import socket
+    from urllib.parse import urlparse
+
+    where = urlparse(url)
+    payload = json.dumps(body).encode()
+    head = f"POST /v1/chat/completions HTTP/1.1\r\nHost: {where.netloc}\r\nContent-Type: application/json\r\nContent-Length: {len(payload)}\r\n\r\n"
+    got = b""
+    with socket.create_connection((where.hostname, where.port), timeout=10) as sock:
+        sock.sendall(head.encode() + payload)
+        deadline = time.monotonic() + seconds
+        while (left := deadline - time.monotonic()) > 0:
+            sock.settimeout(left)
+            try:
+                data = sock.recv(65536)
+            except TimeoutError:
+                break
+            if not data:
+                break
+            got += data
+    return is_content(got)
 
 
 def drop_non_streamed(url: str, body: dict[str, object], seconds: float) -> bool:
@@ -211,8 +240,8 @@ def disconnects(url: str, parallel: int, rounds: int = 200, max_tokens: int = 24
             return 0
 
         decode_seen, prefill_seen, _, timed_out = concurrently([
-            lambda: drop_after(url, story, chunks=3, seconds=30),
-            lambda: drop_after(url, prefill, chunks=1, seconds=0.08),
+            lambda: drop_after(url, story, chunks=3),
+            lambda: drop_at(url, prefill, 0.15),
             queued,
             lambda: drop_non_streamed(url, chat_body(f"Round {r}: list every prime below 500.", 400, False), 0.3),
         ])  # fmt: skip

@@ -9,6 +9,7 @@ import re
 import signal
 import socket
 import subprocess
+import tempfile
 import threading
 import time
 from collections.abc import Iterator
@@ -35,10 +36,13 @@ class Server:
             s.bind(("127.0.0.1", 0))
             self.port = s.getsockname()[1]
         self.url = f"http://127.0.0.1:{self.port}"
-        self.proc = start_cli("serve", "--port", str(self.port), "--threads", "2", *args, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        # The log goes to a file, not a pipe: a pipe nobody reads fills up after ~600 request
+        # lines, and then the server blocks in its logger.
+        self.log = tempfile.TemporaryFile()
+        self.proc = start_cli("serve", "--port", str(self.port), "--threads", "2", *args, env=env, stdout=subprocess.DEVNULL, stderr=self.log)
         deadline = time.time() + 120
         while time.time() < deadline:
-            assert self.proc.poll() is None, self.proc.stderr.read().decode()
+            assert self.proc.poll() is None, self.log_text()
             try:
                 if httpx.get(self.url + "/health", timeout=1).status_code == 200:
                     return
@@ -54,10 +58,14 @@ class Server:
         text = httpx.get(self.url + "/metrics", timeout=10).text
         return {line.rsplit(" ", 1)[0]: float(line.rsplit(" ", 1)[1]) for line in text.splitlines() if line and not line.startswith("#")}
 
+    def log_text(self) -> str:
+        self.log.seek(0)
+        return self.log.read().decode(errors="replace")
+
     def stop(self) -> tuple[int, str]:
         self.proc.send_signal(signal.SIGTERM)
-        _, err = self.proc.communicate(timeout=60)
-        return self.proc.returncode, err.decode()
+        self.proc.wait(timeout=60)
+        return self.proc.returncode, self.log_text()
 
 
 @pytest.fixture(scope="module")
