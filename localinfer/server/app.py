@@ -59,6 +59,34 @@ class ApiError(Exception):
         self.status, self.message, self.kind, self.param, self.headers = status, message, kind, param, headers
 
 
+class BodyLimit:
+    """ASGI middleware: a body over `limit` bytes is a 413, whether its Content-Length says
+    so up front or a chunked upload runs past it (it is cut off there, never read whole)."""
+
+    def __init__(self, app, limit: int) -> None:  # type: ignore[no-untyped-def]
+        self.app, self.limit = app, limit
+
+    async def __call__(self, scope, receive, send) -> None:  # type: ignore[no-untyped-def]
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+        too_big = HTTPException(413, f"the request body is over {self.limit // 2**20} MiB")
+        length = dict(scope["headers"]).get(b"content-length")
+        if length is not None and (not length.isdigit() or int(length) > self.limit):
+            response = JSONResponse(p.error_body(str(too_big.detail)), status_code=413)
+            return await response(scope, receive, send)
+        received = 0
+
+        async def counted() -> dict:  # type: ignore[type-arg]
+            nonlocal received
+            message = await receive()
+            received += len(message.get("body", b""))
+            if received > self.limit:
+                raise too_big  # FastAPI passes an HTTPException from the body read on to our handler
+            return message
+
+        await self.app(scope, counted, send)
+
+
 class ClientGone(Exception):
     """The client disconnected before its (non-streamed) answer was ready."""
 
@@ -141,12 +169,7 @@ def create_app(host: ModelHost, api_key: str | None = None, parallel: int = 4, m
         kind = "not_found_error" if e.status_code == 404 else "invalid_request_error"
         return JSONResponse(p.error_body(str(e.detail), kind), status_code=e.status_code, headers=getattr(e, "headers", None))
 
-    @app.middleware("http")
-    async def body_limit(request: Request, call_next):  # type: ignore[no-untyped-def]
-        length = request.headers.get("content-length")
-        if length is not None and (not length.isdigit() or int(length) > MAX_BODY_BYTES):
-            return JSONResponse(p.error_body(f"the request body is over {MAX_BODY_BYTES // 2**20} MiB"), status_code=413)
-        return await call_next(request)
+    app.add_middleware(BodyLimit, limit=MAX_BODY_BYTES)
 
     async def authorized(request: Request) -> None:
         if api_key and not hmac.compare_digest(request.headers.get("authorization", "").encode(), f"Bearer {api_key}".encode()):  # constant time

@@ -123,3 +123,20 @@ def test_no_secret_reaches_the_log(model_path: Path) -> None:
     text = answer.choices[0].message.content.strip()
     for secret in (key, "sk-wrong-guess-77ab", secret_prompt, *([text] if len(text) >= 10 else [])):  # a short answer could be anywhere
         assert secret not in log, secret
+
+
+def test_a_chunked_body_past_the_limit_is_cut_off(model_path: Path) -> None:
+    """The limit was read from Content-Length only: a chunked upload of any size was read whole."""
+    s = Server(str(model_path), "--draft", "none")
+    try:
+        def chunks():  # 12 MiB with no Content-Length
+            yield b'{"messages": [{"role": "user", "content": "'
+            for _ in range(12):
+                yield b"x" * 2**20
+            yield b'"}]}'
+
+        r = httpx.post(s.url + "/v1/chat/completions", content=chunks(), headers={"content-type": "application/json"}, timeout=60)
+        assert r.status_code == 413 and "over 8 MiB" in r.json()["error"]["message"], r.text
+        assert httpx.get(s.url + "/health", timeout=10).status_code == 200
+    finally:
+        assert s.stop()[0] == 0
