@@ -11,6 +11,8 @@ from types import FrameType
 import uvicorn
 from fastapi import FastAPI
 
+from localinfer.server.protocol import error_body
+
 DRAIN_SECONDS = 60.0  # the longest a shutdown waits for the requests in flight
 
 
@@ -19,7 +21,7 @@ class Drain:
     every new one 503 with Retry-After (a load balancer or a client retry goes elsewhere or
     comes back) while the ones in flight finish."""
 
-    BODY = json.dumps({"error": {"message": "the server is shutting down; retry shortly", "type": "server_busy", "param": None, "code": None}}).encode()
+    BODY = json.dumps(error_body("the server is shutting down; retry shortly", "server_busy")).encode()
 
     def __init__(self, app: FastAPI) -> None:
         self.app = app
