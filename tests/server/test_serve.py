@@ -415,7 +415,8 @@ def test_a_disconnect_lets_a_queued_request_start() -> None:
         long = {"messages": [{"role": "user", "content": "Write a very long story."}], "max_tokens": 2000, "temperature": 0, "stream": True}
         done: list[int] = []
         with httpx.stream("POST", s.url + "/v1/chat/completions", json=long, timeout=60) as first:
-            next(first.iter_lines())  # decoding, holding the only slot
+            lines = first.iter_lines()  # kept: a discarded iterator closes the connection (a flaky "disconnected")
+            next(lines)  # decoding, holding the only slot
             waiter = threading.Thread(target=lambda: done.append(httpx.post(s.url + "/v1/chat/completions", json={"messages": CHAT, "max_tokens": 4}, timeout=120).status_code))
             waiter.start()
             deadline = time.time() + 30
