@@ -203,7 +203,7 @@ def main() -> None:
     ap.add_argument("--timeout", type=float, default=30.0, help="seconds without an answer that make a case a hang")
     ap.add_argument("--quantize-every", type=int, default=10, help="run llama.cpp's quantizer on every Nth case (0: never)")
     ap.add_argument("--vocab", choices=("spm", "bpe"), default="spm",
-                    help="the tiny model's vocabulary: 48 SentencePiece-style tokens (~0.5 ms a case), or the embedded model's 49,152 BPE tokens and merges (~100 ms)")
+                    help="the tiny model's vocabulary: 48 SentencePiece-style tokens (~1 ms a case), or the embedded model's 49,152 BPE tokens and merges (~50 ms)")
     ap.add_argument("--json", action="store_true")
     ap.add_argument("-o", "--output", type=Path, help="also write the JSON report here")
     ap.add_argument("--replay", metavar="SEED:CASE", help="run one case here and show what it does")
