@@ -7,6 +7,7 @@ from __future__ import annotations
 import os
 import shutil
 import signal
+import threading
 import time
 from pathlib import Path
 
@@ -61,7 +62,7 @@ def test_sigterm_lets_requests_in_flight_finish_and_refuses_new_ones(f32_server)
     prompts = serving.distinct_prompts(2, seed=3)
     refs = serving.references(s.url, prompts, 40)
     answers: list[serving.Answer] = []
-    threads = [__import__("threading").Thread(target=lambda p=p: answers.append(serving.stream_chat(s.url, p, 40))) for p in prompts]
+    threads = [threading.Thread(target=lambda p=p: answers.append(serving.stream_chat(s.url, p, 40))) for p in prompts]
     for t in threads:
         t.start()
     deadline = time.time() + 30
