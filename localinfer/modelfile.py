@@ -270,11 +270,12 @@ def _inspect(path: Path) -> GGUFInfo:
     n_head = arch_int("attention.head_count", 1) or 1
     tokens = fields.get("tokenizer.ggml.tokens")
     text = lambda key: fields[key] if isinstance(fields.get(key), str) else None  # noqa: E731
+    label = lambda key: shown(fields[key], 200) if isinstance(fields.get(key), str) else None  # noqa: E731  (printed: escaped)
     return GGUFInfo(
         path=path,
         file_size=size,
         architecture=arch,
-        name=shown(text("general.name"), 200) if text("general.name") is not None else None,
+        name=label("general.name"),
         n_params=sum(math.prod(dims) for _, dims, _, _ in tensors),
         context_length=arch_int("context_length") or None,
         n_layer=arch_int("block_count"),
@@ -286,7 +287,7 @@ def _inspect(path: Path) -> GGUFInfo:
         tensor_types=dict(type_counts.most_common()),
         tensor_bytes=tensor_bytes,
         chat_template=text("tokenizer.chat_template"),
-        license=shown(text("general.license"), 200) if text("general.license") is not None else None,
+        license=label("general.license"),
         metadata={k: v for k, v in fields.items() if isinstance(v, (str, int, float, bool, list))},
         tensors=infos,
     )

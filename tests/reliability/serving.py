@@ -14,11 +14,13 @@ from dataclasses import dataclass
 import httpx
 import psutil
 
+from localinfer.benchmark.serve import WORDS
+from localinfer.benchmark.serve import words as some_words
+
 # One client for every thread: a new httpx.Client per request builds an SSL context (~10 ms
 # of CPU), and 100 of them at once delayed the requests by seconds on 2 cores.
 CLIENT = httpx.Client(limits=httpx.Limits(max_connections=512, max_keepalive_connections=64))
 
-WORDS = "river stone cloud apple lantern violin mountain paper garden rocket winter copper forest engine island".split()
 
 
 def distinct_prompts(n: int, seed: int = 0) -> list[str]:
@@ -30,7 +32,7 @@ def distinct_prompts(n: int, seed: int = 0) -> list[str]:
 def long_prompt(words: int, seed: int) -> str:
     """A prompt whose prefill takes a while and shares no prefix with another seed's."""
     rng = random.Random(seed)
-    return f"{seed} " + " ".join(rng.choice(WORDS) for _ in range(words)) + "\nSummarize the list above."
+    return f"{seed} " + some_words(rng, words) + "\nSummarize the list above."
 
 
 @dataclass
