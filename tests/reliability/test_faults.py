@@ -133,12 +133,14 @@ def test_chat_killed_mid_reply_keeps_every_saved_chat(isolated_home: Path) -> No
         env = cli_env({"TERM": "xterm-256color", "COLUMNS": "100", "LINES": "30"})
         os.execvpe(sys.executable, [sys.executable, "-m", "localinfer", "chat", "--engine", "native", "--threads", "1"], env)
     try:
-        read_until(fd, "smollm2", 60)  # the app is up and the model named
+        # The model is loaded once the status line names its engine. (Not "smollm2": the saved
+        # chats in the sidebar name it from the first frame, long before the model loads, and
+        # Enter before then only warns "not loaded yet", so on a slower machine no reply began.)
+        read_until(fd, "· native", 120)
         os.write(fd, b"Write a very long story about a lighthouse keeper and the sea.")
-        time.sleep(0.3)
+        read_until(fd, "sea.", 30)  # the prompt box shows all of it
         os.write(fd, b"\r")
-        read_until(fd, "tok/s", 60)  # a reply is streaming
-        time.sleep(0.5)
+        read_until(fd, "tok/s …", 60)  # a reply is streaming (the status line's " …")
     finally:
         os.kill(pid, signal.SIGKILL)
         os.waitpid(pid, 0)
