@@ -1,7 +1,7 @@
 """Throughput of the numpy quantization codecs (localinfer_quant.codecs) on one embedding-
 sized tensor, the largest the embedded model has (49152 x 576; 18432 x 1536 for the
-K-quants, whose rows must hold whole 256-element super-blocks): MB of float32 input per
-second, quantize and dequantize, median of several rounds.
+K-quants and IQ4_XS, whose rows must hold whole 256-element super-blocks): MB of float32
+input per second, quantize and dequantize, median of several rounds.
 
 This was once a wall-clock assert in the test suite ("under 10 s"); speed targets belong
 here, where a slow shared machine gives a number instead of a failed build.
@@ -17,7 +17,7 @@ import statistics
 import time
 
 import numpy as np
-from gguf import GGMLQuantizationType as Q
+from gguf import GGML_QUANT_SIZES, GGMLQuantizationType as Q
 
 from localinfer_quant import codecs
 
@@ -40,12 +40,15 @@ def measure(qtype: Q, x: np.ndarray, rounds: int) -> dict[str, float]:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--rounds", type=int, default=5)
-    ap.add_argument("--types", default="Q8_0,Q4_0,Q4_1,Q5_0,Q5_1,Q4_K,Q5_K,Q6_K")
+    ap.add_argument("--types", default="Q8_0,Q4_0,Q4_1,Q5_0,Q5_1,Q2_K,Q3_K,Q4_K,Q5_K,Q6_K,IQ4_NL,IQ4_XS,BF16")
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args()
     x = np.random.default_rng(1).standard_normal((49152, 576)).astype(np.float32)
-    # K-quants need rows of whole 256-element super-blocks: the same numbers as 1536-wide rows
-    results = {name: measure(Q[name], x.reshape(-1, 1536) if name.endswith("_K") else x, args.rounds) for name in args.types.split(",")}
+    # 256-element super-blocks need rows of whole blocks: the same numbers as 1536-wide rows
+    wide = x.reshape(-1, 1536)
+    results = {}
+    for name in args.types.split(","):
+        results[name] = measure(Q[name], wide if x.shape[1] % GGML_QUANT_SIZES[Q[name]][0] else x, args.rounds)
     if args.json:
         print(json.dumps(results, indent=2))
         return

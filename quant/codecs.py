@@ -6,15 +6,20 @@ Public API::
     dequantize(data, qtype) uint8 [rows, row_bytes] -> float32 [rows, cols]
     SUPPORTED              the types both work for
 
-Types: Q8_0, Q4_0, Q4_1, Q5_0, Q5_1 (`localinfer_quant.legacy`) and Q4_K, Q5_K, Q6_K
-(`localinfer_quant.kquants`).
+Types: Q8_0, Q4_0, Q4_1, Q5_0, Q5_1 (`localinfer_quant.legacy`), Q2_K, Q3_K, Q4_K, Q5_K,
+Q6_K (`localinfer_quant.kquants`), IQ4_NL, IQ4_XS (`localinfer_quant.iquants`) and BF16
+(`localinfer_quant.floats`).
 
 What "bit-exact" means here
 ---------------------------
 ``quantize`` gives the same bytes as ggml's reference quantizers ``quantize_row_<type>_ref``
 in ggml/src/ggml-quants.c -- what ``llama_model_quantize`` runs when no importance matrix is
 given (``quantize_q4_K(src, dst, nrow, n_per_row, NULL)`` calls ``quantize_row_q4_K_ref`` and
-so on).  With an imatrix llama.cpp uses the ``*_impl`` variants instead; those are not
+so on).  IQ4_NL and IQ4_XS are the exception: there ``quantize_iq4_nl`` / ``quantize_iq4_xs``
+with no imatrix run ``quantize_row_iq4_nl_impl`` with ``ntry=7`` (a 15-scale search), not
+``quantize_row_iq4_nl_ref`` (``ntry=-1``), and that search is what is reproduced.  BF16 is
+``GGML_FP32_TO_BF16`` (round to nearest even, NaN made quiet).  With an imatrix llama.cpp uses
+the ``*_impl`` variants (or imatrix weights in the IQ4 search) instead; those are not
 reproduced.  ``dequantize`` gives the same float32 values as ggml's ``dequantize_row_*`` and as
 ``gguf.quants.dequantize``.  The tests check both against llama.cpp and gguf-py byte for byte.
 
@@ -30,12 +35,14 @@ How: every value is computed with the C code's float32 operations in the C code'
   truncate toward zero and keep the low byte, as x86-64 compilers emit them.
 * float16 scales use round-to-nearest-even (numpy's float16 cast = ``GGML_FP32_TO_FP16``).
 * No fused multiply-add: ggml-base (where the reference quantizers live) is built for the
-  baseline ISA and contains no FMA instructions, so ``a*b + c`` rounds twice, as numpy does.
-  A ggml build that let the compiler contract ``a*b + c`` into FMA (``-march=native`` with
-  ``-ffp-contract=fast`` on ggml-base) could differ from this module in rare last-bit cases of
-  the K-quant scale search.
+  baseline ISA and contains no FMA instructions (checked: llama_cpp's ``libggml-base.so``
+  holds none at all), so ``a*b + c`` rounds twice, as numpy does.  A ggml build that let the
+  compiler contract ``a*b + c`` into FMA (``-march=native`` with ``-ffp-contract=fast`` on
+  ggml-base) could differ from this module in rare last-bit cases of the K-quant and IQ4
+  scale searches.
 
-Inputs are not checked for NaN/inf; ggml's own behaviour there is implementation-defined.
+Inputs are not checked for NaN/inf; ggml's own behaviour there is implementation-defined
+(BF16 excepted: its NaN and infinity handling is defined and reproduced).
 """
 
 from __future__ import annotations
@@ -45,7 +52,7 @@ from typing import Callable
 import numpy as np
 from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
 
-from . import kquants, legacy
+from . import floats, iquants, kquants, legacy
 
 T = GGMLQuantizationType
 
@@ -59,6 +66,11 @@ _CODECS: dict[GGMLQuantizationType, tuple[Callable, Callable, int]] = {
     T.Q4_K: (kquants.quantize_q4_k, kquants.dequantize_q4_k, 32),
     T.Q5_K: (kquants.quantize_q5_k, kquants.dequantize_q5_k, 32),
     T.Q6_K: (kquants.quantize_q6_k, kquants.dequantize_q6_k, 16),
+    T.Q2_K: (kquants.quantize_q2_k, kquants.dequantize_q2_k, 16),
+    T.Q3_K: (kquants.quantize_q3_k, kquants.dequantize_q3_k, 16),
+    T.IQ4_NL: (iquants.quantize_iq4_nl, iquants.dequantize_iq4_nl, 32),
+    T.IQ4_XS: (iquants.quantize_iq4_xs, iquants.dequantize_iq4_xs, 32),
+    T.BF16: (floats.quantize_bf16, floats.dequantize_bf16, 1),
 }
 
 SUPPORTED: frozenset[GGMLQuantizationType] = frozenset(_CODECS)

@@ -1,7 +1,14 @@
-"""Reference codecs for ggml's 256-element super-block types: Q4_K, Q5_K and Q6_K.
+"""Reference codecs for ggml's 256-element super-block types: Q2_K, Q3_K, Q4_K, Q5_K and Q6_K.
 
-Quantization reproduces ggml's ``quantize_row_q4_K_ref`` / ``quantize_row_q5_K_ref`` /
-``quantize_row_q6_K_ref`` (llama.cpp's path when no importance matrix is given) bit for bit:
+Quantization reproduces ggml's ``quantize_row_q<n>_K_ref`` (llama.cpp's path when no
+importance matrix is given) bit for bit:
+
+* Q2_K: per 16-element sub-block, weights ``|x|``, then
+  ``make_qkx2_quants(n=16, nmax=3, rmin=-0.5, rdelta=0.1, nstep=15, use_mad=true)``;
+  4-bit scales/mins against the super-block maxima, final quants ``nearest_int((x + dm)/d)``.
+* Q3_K: per 16-element sub-block ``make_q3_quants(n=16, nmax=4, do_rmse=true)`` (weights
+  ``x^2``, up to 5 passes of one-quant-at-a-time refinement); 6-bit signed scales against
+  ``-32/max_scale``, final quants ``nearest_int(x/d)``.
 
 * Q4_K: per 32-element sub-block, weights ``av_x + |x|`` with ``av_x = sqrtf(sum x^2 / 32)``,
   then ``make_qkx2_quants(n=32, nmax=15, rmin=-1.0, rdelta=0.1, nstep=20, use_mad=false)``;
@@ -12,9 +19,9 @@ Quantization reproduces ggml's ``quantize_row_q4_K_ref`` / ``quantize_row_q5_K_r
   8-bit signed scales against ``-128/max_scale``, final quants ``nearest_int(x/d)``.
 
 Every function works on *sub-blocks laid out position-major*: a float32 array
-``xt[n, nsub]`` (n = 32 for Q4_K/Q5_K, 16 for Q6_K; sub-block s of super-block i is column
-``i*(256/n) + s``), so that the sequential float32 sums of the C code become loops over the n
-positions, each one vector operation over all sub-blocks.
+``xt[n, nsub]`` (n = 32 for Q4_K/Q5_K, 16 for Q2_K/Q3_K/Q6_K; sub-block s of super-block i
+is column ``i*(256/n) + s``), so that the sequential float32 sums of the C code become loops
+over the n positions, each one vector operation over all sub-blocks.
 """
 
 from __future__ import annotations
@@ -36,12 +43,18 @@ def _seqsum(a: np.ndarray) -> np.ndarray:
 
 
 # --------------------------------------------------------------------------------------------
-# make_qkx2_quants / make_qx_quants, vectorised over sub-blocks (columns)
+# make_qkx2_quants / make_qx_quants / make_q3_quants, vectorised over sub-blocks (columns)
 # --------------------------------------------------------------------------------------------
 
 
-def _make_qkx2_quants(x: np.ndarray, w: np.ndarray, nmax: int, rmin: float, rdelta: float, nstep: int):
-    """ggml's make_qkx2_quants with use_mad=false. x, w: [n, S]. Returns (scale[S], the_min[S], L[n, S])."""
+def _err(diff: np.ndarray, use_mad: bool) -> np.ndarray:
+    return np.abs(diff) if use_mad else diff * diff
+
+
+def _make_qkx2_quants(x: np.ndarray, w: np.ndarray, nmax: int, rmin: float, rdelta: float, nstep: int, use_mad: bool = False):
+    """ggml's make_qkx2_quants. x, w: [n, S]. Returns (scale[S], the_min[S], L[n, S]).
+
+    The error is sum w*|diff| with `use_mad` (Q2_K), sum w*diff^2 otherwise."""
     n = x.shape[0]
     mn = x[0].copy()
     mx = x[0].copy()
@@ -65,7 +78,7 @@ def _make_qkx2_quants(x: np.ndarray, w: np.ndarray, nmax: int, rmin: float, rdel
         L = np.clip(nearest_int(iscale * xm), 0, nmax)
         Lf = L.astype(F32)
         diff = scale * Lf + mn - x
-        best_error = _seqsum(w * (diff * diff))
+        best_error = _seqsum(w * _err(diff, use_mad))
         for step in range(nstep + 1):
             # `min` is the running best: C reuses the variable it overwrites below
             iscale = (F32(rmin) + F32(rdelta) * F32(step) + fnmax) / np.where(flat, F32(1), mx - mn)
@@ -82,7 +95,7 @@ def _make_qkx2_quants(x: np.ndarray, w: np.ndarray, nmax: int, rmin: float, rdel
             this_min = np.where(pos, F32(0), this_min)
             this_scale = np.where(pos, sum_xl / sum_l2, this_scale)
             diff = this_scale * laf + this_min - x
-            cur_error = _seqsum(w * (diff * diff))
+            cur_error = _seqsum(w * _err(diff, use_mad))
             better = (D > 0) & (cur_error < best_error) & ~flat
             if better.any():
                 L = np.where(better, la, L)
@@ -134,6 +147,144 @@ def _make_qx_quants_rmse1(x: np.ndarray, nmax: int):
     L = np.where(zero, 0, L)
     scale = np.where(zero, F32(0), scale).astype(F32)
     return scale, L
+
+
+def _make_q3_quants_rmse(x: np.ndarray, nmax: int):
+    """ggml's make_q3_quants(do_rmse=true). x: [n, S]. Returns (scale[S], L[n, S] in 0..2*nmax-1)."""
+    S = x.shape[1]
+    amax = np.zeros(S, F32)
+    mx = np.zeros(S, F32)
+    for v in x:
+        a = np.abs(v)
+        upd = a > amax
+        amax = np.where(upd, a, amax)
+        mx = np.where(upd, v, mx)
+    zero = amax < GROUP_MAX_EPS
+    w = x * x
+    wx = w * x
+    with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
+        iscale = F32(-nmax) / np.where(zero, F32(1), mx)
+        L = np.clip(nearest_int(iscale * x), -nmax, nmax - 1)
+        Lf = L.astype(F32)
+        sumlx = _seqsum(wx * Lf)
+        suml2 = _seqsum((w * Lf) * Lf)
+        # C stops after a pass that changed nothing; a further pass over an unchanged state
+        # changes nothing either, so running all 5 passes everywhere gives the same result
+        for _ in range(5):
+            for i in range(x.shape[0]):
+                # take quant i out of the sums, re-fit it alone, keep it if the error drops
+                li = L[i].astype(F32)
+                slx0 = sumlx - wx[i] * li
+                sl20 = suml2 - (w[i] * li) * li
+                new_l = np.clip(nearest_int((x[i] * sl20) / slx0), -nmax, nmax - 1)
+                nl = new_l.astype(F32)
+                slx = slx0 + wx[i] * nl
+                sl2 = sl20 + (w[i] * nl) * nl
+                upd = (slx0 > 0) & (new_l != L[i]) & (sl2 > 0) & ((slx * slx) * suml2 > (sumlx * sumlx) * sl2)
+                if upd.any():
+                    L[i] = np.where(upd, new_l, L[i])
+                    sumlx = np.where(upd, slx, sumlx)
+                    suml2 = np.where(upd, sl2, suml2)
+        scale = np.where(suml2 > 0, sumlx / suml2, F32(0))
+    L = np.where(zero, 0, L + nmax)
+    scale = np.where(zero, F32(0), scale).astype(F32)
+    return scale, L
+
+
+# --------------------------------------------------------------------------------------------
+# Q2_K / Q3_K
+# --------------------------------------------------------------------------------------------
+
+
+def _pack_2bit(L: np.ndarray) -> np.ndarray:
+    """L [nb, 256] (0..3) -> qs [nb, 64]: per 128-half, q[l] = L[l] | L[l+32]<<2 | L[l+64]<<4 | L[l+96]<<6."""
+    c = L.reshape(-1, 2, 4, 32)
+    q = c[:, :, 0] | (c[:, :, 1] << 2) | (c[:, :, 2] << 4) | (c[:, :, 3] << 6)
+    return (q & 0xFF).astype(np.uint8).reshape(-1, 64)
+
+
+def _unpack_2bit(qs: np.ndarray) -> np.ndarray:
+    """qs [nb, 64] -> [nb, 16, 16] ints (0..3) in sub-block order."""
+    q = qs.astype(np.int32).reshape(-1, 2, 1, 32)
+    shifts = (2 * np.arange(4, dtype=np.int32))[None, None, :, None]
+    return ((q >> shifts) & 3).reshape(-1, 16, 16)
+
+
+def quantize_q2_k(xt: np.ndarray) -> np.ndarray:
+    """xt [16, nb*16] -> blocks [nb, 84]: scales (4-bit scale | 4-bit min << 4), qs, d, dmin."""
+    nsub = xt.shape[1]
+    nb = nsub // 16
+    scales, mins, L = _make_qkx2_quants(xt, np.abs(xt), 3, -0.5, 0.1, 15, use_mad=True)
+    sc = scales.reshape(nb, 16)
+    mn = mins.reshape(nb, 16)
+    max_scale = np.where(sc > 0, sc, F32(0)).max(axis=1)
+    max_min = np.where(mn > 0, mn, F32(0)).max(axis=1)
+    has_s, has_m = (max_scale > 0)[:, None], (max_min > 0)[:, None]
+    with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
+        ls = np.where(has_s, nearest_int((F32(15) / max_scale)[:, None] * sc), 0)
+        lm = np.where(has_m, nearest_int((F32(15) / max_min)[:, None] * mn), 0)
+    sbytes = (ls | (lm << 4)) & 0xFF  # uint8 stores keep the low byte
+    d16 = f16_bytes(np.where(has_s[:, 0], max_scale / F32(15), F32(0)))
+    dmin16 = f16_bytes(np.where(has_m[:, 0], max_min / F32(15), F32(0)))
+    d = (f16_value(d16)[:, None] * (sbytes & 0x0F).astype(F32)).reshape(nsub)
+    dm = (f16_value(dmin16)[:, None] * (sbytes >> 4).astype(F32)).reshape(nsub)
+    nz = d != 0
+    with np.errstate(divide="ignore", invalid="ignore"):
+        lnew = np.clip(nearest_int((xt + dm) / np.where(nz, d, F32(1))), 0, 3)
+    L = np.where(nz, lnew, L)  # sub-blocks with d == 0 keep make_qkx2_quants' L
+    L = np.ascontiguousarray(L.T).reshape(nb, QK_K)
+    return np.concatenate([sbytes.astype(np.uint8), _pack_2bit(L), d16, dmin16], axis=1)
+
+
+def _pack_scales_q3(l: np.ndarray) -> np.ndarray:
+    """6-bit scales [nb, 16] (0..63) -> the 12 scale bytes of a Q3_K block."""
+    out = np.zeros((l.shape[0], 12), np.int32)
+    out[:, 0:8] = (l[:, 0:8] & 0x0F) | ((l[:, 8:16] & 0x0F) << 4)
+    hi = l >> 4
+    for j in range(16):
+        out[:, 8 + j % 4] |= hi[:, j] << (2 * (j // 4))
+    return (out & 0xFF).astype(np.uint8)
+
+
+def _unpack_scales_q3(b: np.ndarray) -> np.ndarray:
+    """12 scale bytes [nb, 12] -> the signed scales [nb, 16] (-32..31)."""
+    q = b.astype(np.int32)
+    lo = np.concatenate([q[:, 0:8] & 0x0F, q[:, 0:8] >> 4], axis=1)
+    j = np.arange(16)
+    hi = (q[:, 8 + j % 4] >> (2 * (j // 4))) & 3
+    return (lo | (hi << 4)) - 32
+
+
+def quantize_q3_k(xt: np.ndarray) -> np.ndarray:
+    """xt [16, nb*16] -> blocks [nb, 110]: hmask, qs, scales, d."""
+    nsub = xt.shape[1]
+    nb = nsub // 16
+    scales, L = _make_q3_quants_rmse(xt, 4)
+    sc = scales.reshape(nb, 16)
+    amax = np.zeros(nb, F32)
+    max_scale = np.zeros(nb, F32)
+    for j in range(16):
+        a = np.abs(sc[:, j])
+        upd = a > amax
+        amax = np.where(upd, a, amax)
+        max_scale = np.where(upd, sc[:, j], max_scale)
+    has = max_scale != 0
+    with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
+        iscale = F32(-32) / np.where(has, max_scale, F32(1))
+        l = np.clip(low_byte_signed(nearest_int(iscale[:, None] * sc)), -32, 31) + 32  # int8_t l = nearest_int(...)
+        sbytes = np.where(has[:, None], _pack_scales_q3(l), np.uint8(0))
+        d16 = f16_bytes(np.where(has, F32(1) / iscale, F32(0)))
+        d = (f16_value(d16)[:, None] * _unpack_scales_q3(sbytes).astype(F32)).reshape(nsub)
+        nz = d != 0
+        lnew = np.clip(nearest_int(xt / np.where(nz, d, F32(1))), -4, 3) + 4
+    L = np.where(nz, lnew, L)
+    L = np.ascontiguousarray(L.T).reshape(nb, QK_K)
+    high = (L > 3).astype(np.int32).reshape(nb, 8, 32)  # bit j of hmask[m] <- element 32*j + m
+    hmask = np.zeros((nb, 32), np.int32)
+    for j in range(8):
+        hmask |= high[:, j, :] << j
+    L = np.where(L > 3, L - 4, L)
+    return np.concatenate([hmask.astype(np.uint8), _pack_2bit(L), sbytes, d16], axis=1)
 
 
 # --------------------------------------------------------------------------------------------
@@ -303,3 +454,24 @@ def dequantize_q6_k(b: np.ndarray) -> np.ndarray:
     high = (qh >> (2 * np.arange(4, dtype=np.int32))[None, None, :, None]) & 3
     q = ((low | (high << 4)) - 32).astype(F32).reshape(nb, 16, 16)
     return ((d * sc)[:, :, None] * q).reshape(nb, QK_K)
+
+
+def dequantize_q2_k(b: np.ndarray) -> np.ndarray:
+    sc = b[:, 0:16].astype(np.int32)
+    d = f16_value(b[:, 80:82])[:, None]
+    dmin = f16_value(b[:, 82:84])[:, None]
+    dl = (d * (sc & 0x0F).astype(F32))[:, :, None]
+    ml = (dmin * (sc >> 4).astype(F32))[:, :, None]
+    q = _unpack_2bit(b[:, 16:80]).astype(F32)
+    return (dl * q - ml).reshape(-1, QK_K)
+
+
+def dequantize_q3_k(b: np.ndarray) -> np.ndarray:
+    nb = b.shape[0]
+    hm = b[:, 0:32].astype(np.int32)[:, None, :]  # [nb, 1, 32]
+    high = (hm >> np.arange(8, dtype=np.int32)[None, :, None]) & 1  # [nb, 8, 32]: element 32*j + m
+    low = _unpack_2bit(b[:, 32:96]).reshape(nb, 8, 32)
+    q = (low - np.where(high == 1, 0, 4)).astype(F32).reshape(nb, 16, 16)
+    d = f16_value(b[:, 108:110])[:, None]
+    dl = (d * _unpack_scales_q3(b[:, 96:108]).astype(F32))[:, :, None]
+    return (dl * q).reshape(nb, QK_K)

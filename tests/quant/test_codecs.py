@@ -3,7 +3,8 @@
 * dequantize == gguf-py's dequantizer, exactly, on the embedded model (Q4_1, Q8_0) and on
   models llama.cpp made of every other type;
 * quantize == llama.cpp's own quantizer (llama_model_quantize, no imatrix, `pure`), byte for
-  byte, on the real weights of an F32 model made from the embedded one;
+  byte, on the real weights of an F32 model made from the embedded one; and every tensor of
+  the mixed files people download (Q2_K, Q3_K_M, IQ4_XS as llama.cpp lays them out);
 * quantize == ggml_quantize_chunk (the function llama_model_quantize calls) on random and
   edge-case data: zeros, signed zeros, constants, ties, tiny and huge values;
 * round trips on random data with bounded error, and clear errors for bad input.
@@ -25,8 +26,11 @@ from localinfer_quant import codecs
 from ..conftest import THREADS
 
 LEGACY = [Q.Q8_0, Q.Q4_0, Q.Q4_1, Q.Q5_0, Q.Q5_1]
-K_TYPES = [Q.Q4_K, Q.Q5_K, Q.Q6_K]
-ALL = LEGACY + K_TYPES
+K_TYPES = [Q.Q2_K, Q.Q3_K, Q.Q4_K, Q.Q5_K, Q.Q6_K]
+IQ4 = [Q.IQ4_NL, Q.IQ4_XS]
+ALL = LEGACY + K_TYPES + IQ4 + [Q.BF16]
+# 256-element blocks: of SmolLM2's matrices only the 1536-wide ffn_down rows take them
+SUPER_BLOCK = K_TYPES + [Q.IQ4_XS]
 
 # qtype -> the llama.cpp ftype that (with params.pure) asks for it
 FTYPES = {
@@ -38,6 +42,13 @@ FTYPES = {
     Q.Q4_K: "LLAMA_FTYPE_MOSTLY_Q4_K_S",
     Q.Q5_K: "LLAMA_FTYPE_MOSTLY_Q5_K_S",
     Q.Q6_K: "LLAMA_FTYPE_MOSTLY_Q6_K",
+    Q.Q2_K: "LLAMA_FTYPE_MOSTLY_Q2_K",
+    Q.Q3_K: "LLAMA_FTYPE_MOSTLY_Q3_K_M",  # with `pure`, every tensor Q3_K (no M mix)
+    # llama.cpp's IQ4 search is slow (~20 CPU-s per model): one IQ4_XS file serves both, its
+    # 576-wide matrices falling back to IQ4_NL through the same ggml_quantize_chunk
+    Q.IQ4_NL: "LLAMA_FTYPE_MOSTLY_IQ4_XS",
+    Q.IQ4_XS: "LLAMA_FTYPE_MOSTLY_IQ4_XS",
+    Q.BF16: "LLAMA_FTYPE_MOSTLY_BF16",
 }
 
 
@@ -79,13 +90,14 @@ def _read(path: Path) -> list[_Tensor]:
 # --- models made by llama.cpp ------------------------------------------------------------
 
 
-def _quantize_pure(src: Path, dst: Path, ftype: int) -> Path:
-    """llama_model_quantize with `pure`: every tensor the requested type where its rows allow."""
+def _quantize_pure(src: Path, dst: Path, ftype: int, pure: bool = True) -> Path:
+    """llama_model_quantize with `pure`: every tensor the requested type where its rows allow
+    (without: the ftype's own mix of types, as downloaded files have)."""
     import llama_cpp
 
     params = llama_cpp.llama_model_quantize_default_params()
     params.ftype = ftype
-    params.pure = True
+    params.pure = pure
     params.allow_requantize = True
     params.nthread = THREADS
     assert llama_cpp.llama_model_quantize(str(src).encode(), str(dst).encode(), ctypes.byref(params)) == 0
@@ -115,24 +127,35 @@ def pure_models(codecs_f32_path: Path, tmp_path_factory: pytest.TempPathFactory)
     import llama_cpp
 
     folder = tmp_path_factory.mktemp("codecs-pure")
-    cache: dict[Q, list[_Tensor]] = {}
+    cache: dict[str, list[_Tensor]] = {}
 
     def get(qtype: Q) -> list[_Tensor]:
-        if qtype not in cache:
-            dst = _quantize_pure(codecs_f32_path, folder / f"{qtype.name}.gguf", getattr(llama_cpp, FTYPES[qtype]))
-            cache[qtype] = _read(dst)
-        return cache[qtype]
+        ftype = FTYPES[qtype]
+        if ftype not in cache:
+            dst = _quantize_pure(codecs_f32_path, folder / f"{ftype}.gguf", getattr(llama_cpp, ftype))
+            cache[ftype] = _read(dst)
+        return cache[ftype]
 
     return get
 
 
+def _layer(name: str) -> int:
+    return int(name.split(".")[1]) if name.startswith("blk.") else -1
+
+
 def _sample(tensors: list, qtype: Q) -> list:
-    """The tensors our quantizer is compared on: all 30 K-quant ones (the ffn_down matrices);
-    for the 32-blocks, to keep the suite fast, the token embeddings (49152 x 576) and every
-    matrix of every third layer (0, 3, ..., 27: 71 of the 211)."""
-    if qtype in K_TYPES:
+    """The tensors our quantizer is compared on: all 30 K-quant ones (the ffn_down matrices)
+    and BF16's 211; for the 32-blocks, to keep the suite fast, the token embeddings
+    (49152 x 576) and every matrix of every third layer (0, 3, ..., 27: 71 of the 211).  The
+    IQ4 search runs ~4x slower in numpy: IQ4_XS every third ffn_down (10 of 30), IQ4_NL every
+    matrix of layers 0, 15 and 29 (21 of 211)."""
+    if qtype in K_TYPES or qtype == Q.BF16:
         return tensors
-    return [t for t in tensors if t.name == "token_embd.weight" or (t.name.startswith("blk.") and int(t.name.split(".")[1]) % 3 == 0)]
+    if qtype == Q.IQ4_XS:
+        return [t for t in tensors if _layer(t.name) % 3 == 0]
+    if qtype == Q.IQ4_NL:
+        return [t for t in tensors if _layer(t.name) in (0, 15, 29)]
+    return [t for t in tensors if t.name == "token_embd.weight" or (t.name.startswith("blk.") and _layer(t.name) % 3 == 0)]
 
 
 def _in_sample_layers(name: str) -> bool:
@@ -173,22 +196,44 @@ def test_dequantize_llamacpp_models_match_gguf(qtype: Q, pure_models):
 @pytest.mark.parametrize("qtype", ALL, ids=lambda q: q.name)
 def test_quantize_matches_llamacpp_on_model_weights(qtype: Q, f32_model, pure_models):
     got = [t for t in pure_models(qtype) if t.tensor_type == qtype]
-    if qtype in K_TYPES:
-        # SmolLM2's 576-wide rows are no multiple of 256: llama.cpp falls back there, so the
-        # K-quant tensors are exactly the 30 ffn_down matrices (rows of 1536)
-        assert sorted(t.name for t in got) == sorted(f"blk.{i}.ffn_down.weight" for i in range(30))
+    # SmolLM2's 576-wide rows are no multiple of 256: llama.cpp falls back there, so the
+    # 256-block tensors are exactly the 30 ffn_down matrices (rows of 1536)
+    ffn_down = {f"blk.{i}.ffn_down.weight" for i in range(30)}
+    if qtype in SUPER_BLOCK:
+        assert {t.name for t in got} == ffn_down
+    elif qtype == Q.IQ4_NL:
+        assert {t.name for t in got} == set(f32_model) - ffn_down  # the IQ4_XS file's fallbacks
     else:
         assert {t.name for t in got} == set(f32_model)  # pure: every matrix has the type
     sample = _sample(got, qtype)
     assert sample
     for t in sample:
-        ref = t.rows
-        ours = codecs.quantize(f32_model[t.name], qtype)
-        assert ours.shape == ref.shape and ours.dtype == np.uint8, t.name
-        if not np.array_equal(ours, ref):
-            block = GGML_QUANT_SIZES[qtype][1]
-            bad = np.flatnonzero((ours.reshape(-1, block) != ref.reshape(-1, block)).any(axis=1))
-            pytest.fail(f"{t.name}: {bad.size} of {ours.size // block} {qtype.name} blocks differ (first {bad[:5]})")
+        _assert_same_bytes(codecs.quantize(f32_model[t.name], qtype), t.rows, qtype, t.name)
+
+
+def _assert_same_bytes(ours: np.ndarray, ref: np.ndarray, qtype: Q, name: str) -> None:
+    assert ours.shape == ref.shape and ours.dtype == np.uint8, name
+    if not np.array_equal(ours, ref):
+        block = GGML_QUANT_SIZES[qtype][1]
+        bad = np.flatnonzero((ours.reshape(-1, block) != ref.reshape(-1, block)).any(axis=1))
+        pytest.fail(f"{name}: {bad.size} of {ours.size // block} {qtype.name} blocks differ (first {bad[:5]})")
+
+
+@pytest.mark.parametrize("mix", ["Q2_K", "Q3_K_M"])
+def test_quantize_matches_llamacpp_mixed_files(mix: str, codecs_f32_path: Path, f32_model, tmp_path: Path):
+    """The mixes people download, llama.cpp picking a type per tensor.  On SmolLM2 (576-wide
+    rows but for ffn_down) Q2_K gives Q3_K ffn_down, Q4_0 and Q8_0; Q3_K_M gives Q4_K/Q5_K
+    ffn_down, Q5_0/Q5_1, Q4_0 and Q8_0.  Every tensor must be byte-identical to ours."""
+    import llama_cpp
+
+    ftype = getattr(llama_cpp, f"LLAMA_FTYPE_MOSTLY_{mix}")
+    tensors = _read(_quantize_pure(codecs_f32_path, tmp_path / f"{mix}.gguf", ftype, pure=False))
+    # the sample layers, and all 30 ffn_down matrices (the 256-block types)
+    checked = [t for t in tensors if t.name in f32_model and (_in_sample_layers(t.name) or t.name.endswith("ffn_down.weight"))]
+    assert {t.tensor_type for t in checked} <= codecs.SUPPORTED
+    assert {t.tensor_type for t in checked} & set(SUPER_BLOCK)
+    for t in checked:
+        _assert_same_bytes(codecs.quantize(f32_model[t.name], t.tensor_type), t.rows, t.tensor_type, f"{mix} {t.name}")
 
 
 # --- quantize == ggml_quantize_chunk on synthetic data -----------------------------------
@@ -251,10 +296,30 @@ def test_quantize_matches_ggml_on_synthetic_data(qtype: Q, ggml_quantize_chunk):
         assert np.array_equal(_bits(codecs.dequantize(ours, qtype)), _bits(gguf_dequantize(ref, qtype).reshape(x.shape))), name
 
 
+def _bf16_edge_bits(rng: np.random.Generator) -> np.ndarray:
+    """float32 bit patterns where GGML_FP32_TO_BF16 has a rule: NaNs (quiet, signalling, with
+    payloads, either sign), infinities, values that round up to infinity, ties to even,
+    subnormals and signed zeros; and random patterns of every kind."""
+    edges = [0x7FC00000, 0xFFC00000, 0x7F800001, 0xFF800001, 0x7FBFFFFF, 0x7F80FFFF, 0x7F818000, 0x7FFFFFFF, 0xFFFFFFFF,
+             0x7F800000, 0xFF800000, 0x7F7FFFFF, 0xFF7FFFFF, 0x7F7F8000, 0x7F7F7FFF, 0x3F808000, 0x3F818000, 0x3F807FFF,
+             0xBF808000, 0x00000001, 0x80000001, 0x007FFFFF, 0x00008000, 0x00018000, 0x80000000, 0x00000000]  # fmt: skip
+    random = rng.integers(0, 2**32, 32 * 64 - len(edges), dtype=np.uint64)
+    return np.concatenate([np.array(edges, np.uint64), random]).astype(np.uint32).reshape(64, 32)
+
+
+def test_bf16_special_values_match_ggml(ggml_quantize_chunk):
+    x = _bf16_edge_bits(np.random.default_rng(16)).view(np.float32)
+    ours = codecs.quantize(x, Q.BF16)
+    ref = ggml_quantize_chunk(x, Q.BF16)
+    assert np.array_equal(ours, ref)
+    assert np.array_equal(_bits(codecs.dequantize(ours, Q.BF16)), _bits(gguf_dequantize(ref, Q.BF16).reshape(x.shape)))
+
+
 # --- round trips -------------------------------------------------------------------------
 
 # relative RMS error bound for standard-normal data (measured: about 80% of these)
-RMS_BOUND = {Q.Q8_0: 0.007, Q.Q4_0: 0.105, Q.Q4_1: 0.095, Q.Q5_0: 0.052, Q.Q5_1: 0.046, Q.Q4_K: 0.087, Q.Q5_K: 0.044, Q.Q6_K: 0.022}
+RMS_BOUND = {Q.Q8_0: 0.007, Q.Q4_0: 0.105, Q.Q4_1: 0.095, Q.Q5_0: 0.052, Q.Q5_1: 0.046, Q.Q4_K: 0.087, Q.Q5_K: 0.044, Q.Q6_K: 0.022,
+             Q.Q2_K: 0.36, Q.Q3_K: 0.185, Q.IQ4_NL: 0.093, Q.IQ4_XS: 0.094, Q.BF16: 0.002}  # fmt: skip
 
 
 @pytest.mark.parametrize("qtype", ALL, ids=lambda q: q.name)
@@ -274,6 +339,8 @@ def test_round_trip_error_is_bounded(qtype: Q):
         span = b.max(axis=1) - b.min(axis=1)
         step = {Q.Q8_0: amax / 127 / 2, Q.Q4_0: amax / 8, Q.Q5_0: amax / 16, Q.Q4_1: span / 15 / 2, Q.Q5_1: span / 31 / 2}[qtype]
         assert np.all(err <= step * 1.01 + amax * 2e-3)
+    if qtype == Q.BF16:
+        assert np.all(np.abs(y - x) <= np.abs(x) * 2.0**-8)  # half a unit of bfloat16's 8-bit significand
 
 
 @pytest.mark.parametrize("qtype", ALL, ids=lambda q: q.name)
@@ -299,7 +366,7 @@ def test_supported_types():
     assert codecs.SUPPORTED == frozenset(ALL)
 
 
-@pytest.mark.parametrize("qtype", [Q.F16, Q.F32, Q.Q2_K, Q.Q3_K, Q.IQ4_NL, 9999])
+@pytest.mark.parametrize("qtype", [Q.F16, Q.F32, Q.Q8_1, Q.IQ2_XXS, Q.IQ3_S, 9999])
 def test_unsupported_type_is_a_clear_error(qtype):
     with pytest.raises(ValueError, match="unsupported|unknown"):
         codecs.quantize(np.zeros((1, 256), np.float32), qtype)
@@ -309,7 +376,8 @@ def test_unsupported_type_is_a_clear_error(qtype):
 
 @pytest.mark.parametrize(
     "qtype, shape",
-    [(Q.Q8_0, (64,)), (Q.Q8_0, (2, 2, 32)), (Q.Q4_0, (4, 48)), (Q.Q4_K, (4, 576)), (Q.Q6_K, (1, 128)), (Q.Q5_1, (3, 0))],
+    [(Q.Q8_0, (64,)), (Q.Q8_0, (2, 2, 32)), (Q.Q4_0, (4, 48)), (Q.Q4_K, (4, 576)), (Q.Q6_K, (1, 128)), (Q.Q5_1, (3, 0)),
+     (Q.Q2_K, (1, 128)), (Q.IQ4_XS, (4, 576)), (Q.IQ4_NL, (2, 48)), (Q.BF16, (2, 0))],  # fmt: skip
 )
 def test_bad_quantize_shape_is_a_clear_error(qtype, shape):
     with pytest.raises(ValueError, match="2-D|multiple"):
