@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import ctypes
 import os
+import signal
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -37,6 +38,29 @@ def _on_log(level: int, text: bytes, user_data: ctypes.c_void_p) -> None:
         os.write(2, text)
 
 
+@contextmanager
+def _ctrl_c_after_the_call() -> Iterator[None]:
+    """Hold a Ctrl-C that lands while llama.cpp works until its call returns. Python runs a
+    signal's handler at the next Python code it reaches, which inside the call is `_on_log`;
+    a KeyboardInterrupt raised there cannot reach our caller (ctypes prints 'Exception
+    ignored' and llama.cpp carries on, so an interrupted load went on to answer). So the
+    handler only notes the signal meanwhile, and it is raised again once the call is over."""
+    previous = signal.getsignal(signal.SIGINT)
+    held: list[int] = []
+    try:
+        if callable(previous):  # SIG_DFL and SIG_IGN act in C, without running Python code
+            signal.signal(signal.SIGINT, lambda signum, frame: held.append(signum))
+    except ValueError:  # not the main thread, which alone runs Python's handlers: nothing to hold
+        previous = None
+    try:
+        yield
+    finally:
+        if callable(previous):
+            signal.signal(signal.SIGINT, previous)
+        if held:
+            signal.raise_signal(signal.SIGINT)  # to the caller's handler: KeyboardInterrupt, as a rule
+
+
 _initialised = False
 
 
@@ -45,7 +69,8 @@ def _init_once(verbose: bool) -> None:
     _verbose = verbose
     if not _initialised:
         C.llama_log_set(_on_log, ctypes.c_void_p(0))
-        C.llama_backend_init()
+        with _ctrl_c_after_the_call():
+            C.llama_backend_init()
         _initialised = True
 
 
@@ -126,7 +151,8 @@ class LlamaCppBackend(LlamaTokenized, Backend):
         if "AMX_INT8 = 1" in system_info():
             mparams.use_extra_bufts = False
         _log_lines.clear()
-        self._model = C.llama_model_load_from_file(os.fsencode(path), mparams)
+        with _ctrl_c_after_the_call():
+            self._model = C.llama_model_load_from_file(os.fsencode(path), mparams)
         if not self._model:
             raise BackendError(f"llama.cpp could not load {path}: {last_error() or 'unknown error'}")
 
@@ -144,7 +170,8 @@ class LlamaCppBackend(LlamaTokenized, Backend):
         threads = params.n_threads or default_threads()
         cparams.n_threads = threads
         cparams.n_threads_batch = threads
-        self._ctx = C.llama_init_from_model(self._model, cparams)
+        with _ctrl_c_after_the_call():
+            self._ctx = C.llama_init_from_model(self._model, cparams)
         if not self._ctx:
             if type_v != "f16":
                 raise BackendError(f"llama.cpp could not create a context with a {type_v} V cache, which needs flash attention; this build or device cannot do it there: use --cache-type-v f16 ({last_error() or 'no detail'})")
@@ -300,7 +327,8 @@ class Tokenizer:
         mparams = C.llama_model_default_params()
         mparams.vocab_only = True
         _log_lines.clear()
-        model = C.llama_model_load_from_file(os.fsencode(path), mparams)
+        with _ctrl_c_after_the_call():
+            model = C.llama_model_load_from_file(os.fsencode(path), mparams)
         if not model:
             raise BackendError(f"llama.cpp could not read the vocabulary of {path}: {last_error() or 'unknown error'}")
         return cls(model, owned=True)
