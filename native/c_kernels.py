@@ -12,6 +12,7 @@ output buffers.
 from __future__ import annotations
 
 import ctypes
+import mmap
 import os
 from collections.abc import Sequence
 from importlib.machinery import EXTENSION_SUFFIXES
@@ -20,9 +21,9 @@ from pathlib import Path
 import numpy as np
 
 from localinfer_native import KernelsUnavailable, c_ops
-from localinfer_native.types import SUPPORTED_TYPES, MatmulOp, QMatrix
+from localinfer_native.types import C_TYPES, MatmulOp, QMatrix
 
-ABI_VERSION = 2
+ABI_VERSION = 3
 MAX_MATS = 3
 _F32 = np.dtype(np.float32)
 _ERRORS = {1: "unsupported block type", 2: "row length not a multiple of the block size", 3: "bad arguments", 4: "out of memory"}
@@ -35,6 +36,7 @@ class _Op(ctypes.Structure):
         ("nmat", ctypes.c_int32),
         ("types", ctypes.c_int32 * MAX_MATS),
         ("w", ctypes.c_void_p * MAX_MATS),
+        ("packed", ctypes.c_void_p * MAX_MATS),
         ("rows", ctypes.c_int64 * MAX_MATS),
         ("k", ctypes.c_int64),
         ("nthreads", ctypes.POINTER(ctypes.c_int32)),
@@ -80,9 +82,16 @@ def _load(path: Path | None = None) -> ctypes.CDLL:
     lib.li_build_info.argtypes = []
     lib.li_matmul.restype = ctypes.c_int
     lib.li_matmul.argtypes = [
-        ctypes.c_int, ctypes.POINTER(ctypes.c_int), ctypes.POINTER(ctypes.c_void_p), ctypes.POINTER(ctypes.c_int64),
-        ctypes.c_int64, ctypes.c_void_p, ctypes.c_int64, ctypes.POINTER(ctypes.c_void_p), ctypes.c_int, ctypes.c_int64,
+        ctypes.c_int, ctypes.POINTER(ctypes.c_int), ctypes.POINTER(ctypes.c_void_p), ctypes.POINTER(ctypes.c_void_p),
+        ctypes.POINTER(ctypes.c_int64), ctypes.c_int64, ctypes.c_void_p, ctypes.c_int64, ctypes.POINTER(ctypes.c_void_p),
+        ctypes.c_int, ctypes.c_int64,
     ]  # fmt: skip
+    lib.li_pack_bytes.restype = ctypes.c_int64
+    lib.li_pack_bytes.argtypes = [ctypes.c_int, ctypes.c_int64, ctypes.c_int64]
+    lib.li_pack.restype = ctypes.c_int
+    lib.li_pack.argtypes = [ctypes.c_int, ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64, ctypes.c_void_p]
+    lib.li_amx_exact_runs.restype = ctypes.c_int
+    lib.li_amx_exact_runs.argtypes = [ctypes.c_int]
     lib.li_amx_usable.restype = ctypes.c_int  # 1 where this build has AMX and the OS lets us use it
     lib.li_amx_usable.argtypes = []
     # li_matmul_op is called without argtypes, for speed: every argument passed to it is
@@ -113,7 +122,7 @@ def default_threads() -> int:
 
 
 def _check_matrix(m: QMatrix) -> None:
-    if m.type not in SUPPORTED_TYPES:
+    if m.type not in C_TYPES:
         raise ValueError(f"the C kernels do not run {m.type.name} matrices")
     d = m.data
     if d.dtype != np.uint8 or d.ndim != 2 or not d.flags.c_contiguous or d.shape[0] != m.rows:
@@ -124,10 +133,13 @@ class CKernels(c_ops.COps):
     """The C kernel set (see localinfer_native.types.Kernels)."""
 
     name = "c"
+    supported_types = C_TYPES  # the block types matmul_op takes
 
-    def __init__(self, threads: int | None = None, library: str | os.PathLike | None = None) -> None:
-        """`library`: another build of native/c (tests use a portable one); default: the installed one."""
+    def __init__(self, threads: int | None = None, library: str | os.PathLike | None = None, pack: bool | None = None) -> None:
+        """`library`: another build of native/c (tests use a portable one); default: the installed one.
+        `pack`: repack matrices into panels for the fast products (default: unless LOCALINFER_PACK=0)."""
         self._lib = _load(Path(library).resolve() if library else None)
+        self._pack = os.environ.get("LOCALINFER_PACK", "1") != "0" if pack is None else pack
         self._info = self._lib.li_build_info().decode()
         if not self._lib.li_amx_usable():  # built with AMX, but this OS or LOCALINFER_AMX=0 says no
             self._info = " ".join(w for w in self._info.split() if w != "amx")
@@ -166,7 +178,25 @@ class CKernels(c_ops.COps):
             st.rows[i] = m.rows
         st.k = k
         st.nthreads = ctypes.pointer(self._threads)
-        return _make_op(self._lib.li_matmul_op, st, tuple(mats), self._threads, k)
+        panels = [self._packed(m) for m in mats]
+        for i, p in enumerate(panels):
+            st.packed[i] = p.ctypes.data if p is not None else None
+        return _make_op(self._lib.li_matmul_op, st, tuple(mats), panels, self._threads, k)
+
+    def _packed(self, m: QMatrix) -> np.ndarray | None:
+        """The matrix repacked into panels of 16 interleaved rows (packed.c), where this build
+        packs its type; None keeps the row dots. Not where AMX runs the type bit-exactly: its
+        exact path repeats the row dots' rounding, which the panels do not."""
+        size = self._lib.li_pack_bytes(int(m.type), m.rows, m.cols) if self._pack else 0
+        if size <= 0 or (self._lib.li_amx_usable() and self._lib.li_amx_exact_runs(int(m.type))):
+            return None
+        buf = np.empty(size + 64, np.uint8)
+        out = buf[-buf.ctypes.data % 64 :][:size]  # 64-byte aligned: whole cache lines per chunk
+        if self._lib.li_pack(int(m.type), m.data.ctypes.data, m.rows, m.cols, out.ctypes.data):
+            return None
+        if not self._lib.li_amx_usable():  # (AMX's fast path still reads the file's layout)
+            _drop_mapped_pages(m.data[: m.rows // 16 * 16])
+        return out
 
     # -- helpers for tests ----------------------------------------------------------------
 
@@ -185,7 +215,26 @@ class CKernels(c_ops.COps):
         return out
 
 
-def _make_op(fn, st: _Op, mats: tuple[QMatrix, ...], threads: ctypes.c_int32, k: int) -> MatmulOp:
+def _drop_mapped_pages(data: np.ndarray) -> None:
+    """Once a matrix is packed, its rows in the model file are not read again: drop their
+    pages from this process (the OS page cache keeps them while memory allows), so the
+    weights are not resident twice. Only for views of a file mapping: on anonymous memory
+    MADV_DONTNEED would zero the data."""
+    base = data
+    while isinstance(base, np.ndarray):
+        base = base.base
+    if isinstance(base, memoryview):  # np.frombuffer's view of the map
+        base = base.obj
+    if not isinstance(base, mmap.mmap) or not hasattr(mmap, "MADV_DONTNEED") or data.size == 0:
+        return
+    start = data.ctypes.data - np.frombuffer(base, np.uint8, count=1).ctypes.data
+    page = mmap.PAGESIZE
+    first, end = -(-start // page) * page, (start + data.nbytes) // page * page
+    if end > first:
+        base.madvise(mmap.MADV_DONTNEED, first, end - first)
+
+
+def _make_op(fn, st: _Op, mats: tuple[QMatrix, ...], panels: list, threads: ctypes.c_int32, k: int) -> MatmulOp:
     opref = ctypes.byref(st)
     view = ctypes.c_float.from_buffer  # refuses read-only and non-contiguous buffers
     byref = ctypes.byref
@@ -265,5 +314,5 @@ def _make_op(fn, st: _Op, mats: tuple[QMatrix, ...], threads: ctypes.c_int32, k:
             if rc:
                 raise RuntimeError(f"C matmul failed: {_ERRORS.get(rc, rc)}")
 
-    op._keep = (st, mats, threads)  # type: ignore[attr-defined]  # the weights must outlive the op
+    op._keep = (st, mats, panels, threads)  # type: ignore[attr-defined]  # the weights must outlive the op
     return op

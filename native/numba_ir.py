@@ -16,19 +16,21 @@ PREFETCH bytes ahead.
 `w` is the uint8 [rows, row_bytes] weight array viewed as a one-byte record dtype
 whose field name is the GGUF type (`tag_dtype`), so each type is its own Numba type:
 the kernel specializes (and compiles) per type only when a model uses it, and the
-specialization is cacheable. xs16/xs32 hold the sums of x over each run of 16/32
-values, so block offsets and minimums (Q4_0's -8, Q4_1's m, K-quants' mins) cost one
-multiply per block instead of one per weight.
+specialization is cacheable (see _TagCache at the end). xs16/xs32 hold the sums of x over
+each run of 16/32 values, so block offsets and minimums (Q4_0's -8, Q4_1's m, K-quants'
+mins) cost one multiply per block instead of one per weight.
 
 Method (the float path): each block is unpacked into a vector of small integers, turned
 into float32, multiplied with x and folded to 8 lanes; one FMA per (sub-)block scales it
 into a vector accumulator. No horizontal reduction per block; one at the end of a row.
 
 The int8 paths (AVX2; INT8_TYPES), as ggml: x is quantized once per call, per 32 values
-(Q8_0 form: xq, xqd) for Q4_0..Q8_0 or per 256 (Q8_K form: xk, xkd, and int16 sums per 16
-in xkb) for the K-quants. Weights stay unsigned (vpmaddubsw); offsets (Q4_0's -8, Q6_K's
--32) and K-quant mins go through x's integer sums; K-quant sub-block scales are applied as
-integers (vpmaddwd), leaving one float FMA per block or super-block (plus one for mins).
+(Q8_0 form: xq, xqd) for Q4_0..Q8_0 and IQ4_NL or per 256 (Q8_K form: xk, xkd, and int16
+sums per 16 in xkb) for the K-quants and IQ4_XS. Weights stay unsigned (vpmaddubsw) where
+they can; offsets (Q4_0's -8, Q3_K's -4, Q6_K's -32) and K-quant mins go through x's integer
+sums; signed weights (Q8_0, and the IQ4 table values, looked up with vpshufb) take their
+sign off with vpsignb. K-quant sub-block scales are applied as integers (vpmaddwd), leaving
+one float FMA per block or super-block (plus one for mins).
 """
 
 from __future__ import annotations
@@ -36,32 +38,63 @@ from __future__ import annotations
 import numpy as np
 from gguf import GGMLQuantizationType as Q
 from llvmlite import ir
-from numba import njit, prange, types
+from numba import njit, prange, typeof, types
 from numba.core import cgutils
+from numba.core.caching import FunctionCache
 from numba.extending import intrinsic
 
 I1, I8, I16, I32, I64 = ir.IntType(1), ir.IntType(8), ir.IntType(16), ir.IntType(32), ir.IntType(64)
 F32, HALF = ir.FloatType(), ir.HalfType()
 V8F = ir.VectorType(F32, 8)
 
-# Block size (values) and bytes per block.
-BLOCK = {Q.F32: 8, Q.F16: 8, Q.Q4_0: 32, Q.Q4_1: 32, Q.Q5_0: 32, Q.Q5_1: 32, Q.Q8_0: 32, Q.Q4_K: 256, Q.Q5_K: 256, Q.Q6_K: 256}
-BYTES = {Q.F32: 32, Q.F16: 16, Q.Q4_0: 18, Q.Q4_1: 20, Q.Q5_0: 22, Q.Q5_1: 24, Q.Q8_0: 34, Q.Q4_K: 144, Q.Q5_K: 176, Q.Q6_K: 210}
+# Block size (values) and bytes per block (the float types: 8 values per step). Its keys are
+# the block types this kernel set runs.
+BLOCK = {
+    Q.F32: 8, Q.F16: 8, Q.BF16: 8, Q.Q4_0: 32, Q.Q4_1: 32, Q.Q5_0: 32, Q.Q5_1: 32, Q.Q8_0: 32, Q.IQ4_NL: 32,
+    Q.Q2_K: 256, Q.Q3_K: 256, Q.Q4_K: 256, Q.Q5_K: 256, Q.Q6_K: 256, Q.IQ4_XS: 256,
+}
+BYTES = {
+    Q.F32: 32, Q.F16: 16, Q.BF16: 16, Q.Q4_0: 18, Q.Q4_1: 20, Q.Q5_0: 22, Q.Q5_1: 24, Q.Q8_0: 34, Q.IQ4_NL: 2 + 16,
+    Q.Q2_K: 16 + 64 + 2 + 2, Q.Q3_K: 32 + 64 + 12 + 2, Q.Q4_K: 144, Q.Q5_K: 176, Q.Q6_K: 210, Q.IQ4_XS: 2 + 2 + 4 + 128,
+}
+NUMBA_TYPES: frozenset[Q] = frozenset(BLOCK)
+FLOAT_TYPES = frozenset({Q.F32, Q.F16, Q.BF16})  # 8 values per step, and a tail of cols % 8
+# The 16 values of an IQ4_NL / IQ4_XS nibble (ggml's kvalues_iq4nl).
+KVALUES_IQ4NL = (-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113)
 
 
-def tag_dtype(qtype: Q) -> np.dtype:
-    """A one-byte record dtype naming the block type: `data.view(tag_dtype(t))` is free."""
-    return np.dtype([(qtype.name.lower(), np.uint8)])
+def tag_dtype(qtype: Q, float_path: bool = False) -> np.dtype:
+    """A one-byte record dtype naming the block type: `data.view(tag_dtype(t))` is free.
+
+    float_path=True names the portable float path even where the int8 path would run (what
+    a CPU without AVX2 runs; the tests cover it with this on any machine)."""
+    forced = float_path and qtype in INT8_TYPES  # else the float path is its only one: one tag
+    return np.dtype([(qtype.name.lower() + ("_float" if forced else ""), np.uint8)])
 
 
-_BY_NAME = {t.name.lower(): t for t in BLOCK}
+_BY_NAME = {t.name.lower(): (t, False) for t in BLOCK} | {t.name.lower() + "_float": (t, True) for t in BLOCK}
 
 
-def _qtype_of(arr_ty) -> Q | None:
+def _tag_of(arr_ty) -> tuple[Q, bool] | None:
+    """(block type, float path forced) of a tagged weight array's Numba type."""
     dt = getattr(arr_ty, "dtype", None)
     if not isinstance(dt, types.Record) or len(dt.fields) != 1:
         return None
     return _BY_NAME.get(next(iter(dt.fields)))
+
+
+def _qtype_of(arr_ty) -> Q | None:
+    tag = _tag_of(arr_ty)
+    return None if tag is None else tag[0]
+
+
+def _path_of(arr_ty) -> str:
+    """How rows of this tagged type are dotted with x: 'float', 'q8_0' (x in int8 per 32)
+    or 'q8_k' (x in int8 per 256)."""
+    qtype, forced = _tag_of(arr_ty)
+    if forced or qtype not in INT8_TYPES:
+        return "float"
+    return "q8_k" if qtype in Q8K_TYPES else "q8_0"
 
 
 # --------------------------------------------------------------------------- IR helpers
@@ -124,6 +157,14 @@ def _f16_to_f32(b, f16_native, h):
     f = b.select(isinf, b.or_(em, k(I32, 0x7F800000)), f)
     sign = b.shl(b.and_(h32, k(I32, 0x8000)), k(I32, 16))
     return b.bitcast(b.or_(f, sign), ty(F32))
+
+
+def _bf16_to_f32(b, h):
+    """bfloat16 bits (an i16, or a vector of them) as float32: the top half of its bits."""
+    if isinstance(h.type, ir.VectorType):
+        n = h.type.count
+        return b.bitcast(b.shl(b.zext(h, ir.VectorType(I32, n)), _vconst(I32, [16] * n)), ir.VectorType(F32, n))
+    return b.bitcast(b.shl(b.zext(h, I32), _c(I32, 16)), F32)
 
 
 def _halves8(b, f16_native, ptr, off):
@@ -260,7 +301,7 @@ def _legacy(qtype):
             dx = _load(b, cx.xqd, b.mul(i, _c(I64, 16)), F32)
             if qtype == Q.Q8_0:
                 q = _load(b, w, b.add(base, _c(I64, 2)), V32I8)
-                p = _dot_u8i8(b, _llvm_call(b, "llvm.x86.avx2.psign.b", V32I8, [q, q]), _llvm_call(b, "llvm.x86.avx2.psign.b", V32I8, [y, q]))
+                p = _dot_i8i8(b, q, y)
                 mn = None
             else:
                 if qtype in (Q.Q4_0, Q.Q5_0):
@@ -312,14 +353,16 @@ def _legacy(qtype):
 
 
 def _float(qtype):
-    """F32 / F16: 8 values per step (the row tail is done by _tail)."""
+    """F32 / F16 / BF16: 8 values per step (the row tail is done by _tail)."""
 
     def body(cx, w, x, xs16, xs32, i, accs):
         b = cx.b
         if qtype == Q.F32:
             wv = _load(b, w, b.mul(i, _c(I64, 32)), V8F)
-        else:
+        elif qtype == Q.F16:
             wv = _halves8(b, cx.f16_native, w, b.mul(i, _c(I64, 16)))
+        else:
+            wv = _bf16_to_f32(b, _load(b, w, b.mul(i, _c(I64, 16)), ir.VectorType(I16, 8)))
         xv = _load(b, x, b.mul(i, _c(I64, 32)), V8F)
         return [cx.fma(wv, xv, accs[0]), accs[1], accs[2], accs[3]]
 
@@ -496,12 +539,236 @@ def _q6k_int8(cx, w, x, xs16, xs32, i, accs):
     return [acc0, accs[1], accs[2], accs[3]]
 
 
+# --------------------------------------------------------------------------- the low-bit types
+# Q2_K, Q3_K, IQ4_NL, IQ4_XS. Values as ggml's dequantize_row_* gives them; the float paths
+# are portable IR, the int8 paths (AVX2) dot x in Q8_0 form (IQ4_NL) or Q8_K form (the rest).
+
+
+def _madd_i8i8(b, q, y):
+    """<32 x i8> . <32 x i8> -> <16 x i16> pair sums, both signed: |q| times y with q's sign
+    (vpsignb, vpmaddubsw), as ggml's mul_sum_i8_pairs. No saturation: |q|, |y| <= 127."""
+    psign = "llvm.x86.avx2.psign.b"
+    return _llvm_call(b, "llvm.x86.avx2.pmadd.ub.sw", V16I16, [_llvm_call(b, psign, V32I8, [q, q]), _llvm_call(b, psign, V32I8, [y, q])])
+
+
+def _dot_i8i8(b, q, y):
+    """<32 x i8> . <32 x i8> -> <8 x i32> partial sums, both signed (see _madd_i8i8)."""
+    return _llvm_call(b, "llvm.x86.avx2.pmadd.wd", V8I32, [_madd_i8i8(b, q, y), _vconst(I16, [1] * 16)])
+
+
+def _iq4_values(b, idx):
+    """<n x i8> nibbles -> kvalues_iq4nl of them, portably: LLVM IR has no variable byte
+    shuffle, so a tree of selects on the index bits (the float path, off AVX2)."""
+    n = idx.type.count
+    vals = [_vconst(I8, [v] * n) for v in KVALUES_IQ4NL]
+    bit = 1
+    while len(vals) > 1:
+        on = b.icmp_unsigned("!=", b.and_(idx, _vconst(I8, [bit] * n)), _vconst(I8, [0] * n))
+        vals = [b.select(on, vals[k + 1], vals[k]) for k in range(0, len(vals), 2)]
+        bit <<= 1
+    return vals[0]
+
+
+def _iq4_values32(b, idx):
+    """<32 x i8> nibbles -> kvalues_iq4nl of them: one vpshufb (the table in both lanes)."""
+    return _llvm_call(b, "llvm.x86.avx2.pshuf.b", V32I8, [_vconst(I8, list(KVALUES_IQ4NL) * 2), idx])
+
+
+def _iq4nl(cx, w, x, xs16, xs32, i, accs):
+    """IQ4_NL: Q4_0's layout, each nibble a kvalues_iq4nl index; no offset, no min."""
+    b = cx.b
+    base = b.mul(i, _c(I64, BYTES[Q.IQ4_NL]))
+    d = cx.half(w, base)
+    idx = _nibbles(b, _load(b, w, b.add(base, _c(I64, 2)), ir.VectorType(I8, 16)))
+    if cx.int8:
+        y = _load(b, cx.xq, b.mul(i, _c(I64, 32)), V32I8)
+        dx = _load(b, cx.xqd, b.mul(i, _c(I64, 16)), F32)
+        p = _dot_i8i8(b, _iq4_values32(b, idx), y)
+        return [cx.fma(_splat(b, b.fmul(d, dx), 8), b.sitofp(p, V8F), accs[0]), accs[1], accs[2], accs[3]]
+    qf = b.sitofp(_iq4_values(b, idx), ir.VectorType(F32, 32))
+    xv = _load(b, x, b.mul(i, _c(I64, 128)), ir.VectorType(F32, 32))
+    return [cx.fma(_splat(b, d, 8), cx.dot8(qf, xv, 32), accs[0]), accs[1], accs[2], accs[3]]
+
+
+def _iq4xs_scales(b, w, base):
+    """IQ4_XS's 8 sub-block scales, 6 bits less 32 (<8 x i16>): low 4 bits from scales_l's
+    nibbles, high 2 from scales_h's bit pairs."""
+    sl = _load(b, w, b.add(base, _c(I64, 4)), ir.VectorType(I8, 4))
+    lo = b.and_(b.lshr(_shuf(b, sl, sl, [k // 2 for k in range(8)]), _vconst(I8, [0, 4] * 4)), _vconst(I8, [15] * 8))
+    sh = _splat(b, _load(b, w, b.add(base, _c(I64, 2)), I16), 8)
+    hi = b.and_(b.lshr(sh, _vconst(I16, [2 * k for k in range(8)])), _vconst(I16, [3] * 8))
+    ls = b.or_(b.zext(lo, ir.VectorType(I16, 8)), b.shl(hi, _vconst(I16, [4] * 8)))
+    return b.sub(ls, _vconst(I16, [32] * 8))
+
+
+def _iq4xs_nibbles(b, w, base, j):
+    """Sub-block j's 32 kvalues indices (16 bytes: low nibbles first)."""
+    return _nibbles(b, _load(b, w, b.add(base, _c(I64, 8 + 16 * j)), ir.VectorType(I8, 16)))
+
+
+def _iq4xs(cx, w, x, xs16, xs32, i, accs):
+    """IQ4_XS, the float path: 8 sub-blocks of 32 table values, each with its 6-bit scale."""
+    b = cx.b
+    base = b.mul(i, _c(I64, BYTES[Q.IQ4_XS]))
+    scf = b.fmul(b.sitofp(_iq4xs_scales(b, w, base), V8F), _splat(b, cx.half(w, base), 8))
+    acc = [accs[0], accs[1]]
+    for j in range(8):
+        qf = b.sitofp(_iq4_values(b, _iq4xs_nibbles(b, w, base, j)), ir.VectorType(F32, 32))
+        xv = _load(b, x, b.add(b.mul(i, _c(I64, 1024)), _c(I64, 128 * j)), ir.VectorType(F32, 32))
+        s = _splat(b, b.extract_element(scf, _c(I32, j)), 8)
+        acc[j % 2] = cx.fma(s, cx.dot8(qf, xv, 32), acc[j % 2])
+    return [acc[0], acc[1], accs[2], accs[3]]
+
+
+def _tree_sum(b, parts):
+    """Sum integer vectors as a tree, not a chain."""
+    while len(parts) > 1:
+        parts = [b.add(parts[k], parts[k + 1]) for k in range(0, len(parts), 2)]
+    return parts[0]
+
+
+def _iq4xs_int8(cx, w, x, xs16, xs32, i, accs):
+    """IQ4_XS against x in Q8_K form: signed byte dots per 32 values, the scale applied as
+    an integer (pmaddwd), one float FMA per super-block."""
+    b = cx.b
+    base = b.mul(i, _c(I64, BYTES[Q.IQ4_XS]))
+    dx = _load(b, cx.xkd, b.mul(i, _c(I64, 4)), F32)
+    d = b.fmul(cx.half(w, base), dx)
+    sc16 = _dup16(b, _iq4xs_scales(b, w, base))
+    xk = b.mul(i, _c(I64, 256))
+    parts = []
+    for j in range(8):
+        q = _iq4_values32(b, _iq4xs_nibbles(b, w, base, j))
+        y = _load(b, cx.xk, b.add(xk, _c(I64, 32 * j)), V32I8)
+        parts.append(_llvm_call(b, "llvm.x86.avx2.pmadd.wd", V8I32, [_madd_i8i8(b, q, y), _splat16(b, sc16, [j, j])]))
+    acc0 = cx.fma(_splat(b, d, 8), b.sitofp(_tree_sum(b, parts), V8F), accs[0])
+    return [acc0, accs[1], accs[2], accs[3]]
+
+
+def _q3k_scales(b, w, base):
+    """Q3_K's 16 scales, 6 bits less 32 (<16 x i8>): low 4 bits from the nibbles of bytes
+    0-7 (low nibbles for scales 0-7, high for 8-15), high 2 from bit pair k // 4 of byte 8 + k % 4."""
+    s = _load(b, w, b.add(base, _c(I64, 96)), ir.VectorType(I8, 12))
+    a = _shuf(b, s, s, list(range(8)) * 2)
+    low = b.select(_vconst(I1, [1] * 8 + [0] * 8), b.and_(a, _vconst(I8, [15] * 16)), b.lshr(a, _vconst(I8, [4] * 16)))
+    h = _shuf(b, s, s, [8, 9, 10, 11] * 4)
+    hi = b.and_(b.lshr(h, _vconst(I8, [2 * (k // 4) for k in range(16)])), _vconst(I8, [3] * 16))
+    return b.sub(b.or_(low, b.shl(hi, _vconst(I8, [4] * 16))), _vconst(I8, [32] * 16))
+
+
+def _q3k_quants(b, qs, hm, h, j):
+    """Values 128h + 32j .. +32 of a Q3_K super-block as unsigned 0..7 (the value is this
+    less 4): bits 2j of qs (bytes 32h..), plus 4 where bit 4h + j of hmask is set."""
+    k = 4 * h + j
+    lo = b.and_(b.lshr(qs, _vconst(I8, [2 * j] * 32)) if j else qs, _vconst(I8, [3] * 32))
+    hb = hm if k == 2 else (b.shl(hm, _vconst(I8, [2 - k] * 32)) if k < 2 else b.lshr(hm, _vconst(I8, [k - 2] * 32)))
+    return b.or_(lo, b.and_(hb, _vconst(I8, [4] * 32)))
+
+
+def _q2k_quants(b, qs, j):
+    """Values 128h + 32j .. +32 of a Q2_K super-block (0..3): bits 2j of qs bytes 32h.."""
+    return b.and_(b.lshr(qs, _vconst(I8, [2 * j] * 32)) if j else qs, _vconst(I8, [3] * 32))
+
+
+def _k23(qtype):
+    """Q2_K / Q3_K, the float path: 16 sub-blocks of 16, each with its own scale (Q2_K's
+    4-bit scale and min, Q3_K's signed 6-bit scale); Q2_K's mins through x's 16-value sums."""
+    size = BYTES[qtype]
+    qs_off = 16 if qtype == Q.Q2_K else 32
+    V16F = ir.VectorType(F32, 16)
+
+    def body(cx, w, x, xs16, xs32, i, accs):
+        b = cx.b
+        base = b.mul(i, _c(I64, size))
+        macc = accs[2]
+        if qtype == Q.Q2_K:
+            d = cx.half(w, b.add(base, _c(I64, 80)))
+            dmin = cx.half(w, b.add(base, _c(I64, 82)))
+            s = _load(b, w, base, ir.VectorType(I8, 16))
+            scf = b.fmul(b.uitofp(b.and_(s, _vconst(I8, [15] * 16)), V16F), _splat(b, d, 16))
+            mf = b.fmul(b.uitofp(b.lshr(s, _vconst(I8, [4] * 16)), V16F), _splat(b, dmin, 16))
+            sums = _load(b, xs16, b.mul(i, _c(I64, 64)), V16F)
+            macc = b.fsub(macc, cx.fold8(b.fmul(mf, sums), 16))
+        else:
+            d = cx.half(w, b.add(base, _c(I64, 108)))
+            scf = b.fmul(b.sitofp(_q3k_scales(b, w, base), V16F), _splat(b, d, 16))
+            hm = _load(b, w, base, V32I8)
+        acc = [accs[0], accs[1]]
+        for h in range(2):
+            qs = _load(b, w, b.add(base, _c(I64, qs_off + 32 * h)), V32I8)
+            for j in range(4):
+                if qtype == Q.Q2_K:
+                    qf = b.uitofp(_q2k_quants(b, qs, j), ir.VectorType(F32, 32))
+                else:
+                    qf = b.sitofp(b.sub(_q3k_quants(b, qs, hm, h, j), _vconst(I8, [4] * 32)), ir.VectorType(F32, 32))
+                xv = _load(b, x, b.add(b.mul(i, _c(I64, 1024)), _c(I64, 512 * h + 128 * j)), ir.VectorType(F32, 32))
+                sub = 8 * h + 2 * j
+                for t in range(2):
+                    s = _splat(b, b.extract_element(scf, _c(I32, sub + t)), 8)
+                    p = cx.dot8(_shuf(b, qf, qf, range(16 * t, 16 * t + 16)), _shuf(b, xv, xv, range(16 * t, 16 * t + 16)), 16)
+                    acc[t] = cx.fma(s, p, acc[t])
+        return [acc[0], acc[1], macc, accs[3]]
+
+    return body
+
+
+def _k23_int8(qtype):
+    """Q2_K / Q3_K against x in Q8_K form: unsigned 2- or 3-bit q dotted with q8 per 16
+    values, times the scale (pmaddwd); Q2_K's mins as a float FMA over x's integer 16-value
+    sums, Q3_K's -4 offset as -4 * sum(scale * 16-value sum of q8), in integers."""
+    size = BYTES[qtype]
+    qs_off = 16 if qtype == Q.Q2_K else 32
+
+    def body(cx, w, x, xs16, xs32, i, accs):
+        b = cx.b
+        base = b.mul(i, _c(I64, size))
+        dx = _load(b, cx.xkd, b.mul(i, _c(I64, 4)), F32)
+        bs = _load(b, cx.xkb, b.mul(i, _c(I64, 32)), V16I16)  # 16 sums of 16 q8 values
+        macc = accs[2]
+        if qtype == Q.Q2_K:
+            d = b.fmul(cx.half(w, b.add(base, _c(I64, 80))), dx)
+            dmin = b.fmul(cx.half(w, b.add(base, _c(I64, 82))), dx)
+            s = _load(b, w, base, ir.VectorType(I8, 16))
+            sc16 = b.zext(b.and_(s, _vconst(I8, [15] * 16)), V16I16)
+            mprod = _llvm_call(b, "llvm.x86.avx2.pmadd.wd", V8I32, [b.zext(b.lshr(s, _vconst(I8, [4] * 16)), V16I16), bs])
+            macc = cx.fma(_splat(b, b.fneg(dmin), 8), b.sitofp(mprod, V8F), macc)
+        else:
+            d = b.fmul(cx.half(w, b.add(base, _c(I64, 108))), dx)
+            sc16 = b.sext(_q3k_scales(b, w, base), V16I16)
+            offset = _llvm_call(b, "llvm.x86.avx2.pmadd.wd", V8I32, [sc16, bs])
+            hm = _load(b, w, base, V32I8)
+        sc_lo = b.bitcast(_shuf(b, sc16, sc16, list(range(8)) * 2), V32I8)
+        sc_hi = b.bitcast(_shuf(b, sc16, sc16, list(range(8, 16)) * 2), V32I8)
+        xk = b.mul(i, _c(I64, 256))
+        parts = []
+        for h in range(2):
+            qs = _load(b, w, b.add(base, _c(I64, qs_off + 32 * h)), V32I8)
+            for j in range(4):
+                q = _q2k_quants(b, qs, j) if qtype == Q.Q2_K else _q3k_quants(b, qs, hm, h, j)
+                y = _load(b, cx.xk, b.add(xk, _c(I64, 128 * h + 32 * j)), V32I8)
+                p16 = _llvm_call(b, "llvm.x86.avx2.pmadd.ub.sw", V16I16, [q, y])
+                sub = 8 * h + 2 * j
+                parts.append(_llvm_call(b, "llvm.x86.avx2.pmadd.wd", V8I32, [p16, _splat16(b, sc_hi if h else sc_lo, [sub, sub + 1])]))
+        sumi = _tree_sum(b, parts)
+        if qtype == Q.Q3_K:
+            sumi = b.sub(sumi, b.shl(offset, _vconst(I32, [2] * 8)))
+        acc0 = cx.fma(_splat(b, d, 8), b.sitofp(sumi, V8F), accs[0])
+        return [acc0, accs[1], macc, accs[3]]
+
+    return body
+
+
 BODIES = {
     Q.Q4_0: _legacy(Q.Q4_0), Q.Q4_1: _legacy(Q.Q4_1), Q.Q5_0: _legacy(Q.Q5_0), Q.Q5_1: _legacy(Q.Q5_1),
-    Q.Q8_0: _legacy(Q.Q8_0), Q.F32: _float(Q.F32), Q.F16: _float(Q.F16),
-    Q.Q4_K: _k45(Q.Q4_K), Q.Q5_K: _k45(Q.Q5_K), Q.Q6_K: _q6k,
+    Q.Q8_0: _legacy(Q.Q8_0), Q.F32: _float(Q.F32), Q.F16: _float(Q.F16), Q.BF16: _float(Q.BF16), Q.IQ4_NL: _iq4nl,
+    Q.Q2_K: _k23(Q.Q2_K), Q.Q3_K: _k23(Q.Q3_K), Q.Q4_K: _k45(Q.Q4_K), Q.Q5_K: _k45(Q.Q5_K), Q.Q6_K: _q6k, Q.IQ4_XS: _iq4xs,
 }
-INT8_BODIES = {Q.Q4_K: _k45_int8(Q.Q4_K), Q.Q5_K: _k45_int8(Q.Q5_K), Q.Q6_K: _q6k_int8}
+INT8_BODIES = {
+    Q.Q2_K: _k23_int8(Q.Q2_K), Q.Q3_K: _k23_int8(Q.Q3_K), Q.Q4_K: _k45_int8(Q.Q4_K), Q.Q5_K: _k45_int8(Q.Q5_K),
+    Q.Q6_K: _q6k_int8, Q.IQ4_XS: _iq4xs_int8,
+}
+# Types whose float path reads x's sums per 16 or 32 (offsets and mins).
+XSUM_TYPES = frozenset({Q.Q4_0, Q.Q4_1, Q.Q5_0, Q.Q5_1, Q.Q2_K, Q.Q4_K, Q.Q5_K, Q.Q6_K})
 
 
 def _host() -> tuple[bool, bool]:
@@ -519,10 +786,11 @@ def _host() -> tuple[bool, bool]:
 
 F16_NATIVE, AVX2 = _host()
 # Types whose rows are dotted with x quantized to int8 (ggml's way, on AVX2): per 32 values
-# (Q8_0 form) for the legacy types, per 256 (Q8_K form) for the K-quants. Twice as fast as
-# the float path or more. Elsewhere (no AVX2) everything runs the float path.
-Q8K_TYPES = frozenset({Q.Q4_K, Q.Q5_K, Q.Q6_K}) if AVX2 else frozenset()
-INT8_TYPES = (frozenset({Q.Q4_0, Q.Q4_1, Q.Q5_0, Q.Q5_1, Q.Q8_0}) | Q8K_TYPES) if AVX2 else frozenset()
+# (Q8_0 form) for the legacy types and IQ4_NL, per 256 (Q8_K form) for the K-quants and
+# IQ4_XS (ggml's vec_dot types for them). Twice as fast as the float path or more.
+# Elsewhere (no AVX2) everything runs the float path.
+Q8K_TYPES = frozenset({Q.Q2_K, Q.Q3_K, Q.Q4_K, Q.Q5_K, Q.Q6_K, Q.IQ4_XS}) if AVX2 else frozenset()
+INT8_TYPES = (frozenset({Q.Q4_0, Q.Q4_1, Q.Q5_0, Q.Q5_1, Q.Q8_0, Q.IQ4_NL}) | Q8K_TYPES) if AVX2 else frozenset()
 
 
 def _row_ptr(context, builder, aty, val, row):
@@ -535,12 +803,12 @@ def _row_ptr(context, builder, aty, val, row):
 @intrinsic
 def uses_int8(typingctx, w):
     """Compile-time constant: do rows of `w` need x in Q8_0 form (xq, xqd)?"""
-    qtype = _qtype_of(w)
-    if qtype is None:
+    if _qtype_of(w) is None:
         return None
+    path = _path_of(w)
 
     def codegen(context, builder, signature, args):
-        return _c(I1, int(qtype in INT8_TYPES and qtype not in Q8K_TYPES))
+        return _c(I1, int(path == "q8_0"))
 
     return types.boolean(w), codegen
 
@@ -551,9 +819,10 @@ def uses_xsums(typingctx, w):
     qtype = _qtype_of(w)
     if qtype is None:
         return None
+    need = _path_of(w) == "float" and qtype in XSUM_TYPES
 
     def codegen(context, builder, signature, args):
-        return _c(I1, int(qtype not in INT8_TYPES and qtype not in (Q.F32, Q.F16)))
+        return _c(I1, int(need))
 
     return types.boolean(w), codegen
 
@@ -561,12 +830,12 @@ def uses_xsums(typingctx, w):
 @intrinsic
 def uses_q8k(typingctx, w):
     """Compile-time constant: do rows of `w` need x in Q8_K form (xk, xkd, xkb)?"""
-    qtype = _qtype_of(w)
-    if qtype is None:
+    if _qtype_of(w) is None:
         return None
+    path = _path_of(w)
 
     def codegen(context, builder, signature, args):
-        return _c(I1, int(qtype in Q8K_TYPES))
+        return _c(I1, int(path == "q8_k"))
 
     return types.boolean(w), codegen
 
@@ -706,9 +975,10 @@ def _rowdots(context, b, signature, args, rows):
     rv = context.cast(b, rv, signature.args[1], types.intp)
     jv = context.cast(b, jv, signature.args[3], types.intp)
     wrow, _ = _row_ptr(context, b, signature.args[0], wv, rv)
-    int8 = qtype in INT8_TYPES
-    q8k = qtype in Q8K_TYPES
-    q80 = int8 and not q8k
+    path = _path_of(signature.args[0])
+    int8 = path != "float"
+    q8k = path == "q8_k"
+    q80 = path == "q8_0"
     per_row = []
     for t in range(rows):
         jt = b.add(jv, _c(I64, t))
@@ -760,13 +1030,17 @@ def _rowdots(context, b, signature, args, rows):
     for t, (cx, xrow, s16, s32) in enumerate(per_row):
         at = a[4 * t:4 * t + 4]
         total = b.fadd(cx.hsum8(b.fadd(b.fadd(at[0], at[1]), at[2])), at[3])
-        if qtype in (Q.F32, Q.F16):  # the last cols % 8 values
+        if qtype in FLOAT_TYPES:  # the last cols % 8 values
             start = b.mul(nblk, _c(I64, 8))
-            esz = 4 if qtype == Q.F32 else 2
 
             def tail(i, vals, cx=cx, xrow=xrow):
                 k = b.add(start, i)
-                wk = _load(b, wrow, b.mul(k, _c(I64, 4)), F32) if esz == 4 else cx.half(wrow, b.mul(k, _c(I64, 2)))
+                if qtype == Q.F32:
+                    wk = _load(b, wrow, b.mul(k, _c(I64, 4)), F32)
+                elif qtype == Q.F16:
+                    wk = cx.half(wrow, b.mul(k, _c(I64, 2)))
+                else:
+                    wk = _bf16_to_f32(b, _load(b, wrow, b.mul(k, _c(I64, 2)), I16))
                 return [_fma(b, wk, _load(b, xrow, b.mul(k, _c(I64, 4)), F32), vals[0])]
 
             total = _loop(b, b.sub(cols, start), [total], tail, "tail")[0]
@@ -996,3 +1270,25 @@ def _rows(w, r, x, xs16, xs32, xq, xqd, xk, xkd, xkb, o):  # pragma: no cover - 
     while j < n:
         o[j, r] = rowdot(w, r, x, j, xs16, xs32, xq, xqd, xk, xkd, xkb)
         j += 1
+
+
+# Numba names a record type in symbol names by a per-process counter, so kernels for two block
+# types compiled in two processes can share their symbols' names; a process that loads both
+# from the disk cache then runs one type's code for the other (wrong numbers, no error). So the
+# tags' record types are made here, at import, in one fixed order (the same numbering in every
+# process that imports this the same way) and kept alive; and that numbering is part of the
+# cache key of the functions that take tagged arrays, so a process that numbered them
+# differently compiles its own kernels instead of loading clashing ones.
+_TAG_RECORDS = tuple(typeof(np.empty((0, 1), tag_dtype(t, f))).dtype for t in BLOCK for f in (False, True))
+_TAG_NUMBERING = tuple(r.mangling_args for r in _TAG_RECORDS)
+
+
+class _TagCache(FunctionCache):
+    """Numba's function cache, keyed also on the tags' numbering."""
+
+    def _index_key(self, sig, codegen):
+        return (*super()._index_key(sig, codegen), _TAG_NUMBERING)
+
+
+for _kernel in (matmul3, _rows):
+    _kernel._cache = _TagCache(_kernel.py_func)

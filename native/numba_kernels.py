@@ -22,9 +22,9 @@ from collections.abc import Sequence
 import numba
 import numpy as np
 
-from localinfer_native.numba_ir import BLOCK, BYTES, F16_NATIVE, matmul3, tag_dtype
+from localinfer_native.numba_ir import BLOCK, BYTES, F16_NATIVE, FLOAT_TYPES, NUMBA_TYPES, matmul3, tag_dtype
 from localinfer_native.numba_ops import NumbaOps
-from localinfer_native.types import SUPPORTED_TYPES, MatmulOp, QMatrix
+from localinfer_native.types import MatmulOp, QMatrix
 
 
 _NO_OUT = np.empty((0, 0), np.float32)
@@ -34,8 +34,12 @@ class NumbaKernels(NumbaOps):
     """Kernels in Numba: portable (any CPU LLVM targets), compiled per block type on first use."""
 
     name = "numba"
+    supported_types = NUMBA_TYPES  # the block types matmul_op takes
 
-    def __init__(self) -> None:
+    def __init__(self, float_path: bool = False) -> None:
+        """float_path=True: every type takes the portable float path, as on a CPU without
+        AVX2 (the tests cover that path with it)."""
+        self._float_path = float_path
         self._threads = numba.get_num_threads()
         # Numba's thread count is per calling thread: remember which threads have ours.
         self._ready: set[int] = set()
@@ -60,10 +64,10 @@ class NumbaKernels(NumbaOps):
         return f"numba {numba.__version__} ({layer} threading layer, {f16}, {self._threads} threads)"
 
     def _tagged(self, m: QMatrix) -> np.ndarray:
-        if m.type not in SUPPORTED_TYPES:
+        if m.type not in self.supported_types:
             raise ValueError(f"the numba kernels do not support {m.type.name} weights")
         block, size = BLOCK[m.type], BYTES[m.type]
-        if m.type.name in ("F32", "F16"):
+        if m.type in FLOAT_TYPES:
             block, size = 1, size // 8
         if m.cols % block:
             raise ValueError(f"{m.type.name} rows must be a multiple of {block} values, got {m.cols}")
@@ -71,7 +75,7 @@ class NumbaKernels(NumbaOps):
         data = m.data
         if data.dtype != np.uint8 or data.ndim != 2 or data.shape != (m.rows, row_bytes) or not data.flags.c_contiguous:
             raise ValueError(f"{m.type.name} weights must be uint8 [{m.rows}, {row_bytes}] C-contiguous, got {data.dtype} {data.shape}")
-        return data.view(tag_dtype(m.type))
+        return data.view(tag_dtype(m.type, self._float_path))
 
     def _empty_of(self, w: np.ndarray) -> np.ndarray:
         e = self._empty.get(w.dtype)

@@ -15,9 +15,15 @@ from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
 
 Q = GGMLQuantizationType
 
-# Block types the native engine runs. Q5_0/Q5_1 are here because llama.cpp's Q4_K_M
+# Block types every kernel set runs. Q5_0/Q5_1 are here because llama.cpp's Q4_K_M
 # falls back to them for rows whose length is not a multiple of 256 (SmolLM2's 576).
+# Each set names what it runs in its `supported_types`; the engine checks a model's
+# tensors against the chosen set's.
 SUPPORTED_TYPES: frozenset[Q] = frozenset({Q.F32, Q.F16, Q.Q4_0, Q.Q4_1, Q.Q5_0, Q.Q5_1, Q.Q8_0, Q.Q4_K, Q.Q5_K, Q.Q6_K})
+
+# The C set's: also the low-bit types people download (llama.cpp's Q2_K, Q3_K_M and IQ4_XS
+# files; IQ4_NL is where IQ4_XS falls back for rows not a multiple of 256) and BF16.
+C_TYPES: frozenset[Q] = SUPPORTED_TYPES | {Q.Q2_K, Q.Q3_K, Q.IQ4_NL, Q.IQ4_XS, Q.BF16}
 
 
 # The KV cache's element types: ggml's ids, and the bytes of one 32-value block.
@@ -87,6 +93,7 @@ class Kernels(Protocol):
     by the caller."""
 
     name: str  # "c" or "numba"
+    supported_types: frozenset[Q]  # the block types matmul_op takes
 
     def set_threads(self, n: int) -> None: ...
 

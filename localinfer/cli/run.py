@@ -113,7 +113,7 @@ def print_timings(engine: Engine, result: CompletionOutput) -> None:
             f"[dim]native kernels: {report['kernels']} | weights {mb('weights_mapped'):.1f} MB mapped | "
             f"resident beyond the mapping {mb('resident_beyond_mmap'):.1f} MB "
             f"(KV cache {mb('kv_cache_used'):.1f} MB, activations {mb('activations'):.1f} MB), "
-            f"plus {mb('resident_at_load'):.1f} MB at load (vocabulary, kernels)[/dim]",
+            f"plus {mb('resident_at_load'):.1f} MB at load (vocabulary, kernels, packed weights)[/dim]",
             soft_wrap=True,
         )
 

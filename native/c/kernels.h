@@ -19,7 +19,8 @@
 /* ggml type ids, the same numbers GGUF stores */
 enum {
     LI_F32 = 0, LI_F16 = 1, LI_Q4_0 = 2, LI_Q4_1 = 3, LI_Q5_0 = 6, LI_Q5_1 = 7,
-    LI_Q8_0 = 8, LI_Q8_1 = 9, LI_Q4_K = 12, LI_Q5_K = 13, LI_Q6_K = 14, LI_Q8_K = 15,
+    LI_Q8_0 = 8, LI_Q8_1 = 9, LI_Q2_K = 10, LI_Q3_K = 11, LI_Q4_K = 12, LI_Q5_K = 13, LI_Q6_K = 14, LI_Q8_K = 15,
+    LI_IQ4_NL = 20, LI_IQ4_XS = 23, LI_BF16 = 30,
 };
 
 /* ---- fp16 <-> fp32 ------------------------------------------------------------- */
@@ -229,6 +230,16 @@ static inline __m256i li_legacy_values_v(const uint8_t *qs, uint32_t qh, int fiv
 /* the three layouts of li_quantize_q8a (legacy.c) */
 enum { LI_Q8A_PAIRS = 0, LI_Q8A_PLAIN = 1, LI_Q8A_TILES = 2 };
 
+/* Activations of the packed products of the 32-value types (packed.c): per row, ggml's
+ * block_q8_0 values in natural order, each block's scale (fp16-rounded) and the integer sum
+ * of its values (which folds the weights' offsets and mins into integer or float terms). */
+typedef struct {
+    const int8_t *qs; /* [n][k] */
+    const float *d;   /* [n][k/32] */
+    const int32_t *sum; /* [n][k/32] */
+} li_q8s;
+void li_quantize_q8s(const float *x, int64_t k, int8_t *qs, float *d, int32_t *sum, int64_t b0, int64_t b1);
+
 /* Q8_K activation block: float scale, 256 int8, and 16 sums of 16 values each
  * (the K-quant dots need those sums for the mins). Layout as ggml's block_q8_K. */
 typedef struct {
@@ -236,6 +247,24 @@ typedef struct {
     int8_t qs[LI_QK_K];
     int16_t bsums[LI_QK_K / 16];
 } li_block_q8_K;
+
+/* packed.c: matrices repacked into panels of 16 interleaved rows */
+int64_t li_pack_bytes(int type, int64_t rows, int64_t k);
+int li_pack(int type, const void *w, int64_t rows, int64_t k, void *out);
+void li_q8k_pairs(const li_block_q8_K *a, int64_t blocks, int32_t *pairs);
+void li_packed_rows_q8s(int type, const uint8_t *packed, int64_t p0, int64_t p1, int64_t k, const li_q8s *a, int64_t n,
+                        float *y, int64_t ldy);
+void li_packed_rows_q8k(int type, const uint8_t *packed, int64_t p0, int64_t p1, int64_t k, const li_block_q8_K *a,
+                        const int32_t *pairs, int64_t n, float *y, int64_t ldy);
+/* packed_more.c: the float and low-bit types' panels, for packed.c */
+int li_pack_more_block(int type, int *values, int *bytes);
+void li_pack_more(int type, uint8_t *dst, const uint8_t *src, int64_t row_bytes);
+void li_packed_rows_more_q8s(int type, const uint8_t *packed, int64_t p0, int64_t p1, int64_t k, const li_q8s *a,
+                             int64_t n, float *y, int64_t ldy);
+void li_packed_rows_more_q8k(int type, const uint8_t *packed, int64_t p0, int64_t p1, int64_t k,
+                             const li_block_q8_K *a, int64_t n, float *y, int64_t ldy);
+void li_packed_rows_float(int type, const uint8_t *packed, int64_t p0, int64_t p1, int64_t k, const float *x,
+                          int64_t n, float *y, int64_t ldy);
 
 /* kquants.c */
 void li_quantize_row_q8_K(const float *x, void *y, int64_t k);
@@ -252,8 +281,8 @@ int64_t li_kv_row_bytes(int type, int64_t hd); /* -1: not a cache type, or hd no
 void li_fwht(float *x, int64_t len, int64_t n);
 void li_kv_store(int type, const float *x, uint8_t *row, int64_t hd, int64_t rot);
 void li_kv_query(int type, const float *q, int64_t g, int64_t hd, int64_t rot, void *qbuf);
-void li_kv_scores(int type, const void *qbuf, int64_t g, const uint8_t *keys, int64_t t, int64_t hd, float scale,
-                  float *scores);
-void li_kv_weighted(int type, const float *p, const uint8_t *values, int64_t t, int64_t hd, float *out);
+const void *li_kv_block_keys(int type, const uint8_t *rows, int64_t n, int64_t hd, float *buf);
+void li_kv_block_values(int type, const uint8_t *rows, int64_t n, int64_t hd, float *buf);
+void li_kv_scores(int type, const void *query, const void *keys, int64_t n, int64_t hd, float scale, float *s);
 
 #endif

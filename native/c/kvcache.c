@@ -7,9 +7,11 @@
  *         nibble of byte i and element i+16 in the high one: ggml's block_q4_0
  * The quantizers are ggml's reference ones, so a row holds the bytes llama.cpp's cache holds.
  *
- * Scores against quantized keys are integer dot products, as ggml's vec_dot: each query
- * head is quantized once to q8_0 blocks, and a block's score is d_k*d_q*sum(k*q).
- * Values are accumulated from their blocks, d*q times the softmax weight.
+ * Attention (ops.c) reads the cache a block of positions at a time, for a tile of queries:
+ * li_kv_block_keys / li_kv_block_values put the block in the form every query of the tile
+ * then reads. Scores against quantized keys are integer dot products, as ggml's vec_dot:
+ * each query head is quantized once to q8_0 blocks, and a block's score is
+ * d_k*d_q*sum(k*q). Values are widened to floats, d*q (exact in a float).
  *
  * Before a quantized cache stores a row, llama.cpp rotates it by an orthonormal
  * Walsh-Hadamard matrix H, in chunks of n_rot values (its "attention rotation"): the
@@ -90,98 +92,146 @@ void li_kv_store(int type, const float *x, uint8_t *row, int64_t hd, int64_t rot
     }
 }
 
-/* ---- scores: scores[h * t + j] = scale * (q_h . key_j), for g heads and t keys ---------- */
+/* ---- a block of n cached positions, prepared once for all the queries of a tile -------- */
 
-/* f16 keys against queries already rounded to f16 (as llama.cpp's flash attention takes them) */
-static void scores_f16(const float *qg, int64_t g, const uint16_t *keys, int64_t t, int64_t hd, float scale,
-                       float *scores) {
-#if defined(__AVX2__) && defined(__FMA__)
-    if (hd == 64) { /* the common head size: a key row converted once, into 8 registers, for all g heads */
-        for (int64_t j = 0; j < t; j++) {
-            const __m128i *k = (const __m128i *)(keys + j * 64);
-            __m256 kf[8];
-            for (int e = 0; e < 8; e++) kf[e] = _mm256_cvtph_ps(_mm_loadu_si128(k + e));
-            for (int64_t h = 0; h < g; h++) {
-                const float *qh = qg + h * 64;
-                __m256 a0 = _mm256_setzero_ps(), a1 = _mm256_setzero_ps();
-                for (int e = 0; e < 8; e += 2) { /* the same sums, in the same order, as the loop below */
-                    a0 = _mm256_fmadd_ps(_mm256_loadu_ps(qh + 8 * e), kf[e], a0);
-                    a1 = _mm256_fmadd_ps(_mm256_loadu_ps(qh + 8 * e + 8), kf[e + 1], a1);
-                }
-                scores[h * t + j] = li_hsum8(_mm256_add_ps(a0, a1)) * scale;
-            }
-        }
-        return;
-    }
-    if (hd % 16 == 0) {
-        for (int64_t j = 0; j < t; j++) {
-            const uint16_t *k = keys + j * hd;
-            for (int64_t h = 0; h < g; h++) {
-                const float *qh = qg + h * hd;
-                __m256 a0 = _mm256_setzero_ps(), a1 = _mm256_setzero_ps();
-                for (int64_t e = 0; e < hd; e += 16) {
-                    a0 = _mm256_fmadd_ps(_mm256_loadu_ps(qh + e), _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(k + e))), a0);
-                    a1 = _mm256_fmadd_ps(_mm256_loadu_ps(qh + e + 8), _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(k + e + 8))), a1);
-                }
-                scores[h * t + j] = li_hsum8(_mm256_add_ps(a0, a1)) * scale;
-            }
-        }
-        return;
-    }
+/* n halves to floats (exact) */
+static void widen_f16(const uint16_t *h, int64_t n, float *out) {
+    int64_t i = 0;
+#if defined(__F16C__) && defined(__AVX2__)
+    for (; i + 8 <= n; i += 8) _mm256_storeu_ps(out + i, _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(h + i))));
 #endif
-    for (int64_t j = 0; j < t; j++)
-        for (int64_t h = 0; h < g; h++) {
-            float s = 0.0f;
-            for (int64_t e = 0; e < hd; e++) s += qg[h * hd + e] * li_fp16_to_fp32(keys[j * hd + e]);
-            scores[h * t + j] = s * scale;
-        }
+    for (; i < n; i++) out[i] = li_fp16_to_fp32(h[i]);
 }
 
-/* q8_0 or q4_0 keys against the g query heads as q8_0 rows (qq: g rows of hd/32 blocks) */
-static void scores_quantized(int type, const uint8_t *qq, int64_t g, const uint8_t *keys, int64_t t, int64_t hd,
-                             float scale, float *scores) {
-    const int64_t nb = hd / QK, kb = q_block_bytes(type), rb = nb * kb, qb = nb * 34;
-    for (int64_t j = 0; j < t; j++) {
-        const uint8_t *k = keys + j * rb;
-        for (int64_t h = 0; h < g; h++) {
-            const uint8_t *q = qq + h * qb;
-#if defined(__AVX2__) && defined(__FMA__)
-            __m256 acc = _mm256_setzero_ps();
-            for (int64_t b = 0; b < nb; b++) {
-                const uint8_t *kblk = k + b * kb, *qblk = q + b * 34;
-                const __m256i kv = type == LI_Q8_0 ? _mm256_loadu_si256((const __m256i *)(kblk + 2))
-                                                   : _mm256_sub_epi8(li_unpack_nibbles(kblk + 2), _mm256_set1_epi8(8));
-                const __m256 d = _mm256_set1_ps(load_half(kblk) * load_half(qblk));
-                acc = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(li_dot_i8_i8(kv, (const int8_t *)(qblk + 2))), acc);
-            }
-            scores[h * t + j] = li_hsum8(acc) * scale;
+/* one q8_0 or q4_0 block's 32 values as int8: q, or the nibble minus 8 */
+static inline void block_ints(int type, const uint8_t *blk, int8_t *q) {
+    if (type == LI_Q8_0) {
+        memcpy(q, blk + 2, QK);
+        return;
+    }
+#if defined(__AVX2__)
+    _mm256_storeu_si256((__m256i *)q, _mm256_sub_epi8(li_unpack_nibbles(blk + 2), _mm256_set1_epi8(8)));
 #else
-            float s = 0.0f;
-            for (int64_t b = 0; b < nb; b++) {
-                const uint8_t *kblk = k + b * kb, *qblk = q + b * 34;
-                const int8_t *qs = (const int8_t *)(qblk + 2);
-                int32_t sum = 0;
-                if (type == LI_Q8_0) {
-                    for (int i = 0; i < QK; i++) sum += (int32_t)((const int8_t *)(kblk + 2))[i] * qs[i];
-                } else {
-                    for (int i = 0; i < 16; i++)
-                        sum += ((kblk[2 + i] & 0x0F) - 8) * qs[i] + ((kblk[2 + i] >> 4) - 8) * qs[i + 16];
-                }
-                s += load_half(kblk) * load_half(qblk) * (float)sum;
-            }
-            scores[h * t + j] = s * scale;
+    for (int i = 0; i < 16; i++) {
+        q[i] = (int8_t)((blk[2 + i] & 0x0F) - 8);
+        q[i + 16] = (int8_t)((blk[2 + i] >> 4) - 8);
+    }
 #endif
+}
+
+/* Keys in the form li_kv_scores reads: q8_0 rows in place; q4_0 rows as q8_0 blocks of the
+ * same integers (so the same dot products, without unpacking nibbles for every query); f16
+ * rows widened to floats, then zero rows up to a multiple of 8 (the float scores go eight
+ * keys at a time). buf: room for n rounded up to 8 rows of hd floats. */
+const void *li_kv_block_keys(int type, const uint8_t *rows, int64_t n, int64_t hd, float *buf) {
+    if (type == LI_Q8_0) return rows;
+    if (type == LI_Q4_0) {
+        uint8_t *out = (uint8_t *)buf;
+        for (int64_t b = 0; b < n * hd / QK; b++, out += 34, rows += 18) {
+            memcpy(out, rows, 2);
+            block_ints(LI_Q4_0, rows, (int8_t *)(out + 2));
         }
+        return buf;
+    }
+    widen_f16((const uint16_t *)rows, n * hd, buf);
+    memset(buf + n * hd, 0, sizeof(float) * (size_t)((((n + 7) & ~7) - n) * hd));
+    return buf;
+}
+
+/* n value rows as floats (hd each) in buf: halves widened, blocks as d*q */
+void li_kv_block_values(int type, const uint8_t *rows, int64_t n, int64_t hd, float *buf) {
+    if (type == LI_F16) {
+        widen_f16((const uint16_t *)rows, n * hd, buf);
+        return;
+    }
+    const int64_t kb = q_block_bytes(type);
+    int8_t q[QK];
+    for (int64_t b = 0; b < n * hd / QK; b++, rows += kb, buf += QK) {
+        const float d = load_half(rows);
+        block_ints(type, rows, q);
+#if defined(__AVX2__)
+        for (int i = 0; i < QK; i += 8) {
+            const __m256i qi = _mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(q + i)));
+            _mm256_storeu_ps(buf + i, _mm256_mul_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(qi)));
+        }
+#else
+        for (int i = 0; i < QK; i++) buf[i] = d * (float)q[i];
+#endif
     }
 }
 
-/* qbuf: f16-rounded floats (f16 keys) or q8_0 blocks (quantized keys), as li_kv_query wrote */
-void li_kv_scores(int type, const void *qbuf, int64_t g, const uint8_t *keys, int64_t t, int64_t hd, float scale,
-                  float *scores) {
+/* ---- scores: s[j] = scale * (q . key_j), for one query head and a block's first n keys ---- */
+
+#if defined(__AVX2__) && defined(__FMA__)
+/* eight vectors to one: lane j the sum of a[j]'s lanes */
+static inline __m256 hsum8x8(const __m256 *a) {
+    const __m256 t0 = _mm256_hadd_ps(a[0], a[1]), t1 = _mm256_hadd_ps(a[2], a[3]);
+    const __m256 t2 = _mm256_hadd_ps(a[4], a[5]), t3 = _mm256_hadd_ps(a[6], a[7]);
+    const __m256 u0 = _mm256_hadd_ps(t0, t1), u1 = _mm256_hadd_ps(t2, t3); /* lanes: keys 0-3 | 0-3, 4-7 | 4-7 */
+    return _mm256_add_ps(_mm256_permute2f128_ps(u0, u1, 0x20), _mm256_permute2f128_ps(u0, u1, 0x31));
+}
+#endif
+
+/* Widened f16 keys (li_kv_block_keys) against q already rounded to f16, as llama.cpp's flash
+ * attention takes it. Eight keys at a time, each in its own register over the head, so a
+ * key's score is the same sum whichever keys beside it: writes s up to n rounded up to 8. */
+static void scores_f32(const float *q, const float *keys, int64_t n, int64_t hd, float scale, float *s) {
+#if defined(__AVX2__) && defined(__FMA__)
+    if (hd % 8 == 0) {
+        for (int64_t j0 = 0; j0 < n; j0 += 8) {
+            const float *k = keys + j0 * hd;
+            __m256 acc[8];
+            for (int j = 0; j < 8; j++) acc[j] = _mm256_setzero_ps();
+            for (int64_t e = 0; e < hd; e += 8) {
+                const __m256 qv = _mm256_loadu_ps(q + e);
+                for (int j = 0; j < 8; j++) acc[j] = _mm256_fmadd_ps(qv, _mm256_loadu_ps(k + j * hd + e), acc[j]);
+            }
+            _mm256_storeu_ps(s + j0, _mm256_mul_ps(hsum8x8(acc), _mm256_set1_ps(scale)));
+        }
+        return;
+    }
+#endif
+    for (int64_t j = 0; j < n; j++) {
+        float sum = 0.0f;
+        for (int64_t e = 0; e < hd; e++) sum += q[e] * keys[j * hd + e];
+        s[j] = sum * scale;
+    }
+}
+
+/* q8_0 keys (q4_0 ones as li_kv_block_keys unpacked them) against the query as q8_0 blocks */
+static void scores_q8_0(const uint8_t *qq, const uint8_t *keys, int64_t n, int64_t hd, float scale, float *s) {
+    const int64_t nb = hd / QK;
+    for (int64_t j = 0; j < n; j++) {
+        const uint8_t *k = keys + j * nb * 34;
+#if defined(__AVX2__) && defined(__FMA__)
+        __m256 acc = _mm256_setzero_ps();
+        for (int64_t b = 0; b < nb; b++) {
+            const uint8_t *kblk = k + b * 34, *qblk = qq + b * 34;
+            const __m256i kv = _mm256_loadu_si256((const __m256i *)(kblk + 2));
+            const __m256 d = _mm256_set1_ps(load_half(kblk) * load_half(qblk));
+            acc = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(li_dot_i8_i8(kv, (const int8_t *)(qblk + 2))), acc);
+        }
+        s[j] = li_hsum8(acc) * scale;
+#else
+        float sum = 0.0f;
+        for (int64_t b = 0; b < nb; b++) {
+            const uint8_t *kblk = k + b * 34, *qblk = qq + b * 34;
+            int32_t dot = 0;
+            for (int i = 0; i < QK; i++) dot += (int32_t)((const int8_t *)(kblk + 2))[i] * ((const int8_t *)(qblk + 2))[i];
+            sum += load_half(kblk) * load_half(qblk) * (float)dot;
+        }
+        s[j] = sum * scale;
+#endif
+    }
+}
+
+/* query: one head as li_kv_query wrote it; keys: what li_kv_block_keys returned. Writes
+ * s[0..n), and for f16 keys maybe up to n rounded up to 8 (s needs that room). */
+void li_kv_scores(int type, const void *query, const void *keys, int64_t n, int64_t hd, float scale, float *s) {
     if (type == LI_F16)
-        scores_f16((const float *)qbuf, g, (const uint16_t *)keys, t, hd, scale, scores);
+        scores_f32((const float *)query, (const float *)keys, n, hd, scale, s);
     else
-        scores_quantized(type, (const uint8_t *)qbuf, g, keys, t, hd, scale, scores);
+        scores_q8_0((const uint8_t *)query, (const uint8_t *)keys, n, hd, scale, s);
 }
 
 /* The g query heads (floats, g*hd) in the form li_kv_scores reads for keys of `type`:
@@ -203,71 +253,4 @@ void li_kv_query(int type, const float *q, int64_t g, int64_t hd, int64_t rot, v
         }
         li_quantize_row_q8_0(qh, (uint8_t *)qbuf + h * (hd / QK) * 34, hd);
     }
-}
-
-/* ---- values: out = sum_j p[j] * value_j, for one head ------------------------------------ */
-
-static void weighted_f16(const float *p, const uint16_t *values, int64_t t, int64_t hd, float *out) {
-#if defined(__AVX2__) && defined(__FMA__)
-    if (hd == 64) { /* the common head size: the whole output row stays in 8 registers */
-        __m256 o0 = _mm256_setzero_ps(), o1 = o0, o2 = o0, o3 = o0, o4 = o0, o5 = o0, o6 = o0, o7 = o0;
-        for (int64_t j = 0; j < t; j++) {
-            const __m128i *v = (const __m128i *)(values + j * 64);
-            const __m256 w = _mm256_broadcast_ss(p + j);
-            o0 = _mm256_fmadd_ps(w, _mm256_cvtph_ps(_mm_loadu_si128(v)), o0);
-            o1 = _mm256_fmadd_ps(w, _mm256_cvtph_ps(_mm_loadu_si128(v + 1)), o1);
-            o2 = _mm256_fmadd_ps(w, _mm256_cvtph_ps(_mm_loadu_si128(v + 2)), o2);
-            o3 = _mm256_fmadd_ps(w, _mm256_cvtph_ps(_mm_loadu_si128(v + 3)), o3);
-            o4 = _mm256_fmadd_ps(w, _mm256_cvtph_ps(_mm_loadu_si128(v + 4)), o4);
-            o5 = _mm256_fmadd_ps(w, _mm256_cvtph_ps(_mm_loadu_si128(v + 5)), o5);
-            o6 = _mm256_fmadd_ps(w, _mm256_cvtph_ps(_mm_loadu_si128(v + 6)), o6);
-            o7 = _mm256_fmadd_ps(w, _mm256_cvtph_ps(_mm_loadu_si128(v + 7)), o7);
-        }
-        _mm256_storeu_ps(out, o0), _mm256_storeu_ps(out + 8, o1), _mm256_storeu_ps(out + 16, o2), _mm256_storeu_ps(out + 24, o3);
-        _mm256_storeu_ps(out + 32, o4), _mm256_storeu_ps(out + 40, o5), _mm256_storeu_ps(out + 48, o6), _mm256_storeu_ps(out + 56, o7);
-        return;
-    }
-#endif
-    memset(out, 0, sizeof(float) * (size_t)hd);
-    for (int64_t j = 0; j < t; j++)
-        for (int64_t e = 0; e < hd; e++) out[e] += p[j] * li_fp16_to_fp32(values[j * hd + e]);
-}
-
-static void weighted_quantized(int type, const float *p, const uint8_t *values, int64_t t, int64_t hd, float *out) {
-    const int64_t nb = hd / QK, kb = q_block_bytes(type), rb = nb * kb;
-    memset(out, 0, sizeof(float) * (size_t)hd);
-    for (int64_t j = 0; j < t; j++) {
-        const uint8_t *row = values + j * rb;
-        for (int64_t b = 0; b < nb; b++) {
-            const uint8_t *blk = row + b * kb;
-            const float w = p[j] * load_half(blk);
-            float *o = out + b * QK;
-#if defined(__AVX2__) && defined(__FMA__)
-            const __m256i v = type == LI_Q8_0 ? _mm256_loadu_si256((const __m256i *)(blk + 2))
-                                              : _mm256_sub_epi8(li_unpack_nibbles(blk + 2), _mm256_set1_epi8(8));
-            const __m256 vw = _mm256_set1_ps(w);
-            const __m128i lo = _mm256_castsi256_si128(v), hi = _mm256_extracti128_si256(v, 1);
-            const __m256i parts[4] = {_mm256_cvtepi8_epi32(lo), _mm256_cvtepi8_epi32(_mm_srli_si128(lo, 8)),
-                                      _mm256_cvtepi8_epi32(hi), _mm256_cvtepi8_epi32(_mm_srli_si128(hi, 8))};
-            for (int i = 0; i < 4; i++)
-                _mm256_storeu_ps(o + 8 * i, _mm256_fmadd_ps(vw, _mm256_cvtepi32_ps(parts[i]), _mm256_loadu_ps(o + 8 * i)));
-#else
-            if (type == LI_Q8_0) {
-                for (int i = 0; i < QK; i++) o[i] += w * (float)((const int8_t *)(blk + 2))[i];
-            } else {
-                for (int i = 0; i < 16; i++) {
-                    o[i] += w * (float)((blk[2 + i] & 0x0F) - 8);
-                    o[i + 16] += w * (float)((blk[2 + i] >> 4) - 8);
-                }
-            }
-#endif
-        }
-    }
-}
-
-void li_kv_weighted(int type, const float *p, const uint8_t *values, int64_t t, int64_t hd, float *out) {
-    if (type == LI_F16)
-        weighted_f16(p, (const uint16_t *)values, t, hd, out);
-    else
-        weighted_quantized(type, p, values, t, hd, out);
 }

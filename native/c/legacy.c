@@ -201,6 +201,16 @@ void li_quantize_q8a(const float *x, int64_t k, int8_t *qs, float *d, float *s, 
     }
 }
 
+/* Blocks [b0, b1) of n rows of k values counted flat, for packed.c: values in natural
+ * order at qs + j*k, the fp16-rounded scale and the integer sum at d/sum + j*(k/32). */
+void li_quantize_q8s(const float *x, int64_t k, int8_t *qs, float *d, int32_t *sum, int64_t b0, int64_t b1) {
+    for (int64_t b = b0; b < b1; b++) {
+        float draw;
+        sum[b] = quantize_block(x + b * QK, qs + b * QK, qs + b * QK + 16, &draw);
+        d[b] = li_fp16_to_fp32(li_fp32_to_fp16(draw));
+    }
+}
+
 /* ggml's block_q8_0 {fp16 d; int8 qs[32]} */
 void li_quantize_row_q8_0(const float *x, void *y, int64_t k) {
     uint8_t *out = (uint8_t *)y;

@@ -18,7 +18,7 @@
 #include <omp.h>
 #endif
 
-#define LI_ABI_VERSION 2
+#define LI_ABI_VERSION 3
 #define LI_MAXMAT 3
 
 /* ---- legacy.c --------------------------------------------------------------------- */
@@ -47,6 +47,13 @@ void li_rows_f32(const void *, int64_t, int64_t, int64_t, int64_t, const float *
 void li_rows_q4_K(const void *, int64_t, int64_t, int64_t, int64_t, const li_block_q8_K *, int64_t, float *, int64_t);
 void li_rows_q5_K(const void *, int64_t, int64_t, int64_t, int64_t, const li_block_q8_K *, int64_t, float *, int64_t);
 void li_rows_q6_K(const void *, int64_t, int64_t, int64_t, int64_t, const li_block_q8_K *, int64_t, float *, int64_t);
+
+/* ---- lowbit.c ----------------------------------------------------------------------- */
+void li_rows_q2_K(const void *, int64_t, int64_t, int64_t, int64_t, const li_block_q8_K *, int64_t, float *, int64_t);
+void li_rows_q3_K(const void *, int64_t, int64_t, int64_t, int64_t, const li_block_q8_K *, int64_t, float *, int64_t);
+void li_rows_iq4_xs(const void *, int64_t, int64_t, int64_t, int64_t, const li_block_q8_K *, int64_t, float *, int64_t);
+void li_rows_iq4_nl(const void *, int64_t, int64_t, int64_t, int64_t, const li_q8a *, int64_t, float *, int64_t);
+void li_rows_bf16(const void *, int64_t, int64_t, int64_t, int64_t, const float *, int64_t, float *, int64_t);
 
 /* ---- amx.c --------------------------------------------------------------------------- */
 int li_amx_usable(void);
@@ -141,6 +148,11 @@ static int type_info(int t, li_type *ti) {
     case LI_Q4_K: *ti = (li_type){256, 144, FMT_Q8K, 180, 0, 0, li_rows_q4_K}; return 0;
     case LI_Q5_K: *ti = (li_type){256, 176, FMT_Q8K, 220, 0, 0, li_rows_q5_K}; return 0;
     case LI_Q6_K: *ti = (li_type){256, 210, FMT_Q8K, 250, 0, 0, li_rows_q6_K}; return 0;
+    case LI_Q2_K: *ti = (li_type){256, 84, FMT_Q8K, 130, 0, 0, li_rows_q2_K}; return 0;
+    case LI_Q3_K: *ti = (li_type){256, 110, FMT_Q8K, 190, 0, 0, li_rows_q3_K}; return 0;
+    case LI_IQ4_XS: *ti = (li_type){256, 136, FMT_Q8K, 200, 0, 0, li_rows_iq4_xs}; return 0;
+    case LI_IQ4_NL: *ti = (li_type){32, 18, FMT_Q8A, 30, li_rows_iq4_nl, 0, 0}; return 0;
+    case LI_BF16: *ti = (li_type){1, 2, FMT_FLOAT, 2, 0, li_rows_bf16, 0}; return 0;
     default: return -1;
     }
 }
@@ -166,6 +178,11 @@ typedef struct {
     li_q8a a;           /* q8a activations of the row dots, rows [n_fast, n) */
     li_block_q8_K *a8k; /* q8_K activations of the row dots, rows [n_fast, n), k/256 blocks each */
     li_q8a fast;        /* plain q8a activations of rows [0, n_fast), room for whole 16-row tiles */
+    const uint8_t *packed[LI_MAXMAT]; /* packed.c's panels of the first packed_rows[i] rows, or 0 */
+    int64_t packed_rows[LI_MAXMAT];
+    int need_q8s, need_pairs;
+    li_q8s s8;          /* packed legacy products' activations, rows [n_fast, n) */
+    int32_t *pairs;     /* packed Q4_K/Q5_K products' activation sums, 4 per q8_K block */
     uint8_t *amx_scratch; /* li_amx_scratch_bytes(k) per thread */
     int64_t amx_scratch_bytes;
 } li_work;
@@ -204,6 +221,15 @@ static void run_rows(const li_work *wk, int i, int64_t r0, int64_t r1, int threa
                     wk->n_fast, wk->y[i], ldy, wk->amx_scratch + thread * wk->amx_scratch_bytes);
     if (n == 0) return;
     float *y = wk->y[i] + wk->n_fast * ldy;
+    if (wk->packed[i] && r0 < wk->packed_rows[i]) { /* split points are multiples of 16 */
+        const int64_t p1 = (r1 < wk->packed_rows[i] ? r1 : wk->packed_rows[i]) / 16;
+        if (ti->fmt == FMT_FLOAT)
+            li_packed_rows_float(wk->type[i], wk->packed[i], r0 / 16, p1, wk->k, wk->x + wk->n_fast * wk->k, n, y, ldy);
+        else if (ti->fmt == FMT_Q8A) li_packed_rows_q8s(wk->type[i], wk->packed[i], r0 / 16, p1, wk->k, &wk->s8, n, y, ldy);
+        else li_packed_rows_q8k(wk->type[i], wk->packed[i], r0 / 16, p1, wk->k, wk->a8k, wk->pairs, n, y, ldy);
+        r0 = p1 * 16;
+        if (r0 >= r1) return;
+    }
     switch (ti->fmt) {
     case FMT_FLOAT: ti->rows_f(wk->w[i], wk->row_bytes[i], r0, r1, wk->k, wk->x + wk->n_fast * wk->k, n, y, ldy); break;
     case FMT_Q8A: ti->rows_q8a(wk->w[i], wk->row_bytes[i], r0, r1, wk->k, &wk->a, n, y, ldy); break;
@@ -243,10 +269,16 @@ static void quantize_part(const li_work *wk, int t, int T) {
         li_quantize_q8a(x, wk->k, (int8_t *)wk->a.qs, (float *)wk->a.d, (float *)wk->a.s, total * t / T,
                         total * (t + 1) / T, LI_Q8A_PAIRS);
     }
+    if (wk->need_q8s) {
+        const int64_t total = wk->k / 32 * n;
+        li_quantize_q8s(x, wk->k, (int8_t *)wk->s8.qs, (float *)wk->s8.d, (int32_t *)wk->s8.sum, total * t / T,
+                        total * (t + 1) / T);
+    }
     if (wk->need_q8k) {
         const int64_t total = wk->k / LI_QK_K * n;
         const int64_t b0 = total * t / T, b1 = total * (t + 1) / T;
         if (b1 > b0) li_quantize_row_q8_K(x + b0 * LI_QK_K, wk->a8k + b0, (b1 - b0) * LI_QK_K);
+        if (b1 > b0 && wk->need_pairs) li_q8k_pairs(wk->a8k + b0, b1 - b0, wk->pairs + 4 * b0);
     }
 }
 
@@ -280,8 +312,8 @@ static void carve_q8a(uint8_t *base, li_q8a *a, int64_t rows, int64_t k) {
 
 /* y[i] = x . w[i]^T for nmat matrices of rows[i] x k. Rows [0, n_fast) of x may go
  * through AMX (see amx.c for what that changes); pass 0 for the row dots alone. */
-int li_matmul(int nmat, const int *types, const void *const *w, const int64_t *rows, int64_t k, const float *x,
-              int64_t n, float *const *y, int nthreads, int64_t n_fast) {
+int li_matmul(int nmat, const int *types, const void *const *w, const void *const *packed, const int64_t *rows,
+              int64_t k, const float *x, int64_t n, float *const *y, int nthreads, int64_t n_fast) {
     if (nmat < 1 || nmat > LI_MAXMAT || k <= 0 || n < 0 || !types || !w || !rows || !x || !y) return 3;
     if (n == 0) return 0;
     li_work wk;
@@ -313,8 +345,16 @@ int li_matmul(int nmat, const int *types, const void *const *w, const int64_t *r
     wk.exact = all_exact && n >= amx_exact_min_rows(k) && li_amx_usable();
     wk.n_fast = !all_exact && n_fast > 0 && all_amx && li_amx_usable() ? (n_fast < n ? n_fast : n) : 0;
     for (int i = 0; i < nmat; i++) {
-        wk.need_q8a |= wk.ti[i].fmt == FMT_Q8A && wk.n_fast < n && !wk.exact;
-        wk.need_q8k |= wk.ti[i].fmt == FMT_Q8K && wk.n_fast < n && !wk.exact;
+        const int dots = wk.n_fast < n && !wk.exact;
+        if (dots && packed && packed[i] && li_pack_bytes(types[i], rows[i], k)) {
+            wk.packed[i] = (const uint8_t *)packed[i];
+            wk.packed_rows[i] = rows[i] & ~(int64_t)15;
+        }
+        const int tail = wk.packed_rows[i] < rows[i]; /* rows the row dots still take */
+        wk.need_q8a |= wk.ti[i].fmt == FMT_Q8A && dots && tail;
+        wk.need_q8s |= wk.ti[i].fmt == FMT_Q8A && dots && wk.packed[i];
+        wk.need_q8k |= wk.ti[i].fmt == FMT_Q8K && dots;
+        wk.need_pairs |= (types[i] == LI_Q4_K || types[i] == LI_Q5_K) && dots && wk.packed[i];
     }
 
     /* scratch, each part 64-byte aligned: q8a of the row dots | q8_K | plain q8a of the
@@ -323,11 +363,13 @@ int li_matmul(int nmat, const int *types, const void *const *w, const int64_t *r
     const int64_t n_dots = n - wk.n_fast, fast_rows = ((wk.exact ? n : wk.n_fast) + 15) & ~(int64_t)15;
     const int64_t q8a = wk.need_q8a ? q8a_bytes(n_dots, k) : 0;
     const int64_t q8k = wk.need_q8k ? ((int64_t)(n_dots * (k / LI_QK_K) * sizeof(li_block_q8_K)) + 63) & ~63 : 0;
+    const int64_t s8 = wk.need_q8s ? q8a_bytes(n_dots, k) : 0; /* qs, then d and sum as q8a has d and s */
+    const int64_t pairs = wk.need_pairs ? (n_dots * (k / LI_QK_K) * 16 + 63) & ~63 : 0;
     const int64_t fast = wk.n_fast || wk.exact ? q8a_bytes(fast_rows, k) : 0;
     wk.amx_scratch_bytes = wk.exact    ? (li_amx_exact_scratch_bytes(k) + 63) & ~63
                            : wk.n_fast ? (li_amx_scratch_bytes(k) + 63) & ~63
                                        : 0;
-    const size_t need = (size_t)(q8a + q8k + fast + nthreads * wk.amx_scratch_bytes) + 64;
+    const size_t need = (size_t)(q8a + q8k + s8 + pairs + fast + nthreads * wk.amx_scratch_bytes) + 64;
     _Alignas(64) uint8_t stack[LI_STACK_SCRATCH];
     void *heap = 0;
     uint8_t *base = stack;
@@ -352,6 +394,12 @@ int li_matmul(int nmat, const int *types, const void *const *w, const int64_t *r
         }
     }
     wk.amx_scratch = base + q8a + q8k + fast;
+    if (wk.need_q8s) { /* li_q8a's carving fits: int32 sums where q8a has float s */
+        li_q8a t;
+        carve_q8a(base + q8a + q8k + fast + nthreads * wk.amx_scratch_bytes, &t, n_dots, k);
+        wk.s8 = (li_q8s){t.qs, t.d, (const int32_t *)t.s};
+    }
+    wk.pairs = (int32_t *)(base + q8a + q8k + fast + nthreads * wk.amx_scratch_bytes + s8);
 
 #ifdef _OPENMP
     if (nthreads > 1) {
@@ -388,6 +436,7 @@ typedef struct {
     int32_t nmat;
     int32_t types[LI_MAXMAT];
     const void *w[LI_MAXMAT];
+    const void *packed[LI_MAXMAT]; /* li_pack's panels of w, or 0 */
     int64_t rows[LI_MAXMAT];
     int64_t k;
     const int32_t *nthreads;
@@ -399,5 +448,6 @@ int li_matmul_op(const li_op *op, const float *x, int n, float *y0, float *y1, f
     float *y[LI_MAXMAT] = {y0, y1, y2};
     int types[LI_MAXMAT];
     for (int i = 0; i < LI_MAXMAT; i++) types[i] = op->types[i];
-    return li_matmul(op->nmat, types, op->w, op->rows, op->k, x, n, y, op->nthreads ? *op->nthreads : 1, n_fast);
+    return li_matmul(op->nmat, types, op->w, op->packed, op->rows, op->k, x, n, y, op->nthreads ? *op->nthreads : 1,
+                     n_fast);
 }

@@ -80,54 +80,161 @@ void li_swiglu(float *gate, const float *up, int64_t n, int nthreads) {
 }
 
 
-/* s[j] = e^(s[j] - max s), for j < t (normalised by the caller) */
-static void softmax_exp(float *s, int64_t t) {
+/* Attention runs tiled, as flash attention does. A task takes a tile of query rows (the g
+ * query heads of one kv head in each) and walks that head's cached positions in blocks of
+ * KEY_BLOCK; each block is prepared once (kvcache.c: f16 widened, q4_0 unpacked) and read by
+ * every query of the tile while it sits in L1. Each query keeps a running max, the sum of
+ * e^(s - max) and the unnormalised output (the online softmax). The cache is so read once
+ * per tile, not once per row: a 512-row prefill chunk reads it 16 times, not 512.
+ *
+ * A row's result must not depend on the rows beside it, bit for bit: speculative decoding
+ * verifies drafts as a batch and must get what decode would have. So block boundaries are
+ * fixed positions (0, KEY_BLOCK, 2*KEY_BLOCK, ...), each query meets its blocks in order
+ * through the same code whatever the tile, and decode is a tile of one row. */
+#define KEY_BLOCK 32
+#define ROW_TILE 32     /* rows of a tile at most */
+#define TILE_QUERIES 256 /* and query heads: their outputs stay in L2 */
+
+/* the largest of s[0..n), n a multiple of 8 */
+static float block_max(const float *s, int64_t n) {
     float mx = -INFINITY;
     int64_t j = 0;
 #if defined(__AVX2__) && defined(__FMA__)
     __m256 m8 = _mm256_set1_ps(-INFINITY);
-    for (; j + 8 <= t; j += 8) m8 = _mm256_max_ps(m8, _mm256_loadu_ps(s + j));
+    for (; j + 8 <= n; j += 8) m8 = _mm256_max_ps(m8, _mm256_loadu_ps(s + j));
     float lanes[8];
     _mm256_storeu_ps(lanes, m8);
     for (int l = 0; l < 8; l++) mx = lanes[l] > mx ? lanes[l] : mx;
 #endif
-    for (; j < t; j++) mx = s[j] > mx ? s[j] : mx;
-    j = 0;
+    for (; j < n; j++) mx = s[j] > mx ? s[j] : mx;
+    return mx;
+}
+
+/* s[j] = e^(s[j] - mx), for j < n (a multiple of 8: all of it in vectors) */
+static void exp_shifted(float *s, int64_t n, float mx) {
+    int64_t j = 0;
 #if defined(__AVX2__) && defined(__FMA__)
     /* exp_nonpositive, eight at a time */
     const __m256 vmx = _mm256_set1_ps(mx), lo = _mm256_set1_ps(-87.0f), log2e = _mm256_set1_ps(1.44269504f);
     const __m256 ln2_hi = _mm256_set1_ps(0.693145752f), ln2_lo = _mm256_set1_ps(1.42860677e-6f);
     const float c[8] = {1.0f / 5040.0f, 1.0f / 720.0f, 1.0f / 120.0f, 1.0f / 24.0f, 1.0f / 6.0f, 0.5f, 1.0f, 1.0f};
-    for (; j + 8 <= t; j += 8) {
+    for (; j + 8 <= n; j += 8) {
         __m256 x = _mm256_max_ps(_mm256_sub_ps(_mm256_loadu_ps(s + j), vmx), lo);
-        const __m256 n = _mm256_round_ps(_mm256_mul_ps(x, log2e), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-        const __m256 r = _mm256_sub_ps(_mm256_sub_ps(x, _mm256_mul_ps(n, ln2_hi)), _mm256_mul_ps(n, ln2_lo));
+        const __m256 k = _mm256_round_ps(_mm256_mul_ps(x, log2e), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+        const __m256 r = _mm256_sub_ps(_mm256_sub_ps(x, _mm256_mul_ps(k, ln2_hi)), _mm256_mul_ps(k, ln2_lo));
         __m256 p = _mm256_set1_ps(c[0]);
         for (int i = 1; i < 8; i++) p = _mm256_add_ps(_mm256_mul_ps(p, r), _mm256_set1_ps(c[i]));
-        const __m256i bits = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
+        const __m256i bits = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(k), _mm256_set1_epi32(127)), 23);
         _mm256_storeu_ps(s + j, _mm256_mul_ps(p, _mm256_castsi256_ps(bits)));
     }
 #endif
-    for (; j < t; j++) s[j] = exp_nonpositive(s[j] - mx);
+    for (; j < n; j++) s[j] = exp_nonpositive(s[j] - mx);
 }
 
-/* The g query heads of one row that share a kv head, against its positions [0, t):
- * qbuf: the heads as li_kv_query prepared them, scores: [g, t] scratch, out: g rows of hd. */
-static void attend_group(int type_k, int type_v, const void *qbuf, int64_t g, const uint8_t *keys,
-                         const uint8_t *values, int64_t t, int64_t hd, float scale, float *scores, float *out) {
-    li_kv_scores(type_k, qbuf, g, keys, t, hd, scale, scores);
-    for (int64_t h = 0; h < g; h++) {
-        float *s = scores + h * t;
-        softmax_exp(s, t);
-        float partial[8] = {0}, sum = 0.0f;
-        int64_t j = 0;
-        for (; j + 8 <= t; j += 8)
-            for (int l = 0; l < 8; l++) partial[l] += s[j + l];
-        for (int l = 0; l < 8; l++) sum += partial[l];
-        for (; j < t; j++) sum += s[j];
-        const float inv = 1.0f / sum;
-        for (j = 0; j < t; j++) s[j] *= inv;
-        li_kv_weighted(type_v, s, values, t, hd, out + h * hd);
+#if defined(__AVX2__) && defined(__FMA__)
+/* o[0..8w) += sum_j p[j] v_j[0..8w), w <= 8 vectors kept in registers, j in order */
+static inline __attribute__((always_inline)) void accumulate_lanes(const float *p, const float *v, int64_t n, int64_t hd,
+                                                                   float *o, const int w) {
+    __m256 acc[8];
+    for (int i = 0; i < w; i++) acc[i] = _mm256_loadu_ps(o + 8 * i);
+    for (int64_t j = 0; j < n; j++) {
+        const __m256 pj = _mm256_broadcast_ss(p + j);
+        for (int i = 0; i < w; i++) acc[i] = _mm256_fmadd_ps(pj, _mm256_loadu_ps(v + j * hd + 8 * i), acc[i]);
+    }
+    for (int i = 0; i < w; i++) _mm256_storeu_ps(o + 8 * i, acc[i]);
+}
+#endif
+
+/* o += sum_{j < n} p[j] v_j, for n value rows of hd floats */
+static void accumulate_values(const float *p, const float *v, int64_t n, int64_t hd, float *o) {
+#if defined(__AVX2__) && defined(__FMA__)
+    if (hd % 8 == 0) {
+        int64_t c = 0;
+        for (; c + 64 <= hd; c += 64) accumulate_lanes(p, v + c, n, hd, o + c, 8);
+        for (; c < hd; c += 8) accumulate_lanes(p, v + c, n, hd, o + c, 1);
+        return;
+    }
+#endif
+    for (int64_t j = 0; j < n; j++)
+        for (int64_t e = 0; e < hd; e++) o[e] += p[j] * v[j * hd + e];
+}
+
+/* One query meets one block: s holds its n scores (room for n rounded up to 8), v the
+ * block's value rows as floats. mx, sum, o: the query's running max, sum of e^(s - mx) and
+ * unnormalised output, rescaled by e^(old max - new max) when the block raises the max. */
+static void attend_block(float *s, int64_t n, const float *v, int64_t hd, float *mx, float *sum, float *o) {
+    const int64_t n8 = (n + 7) & ~(int64_t)7;
+    for (int64_t j = n; j < n8; j++) s[j] = -INFINITY; /* past this query's position */
+    const float bm = block_max(s, n8);
+    if (bm > *mx) {
+        const float c = *mx == -INFINITY ? 0.0f : exp_nonpositive(*mx - bm);
+        for (int64_t e = 0; e < hd; e++) o[e] *= c;
+        *sum *= c;
+        *mx = bm;
+    }
+    exp_shifted(s, n8, *mx);
+    for (int64_t j = n; j < n8; j++) s[j] = 0.0f;
+    float partial[8] = {0}, total = 0.0f;
+    for (int64_t j = 0; j < n8; j += 8)
+        for (int l = 0; l < 8; l++) partial[l] += s[j + l];
+    for (int l = 0; l < 8; l++) total += partial[l];
+    *sum += total;
+    accumulate_values(s, v, n, hd, o);
+}
+
+/* What every task of one li_attention call shares. */
+struct attn_job {
+    const float *q;                /* [m, n_head, hd] */
+    const uint8_t *keys, *values;  /* [n_head_kv, n_ctx] rows of kb / vb bytes */
+    const int32_t *pos;            /* [m] */
+    float *out;                    /* [m, n_head * hd] */
+    int type_k, type_v;
+    int64_t rot_k, rot_v, n_head, group, hd, n_ctx, kb, vb;
+    int64_t qstride;               /* bytes of one query head as li_kv_query writes it */
+    float scale;
+};
+
+/* floats per thread for a tile of nq query heads: their outputs and prepared queries, a
+ * block of keys and one of values, the scores, the running maxima and sums */
+static size_t tile_scratch(int64_t nq, int64_t hd) { return (size_t)(2 * nq * hd + 2 * KEY_BLOCK * hd + KEY_BLOCK + 2 * nq); }
+
+/* Rows [i0, i0 + rows) of kv head kvh: every query head of the group against the blocks of
+ * positions its row sees, block by block, then out = o / sum, rotated back where the values
+ * were stored rotated. */
+static void attend_tile(const struct attn_job *a, int64_t i0, int64_t rows, int64_t kvh, float *scratch) {
+    const int64_t g = a->group, hd = a->hd, nq = rows * g;
+    float *o = scratch, *kbuf = o + nq * hd, *vbuf = kbuf + KEY_BLOCK * hd, *s = vbuf + KEY_BLOCK * hd;
+    float *mx = s + KEY_BLOCK, *sum = mx + nq;
+    uint8_t *qbuf = (uint8_t *)(sum + nq);
+    int64_t last = 0;
+    for (int64_t r = 0; r < rows; r++) {
+        li_kv_query(a->type_k, a->q + ((i0 + r) * a->n_head + kvh * g) * hd, g, hd, a->rot_k, qbuf + r * g * a->qstride);
+        last = a->pos[i0 + r] > last ? a->pos[i0 + r] : last;
+    }
+    for (int64_t i = 0; i < nq; i++) mx[i] = -INFINITY, sum[i] = 0.0f;
+    memset(o, 0, sizeof(float) * (size_t)(nq * hd));
+    const uint8_t *keys = a->keys + kvh * a->n_ctx * a->kb, *values = a->values + kvh * a->n_ctx * a->vb;
+    for (int64_t k0 = 0; k0 <= last; k0 += KEY_BLOCK) {
+        const int64_t n = last + 1 - k0 < KEY_BLOCK ? last + 1 - k0 : KEY_BLOCK;
+        const void *kblk = li_kv_block_keys(a->type_k, keys + k0 * a->kb, n, hd, kbuf);
+        li_kv_block_values(a->type_v, values + k0 * a->vb, n, hd, vbuf);
+        for (int64_t r = 0; r < rows; r++) {
+            const int64_t seen = a->pos[i0 + r] + 1 - k0; /* causal: positions up to the row's own */
+            if (seen <= 0) continue;
+            const int64_t nr = seen < KEY_BLOCK ? seen : KEY_BLOCK;
+            for (int64_t i = r * g; i < (r + 1) * g; i++) {
+                li_kv_scores(a->type_k, qbuf + i * a->qstride, kblk, nr, hd, a->scale, s);
+                attend_block(s, nr, vbuf, hd, mx + i, sum + i, o + i * hd);
+            }
+        }
+    }
+    for (int64_t r = 0; r < rows; r++) {
+        float *dst = a->out + ((i0 + r) * a->n_head + kvh * g) * hd;
+        for (int64_t h = 0; h < g; h++) {
+            const float inv = 1.0f / sum[r * g + h], *src = o + (r * g + h) * hd;
+            for (int64_t e = 0; e < hd; e++) dst[h * hd + e] = src[e] * inv;
+        }
+        if (a->rot_v) li_fwht(dst, g * hd, a->rot_v); /* the values were stored rotated */
     }
 }
 
@@ -152,27 +259,31 @@ int li_attention(const float *q, const float *k_new, const float *v_new, uint8_t
     }
     int64_t longest = 0;
     for (int64_t i = 0; i < m; i++) longest = pos[i] + 1 > longest ? pos[i] + 1 : longest;
-    const int64_t group = n_head / n_head_kv, tasks = m * n_head_kv;
+    const int64_t group = n_head / n_head_kv;
     if (group > 64) return 3;
     /* Decode attends over a few hundred positions: not worth waking threads for. */
     if (m * n_head * longest * hd < (1 << 18)) nthreads = 1;
     if (nthreads < 1) nthreads = 1;
-    /* per thread: the group's queries (g*hd floats' room, li_kv_query), then its scores */
-    float *scratch = malloc(sizeof(float) * (size_t)group * (size_t)(longest + hd) * (size_t)nthreads);
+    /* Rows per tile: fewer where whole tiles would leave a thread without a task (no row's
+     * result depends on it). */
+    const int64_t most = ROW_TILE * group > TILE_QUERIES ? TILE_QUERIES / group : ROW_TILE;
+    int64_t rows = (m * n_head_kv + 2 * nthreads - 1) / (2 * nthreads);
+    rows = rows > most ? most : rows < 1 ? 1 : rows;
+    const int64_t tiles = (m + rows - 1) / rows, tasks = tiles * n_head_kv;
+    const size_t per_thread = tile_scratch(rows * group, hd);
+    float *scratch = malloc(sizeof(float) * per_thread * (size_t)nthreads);
     if (!scratch) return 4;
+    const struct attn_job job = {q, keys, values, pos, out, type_k, type_v, rot_k, rot_v, n_head, group, hd, n_ctx, kb, vb,
+                                 type_k == LI_F16 ? 4 * hd : hd / 32 * 34, scale};
 #pragma omp parallel for schedule(dynamic, 1) num_threads(nthreads) if (nthreads > 1)
     for (int64_t task = 0; task < tasks; task++) {
         int thread = 0;
 #ifdef _OPENMP
         thread = omp_get_thread_num();
 #endif
-        const int64_t i = task / n_head_kv, kvh = task % n_head_kv;
-        float *qbuf = scratch + (size_t)thread * (size_t)group * (size_t)(longest + hd), *scores = qbuf + group * hd;
-        float *o = out + (i * n_head + kvh * group) * hd;
-        li_kv_query(type_k, q + (i * n_head + kvh * group) * hd, group, hd, rot_k, qbuf);
-        attend_group(type_k, type_v, qbuf, group, keys + kvh * n_ctx * kb, values + kvh * n_ctx * vb,
-                     (int64_t)pos[i] + 1, hd, scale, scores, o);
-        if (rot_v) li_fwht(o, group * hd, rot_v); /* the values were stored rotated */
+        const int64_t t = tasks - 1 - task; /* the last rows first: in a prefill they see the most positions */
+        const int64_t i0 = t / n_head_kv * rows, kvh = t % n_head_kv;
+        attend_tile(&job, i0, i0 + rows <= m ? rows : m - i0, kvh, scratch + (size_t)thread * per_thread);
     }
     free(scratch);
     return 0;

@@ -298,7 +298,7 @@ def test_op_validates_its_arguments(kc):
     with pytest.raises(ValueError):
         kc.matmul_op([m] * 4)
     with pytest.raises(ValueError):
-        kc.matmul_op([QMatrix(Q.Q2_K, np.zeros((1, 84), np.uint8), 1, 256)])
+        kc.matmul_op([QMatrix(Q.TQ2_0, np.zeros((1, 66), np.uint8), 1, 256)])  # a type it does not run
 
 
 def test_describe_and_threads():

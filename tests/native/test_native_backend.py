@@ -129,17 +129,17 @@ def test_unsupported_architecture_names_it_and_points_to_llama_cpp(tmp_path: Pat
 
 
 def test_unsupported_block_type_is_named_at_load(model_path: Path, tmp_path: Path) -> None:
-    """llama.cpp's Q2_K falls back to IQ4_NL for SmolLM2's 576-wide rows: a type we do not run."""
+    """llama.cpp's TQ2_0 (ternary) for SmolLM2's ffn_down rows: a type no kernel set runs."""
     import llama_cpp
 
-    out = tmp_path / "q2k.gguf"
+    out = tmp_path / "tq2_0.gguf"
     params = llama_cpp.llama_model_quantize_default_params()
-    params.ftype = llama_cpp.LLAMA_FTYPE_MOSTLY_Q2_K
+    params.ftype = llama_cpp.LLAMA_FTYPE_MOSTLY_TQ2_0
     params.allow_requantize = True
     params.nthread = THREADS
     assert llama_cpp.llama_model_quantize(str(model_path).encode(), str(out).encode(), ctypes.byref(params)) == 0
-    with pytest.raises(UnsupportedModel, match=r"type \w+ \(tensor [\w.]+\) is not supported by the native engine; use --engine llama\.cpp"):
-        NativeBackend.load(out, LoadParams(n_ctx=64))
+    with pytest.raises(UnsupportedModel, match=r"type TQ2_0 \(tensor [\w.]+\) is not supported by the native engine's c kernels; use --engine llama\.cpp"):
+        NativeBackend.load(out, LoadParams(n_ctx=64, kernels="c"))
 
 
 @pytest.mark.parametrize("kernels", ["c", "numba"])

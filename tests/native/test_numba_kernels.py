@@ -191,7 +191,7 @@ def test_bad_inputs(kernels):
         op(np.zeros((1, 96), np.float32), [np.zeros((1, 8), np.float32)])
     with pytest.raises(ValueError):
         op(np.zeros((1, 64), np.float32), [np.zeros((1, 7), np.float32)])
-    bq = QMatrix(Q.Q2_K, np.zeros((1, 84), np.uint8), 1, 256)
+    bq = QMatrix(Q.IQ2_XXS, np.zeros((1, 66), np.uint8), 1, 256)
     with pytest.raises(ValueError):
         kernels.matmul_op([bq])
 

@@ -47,7 +47,7 @@ class NativeBackend(LlamaTokenized, Backend):
             self.kernels = load_kernels(params.kernels, threads)
         except KernelsUnavailable as e:
             raise UserError(str(e)) from None
-        self.weights = Weights.open(path, info, config)  # first: its checks name the tensor that is wrong
+        self.weights = Weights.open(path, info, config, self.kernels)  # first: its checks name the tensor that is wrong
         try:
             self._tok = Tokenizer.load(path, params.verbose)
         except BaseException:

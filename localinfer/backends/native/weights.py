@@ -16,7 +16,7 @@ from gguf import GGMLQuantizationType
 from localinfer.backends.native.config import ModelConfig, UnsupportedModel
 from localinfer.errors import InvalidModelFile
 from localinfer.modelfile import GGUFInfo, TensorInfo
-from localinfer_native import SUPPORTED_TYPES, QMatrix
+from localinfer_native import Kernels, QMatrix
 
 
 @dataclass(frozen=True)
@@ -46,9 +46,10 @@ class Weights:
     _map: mmap.mmap
 
     @classmethod
-    def open(cls, path: Path, info: GGUFInfo, config: ModelConfig) -> Weights:
-        """Every tensor's shape is checked against the config before a view is made: the
-        kernels trust these sizes and read raw pointers into the map."""
+    def open(cls, path: Path, info: GGUFInfo, config: ModelConfig, kernels: Kernels) -> Weights:
+        """Every tensor's shape is checked against the config, and its type against what
+        `kernels` runs, before a view is made: the kernels trust these sizes and read raw
+        pointers into the map."""
         with open(path, "rb") as f:
             mm = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
         if len(mm) < info.file_size:  # the file shrank since it was inspected
@@ -70,8 +71,8 @@ class Weights:
             if t is None:
                 raise UnsupportedModel(f"{path.name} has no tensor '{name}', which a {config.architecture} model needs; use --engine llama.cpp")
             qtype = GGMLQuantizationType(t.type)
-            if qtype not in SUPPORTED_TYPES:
-                raise UnsupportedModel(f"type {qtype.name} (tensor {name}) is not supported by the native engine; use --engine llama.cpp")
+            if qtype not in kernels.supported_types:
+                raise UnsupportedModel(f"type {qtype.name} (tensor {name}) is not supported by the native engine's {kernels.name} kernels; use --engine llama.cpp")
             return QMatrix.from_array(qtype, raw(t, (cols, rows)), cols)
 
         def vector(name: str, length: int, required: bool = True) -> np.ndarray | None:
