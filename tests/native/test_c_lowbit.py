@@ -268,12 +268,20 @@ def reference(lowbit_file: Path):
         backend.close()
 
 
+# The Numba set end to end on the two files that hold its new quantized types (Q2_K; IQ4_NL
+# and IQ4_XS); test_numba_lowbit.py checks every type's products. Each file's mix of types is
+# a fresh Numba compile of a minute or more on a cold cache, which the suite's time cannot
+# afford for all five.
+NUMBA_FILES = ("Q2_K-pure", "IQ4_XS")
+
+
 def runs_here(kernels: str, path: Path) -> bool:
     if kernels == "c":
         return True
     from localinfer_native.numba_kernels import NumbaKernels
 
-    return {Q[t] for t in inspect(path).tensor_types} <= NumbaKernels.supported_types
+    wanted = any(path.name == f"smollm2-135m-{name}.gguf" for name in NUMBA_FILES)
+    return wanted and {Q[t] for t in inspect(path).tensor_types} <= NumbaKernels.supported_types
 
 
 def largest_parting(theirs: np.ndarray, ours: np.ndarray) -> float:
@@ -305,7 +313,7 @@ def test_native_agrees_with_llama_cpp(kernels: str, lowbit_file: Path, reference
     4 bits this small model has many near-ties, so a count of top-1 agreements over 256 tokens
     swings by a few tokens with any change of rounding; each parting is held to be a tie instead."""
     if not runs_here(kernels, lowbit_file):
-        pytest.skip(f"the {kernels} kernels do not run every type of {lowbit_file.name} yet")
+        pytest.skip(f"the {kernels} kernels run end to end on {', '.join(NUMBA_FILES)} only (see NUMBA_FILES)")
     backend, answers, tokens, theirs, (self_top1, self_mean, self_worst) = reference
     native = NativeBackend.load(lowbit_file, LoadParams(n_ctx=N_CTX, n_threads=THREADS, kernels=kernels))
     try:
