@@ -173,6 +173,38 @@ static inline int32_t li_hsum_i32(__m256i v) {
 
 /* the rows of the tile that starts with `left` rows to go: whole tiles, then 4 or fewer */
 static inline int64_t li_tile_rows(int64_t left) { return left >= LI_TILE ? LI_TILE : left > 4 ? 4 : left; }
+#if LI_TILE == 8
+#define LI_Q8K_ROWS_TILE8(DOTS, type, nb, w, ys, out) DOTS(type, 8, nb, w, ys, out)
+#else
+#define LI_Q8K_ROWS_TILE8(DOTS, type, nb, w, ys, out) ((void)0)
+#endif
+
+/* Rows [r0, r1) of a matrix whose dots take Q8_K activations (k/256 blocks a row) against n
+ * activation rows, in tiles of li_tile_rows: DOTS(type, R, nb, weight row, ys, out) is an
+ * always_inline dot of R rows (a constant in each case, so each tile size is specialised).
+ * kquants.c and lowbit.c drive their dots with it. */
+#define LI_Q8K_ROWS(DOTS, type, w, row_bytes, r0, r1, k, a, n, y, ldy)                   \
+    do {                                                                              \
+        const int64_t nb_ = (k) / LI_QK_K;                                            \
+        float res_[LI_TILE];                                                          \
+        const li_block_q8_K *ys_[LI_TILE];                                            \
+        for (int64_t r_ = (r0); r_ < (r1); r_++) {                                    \
+            const uint8_t *wr_ = (w) + r_ * (row_bytes);                              \
+            li_prefetch_row(wr_, row_bytes);                                          \
+            for (int64_t j_ = 0, R_; j_ < (n); j_ += R_) {                            \
+                R_ = li_tile_rows((n) - j_);                                          \
+                for (int64_t t_ = 0; t_ < R_; t_++) ys_[t_] = (a) + (j_ + t_) * nb_;  \
+                switch (R_) {                                                         \
+                case 1: DOTS(type, 1, nb_, wr_, ys_, res_); break;                    \
+                case 2: DOTS(type, 2, nb_, wr_, ys_, res_); break;                    \
+                case 3: DOTS(type, 3, nb_, wr_, ys_, res_); break;                    \
+                case 4: DOTS(type, 4, nb_, wr_, ys_, res_); break;                    \
+                default: LI_Q8K_ROWS_TILE8(DOTS, type, nb_, wr_, ys_, res_); break;   \
+                }                                                                     \
+                for (int64_t t_ = 0; t_ < R_; t_++) (y)[(j_ + t_) * (ldy) + r_] = res_[t_]; \
+            }                                                                         \
+        }                                                                             \
+    } while (0)
 
 /* Ask the cache for a weight row LI_PREFETCH bytes ahead of the one about to be read. The
  * hardware prefetcher alone left a matvec streaming from RAM at 15 GB/s where it can take 18

@@ -435,27 +435,7 @@ static inline __attribute__((always_inline)) void kq_dots(int type, const int R,
 static inline __attribute__((always_inline)) void kq_rows(int type, const uint8_t *w, int64_t row_bytes, int64_t r0,
                                                           int64_t r1, int64_t k, const li_block_q8_K *a, int64_t n,
                                                           float *y, int64_t ldy) {
-    const int64_t nb = k / QK_K;
-    float res[LI_TILE];
-    const li_block_q8_K *ys[LI_TILE];
-    for (int64_t r = r0; r < r1; r++) {
-        const uint8_t *wr = w + r * row_bytes;
-        li_prefetch_row(wr, row_bytes);
-        for (int64_t j = 0, R; j < n; j += R) {
-            R = li_tile_rows(n - j);
-            for (int64_t t = 0; t < R; t++) ys[t] = a + (j + t) * nb;
-            switch (R) {
-            case 1: kq_dots(type, 1, nb, wr, ys, res); break;
-            case 2: kq_dots(type, 2, nb, wr, ys, res); break;
-            case 3: kq_dots(type, 3, nb, wr, ys, res); break;
-            case 4: kq_dots(type, 4, nb, wr, ys, res); break;
-#if LI_TILE == 8
-            default: kq_dots(type, 8, nb, wr, ys, res); break;
-#endif
-            }
-            for (int64_t t = 0; t < R; t++) y[(j + t) * ldy + r] = res[t];
-        }
-    }
+    LI_Q8K_ROWS(kq_dots, type, w, row_bytes, r0, r1, k, a, n, y, ldy);
 }
 
 void li_rows_q4_K(const void *w, int64_t row_bytes, int64_t r0, int64_t r1, int64_t k, const li_block_q8_K *a,

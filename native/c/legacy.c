@@ -1,5 +1,5 @@
 /* localinfer native kernels: the "legacy" block types (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0) and
- * F16/F32 rows, against activations.
+ * F32/F16/BF16 rows, against activations.
  *
  * Activations for the legacy types are quantized once per matmul into one internal
  * format, "q8a", kept as three arrays per row (structure of arrays):
@@ -557,10 +557,19 @@ LI_ROWS_FN(li_rows_q5_0, 2)
 LI_ROWS_FN(li_rows_q5_1, 3)
 LI_ROWS_FN(li_rows_q8_0, 4)
 
-/* ---- float rows: F16 and F32 weights against float activations ---------------------- */
+/* ---- float rows: F32, F16 and BF16 weights against float activations ---------------- */
 
-/* FP16: 1 = fp16 weights, 0 = fp32 weights */
-static inline __attribute__((always_inline)) void dot_float(const int FP16, const int R, int64_t k, const void *w,
+enum { W_F32 = 0, W_F16 = 1, W_BF16 = 2 };
+
+static inline float bf16_to_fp32(uint16_t h) {
+    const uint32_t bits = (uint32_t)h << 16;
+    float f;
+    memcpy(&f, &bits, 4);
+    return f;
+}
+
+/* WF: the weights' format, W_F32, W_F16 or W_BF16 */
+static inline __attribute__((always_inline)) void dot_float(const int WF, const int R, int64_t k, const void *w,
                                                             const float *x, float *out) {
     const uint16_t *wh = (const uint16_t *)w;
     const float *wf = (const float *)w;
@@ -571,7 +580,10 @@ static inline __attribute__((always_inline)) void dot_float(const int FP16, cons
     __m256 acc[2][4];
     for (int r = 0; r < R; r++)
         for (int j = 0; j < 4; j++) acc[r][j] = _mm256_setzero_ps();
-#define LOADW(off) (FP16 ? _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(wh + i + (off)))) : _mm256_loadu_ps(wf + i + (off)))
+#define LOADW(off)                                                                                                \
+    (WF == W_F16    ? _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(wh + i + (off))))                          \
+     : WF == W_BF16 ? _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)(wh + i + (off)))), 16)) \
+                    : _mm256_loadu_ps(wf + i + (off)))
     for (; i + 32 <= k; i += 32) {
         const __m256 w0 = LOADW(0), w1 = LOADW(8), w2 = LOADW(16), w3 = LOADW(24);
         for (int r = 0; r < R; r++) {
@@ -593,12 +605,12 @@ static inline __attribute__((always_inline)) void dot_float(const int FP16, cons
     for (int r = 0; r < R; r++) out[r] = 0.0f;
 #endif
     for (; i < k; i++) {
-        const float wv = FP16 ? li_fp16_to_fp32(wh[i]) : wf[i];
+        const float wv = WF == W_F16 ? li_fp16_to_fp32(wh[i]) : WF == W_BF16 ? bf16_to_fp32(wh[i]) : wf[i];
         for (int r = 0; r < R; r++) out[r] += wv * x[r * k + i];
     }
 }
 
-static inline __attribute__((always_inline)) void rows_float(const int FP16, const void *w, int64_t row_bytes,
+static inline __attribute__((always_inline)) void rows_float(const int WF, const void *w, int64_t row_bytes,
                                                              int64_t r0, int64_t r1, int64_t k, const float *x,
                                                              int64_t n, float *y, int64_t ldy) {
     float res[4];
@@ -606,7 +618,7 @@ static inline __attribute__((always_inline)) void rows_float(const int FP16, con
         const void *wr = (const uint8_t *)w + r * row_bytes;
         li_prefetch_row(wr, row_bytes);
         if (n == 1) {
-            dot_float(FP16, 1, k, wr, x, res);
+            dot_float(WF, 1, k, wr, x, res);
             y[r] = res[0];
             continue;
         }
@@ -614,9 +626,9 @@ static inline __attribute__((always_inline)) void rows_float(const int FP16, con
             const float *xt = x + j * k;
             const int64_t R = n - j < 2 ? n - j : 2;
             if (R == 1)
-                dot_float(FP16, 1, k, wr, xt, res);
+                dot_float(WF, 1, k, wr, xt, res);
             else
-                dot_float(FP16, 2, k, wr, xt, res);
+                dot_float(WF, 2, k, wr, xt, res);
             for (int64_t i = 0; i < R; i++) y[(j + i) * ldy + r] = res[i];
         }
     }
@@ -624,10 +636,15 @@ static inline __attribute__((always_inline)) void rows_float(const int FP16, con
 
 void li_rows_f16(const void *w, int64_t row_bytes, int64_t r0, int64_t r1, int64_t k, const float *x, int64_t n,
                  float *y, int64_t ldy) {
-    rows_float(1, w, row_bytes, r0, r1, k, x, n, y, ldy);
+    rows_float(W_F16, w, row_bytes, r0, r1, k, x, n, y, ldy);
 }
 
 void li_rows_f32(const void *w, int64_t row_bytes, int64_t r0, int64_t r1, int64_t k, const float *x, int64_t n,
                  float *y, int64_t ldy) {
-    rows_float(0, w, row_bytes, r0, r1, k, x, n, y, ldy);
+    rows_float(W_F32, w, row_bytes, r0, r1, k, x, n, y, ldy);
+}
+
+void li_rows_bf16(const void *w, int64_t row_bytes, int64_t r0, int64_t r1, int64_t k, const float *x, int64_t n,
+                  float *y, int64_t ldy) {
+    rows_float(W_BF16, w, row_bytes, r0, r1, k, x, n, y, ldy);
 }

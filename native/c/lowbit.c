@@ -1,5 +1,5 @@
 /* localinfer native kernels: the low-bit block types people download (Q2_K, Q3_K, IQ4_NL,
- * IQ4_XS) and BF16 rows, against activations, in the row-dot contract of legacy.c and
+ * IQ4_XS), against activations, in the row-dot contract of legacy.c and
  * kquants.c: li_rows_<type>(w, row_bytes, r0, r1, k, activations, n, y, ldy) computes rows
  * [r0, r1) of one weight matrix against n activation rows, y[j*ldy + r] = dot(w row r,
  * activation row j), in tiles of up to LI_TILE activation rows so that each weight block
@@ -13,9 +13,8 @@
  *   IQ4_NL {fp16 d; u8 qs[16]}                                      value = d*kvalues[nibble]
  *   IQ4_XS {fp16 d; u16 scales_h; u8 scales_l[4]; u8 qs[128]}      value = d*(ls-32)*kvalues[nibble]
  *          8 sub-blocks of 32, each as an IQ4_NL block's nibbles, six-bit ls
- *   BF16   the upper half of a float32
  * Activations are those ggml pairs them with: Q8_K for Q2_K, Q3_K and IQ4_XS (kquants.c's
- * quantizer, li_block_q8_K), legacy.c's q8a (Q8_0 values) for IQ4_NL, floats for BF16.
+ * quantizer, li_block_q8_K), legacy.c's q8a (Q8_0 values) for IQ4_NL. (BF16 rows are legacy.c's float rows.)
  *
  * Integer sums are exact, and each row's float operations run in the same order for every
  * tile size, so a row's result never depends on the rows beside it, bit for bit: a K-row
@@ -365,27 +364,7 @@ LB_INLINE void lb_dots_k(const int type, const int R, int64_t nb, const void *w,
 
 LB_INLINE void lb_rows_k(const int type, const uint8_t *w, int64_t row_bytes, int64_t r0, int64_t r1, int64_t k,
                          const li_block_q8_K *a, int64_t n, float *y, int64_t ldy) {
-    const int64_t nb = k / QK_K;
-    float res[LI_TILE];
-    const li_block_q8_K *ys[LI_TILE];
-    for (int64_t r = r0; r < r1; r++) {
-        const uint8_t *wr = w + r * row_bytes;
-        li_prefetch_row(wr, row_bytes);
-        for (int64_t j = 0, R; j < n; j += R) {
-            R = li_tile_rows(n - j);
-            for (int64_t t = 0; t < R; t++) ys[t] = a + (j + t) * nb;
-            switch (R) {
-            case 1: lb_dots_k(type, 1, nb, wr, ys, res); break;
-            case 2: lb_dots_k(type, 2, nb, wr, ys, res); break;
-            case 3: lb_dots_k(type, 3, nb, wr, ys, res); break;
-            case 4: lb_dots_k(type, 4, nb, wr, ys, res); break;
-#if LI_TILE == 8
-            default: lb_dots_k(type, 8, nb, wr, ys, res); break;
-#endif
-            }
-            for (int64_t t = 0; t < R; t++) y[(j + t) * ldy + r] = res[t];
-        }
-    }
+    LI_Q8K_ROWS(lb_dots_k, type, w, row_bytes, r0, r1, k, a, n, y, ldy);
 }
 
 void li_rows_q2_K(const void *w, int64_t row_bytes, int64_t r0, int64_t r1, int64_t k, const li_block_q8_K *a,
@@ -558,60 +537,3 @@ void li_rows_iq4_nl(const void *w, int64_t row_bytes, int64_t r0, int64_t r1, in
     }
 }
 
-/* ---- BF16 rows against float activations ------------------------------------------------- */
-
-static inline float lb_bf16_to_fp32(uint16_t h) {
-    const uint32_t bits = (uint32_t)h << 16;
-    float f;
-    memcpy(&f, &bits, 4);
-    return f;
-}
-
-/* four accumulators a row, summed alike for every R (as legacy.c's F16 rows) */
-LB_INLINE void lb_dot_bf16(const int R, int64_t k, const uint16_t *w, const float *x, float *out) {
-    int64_t i = 0;
-#ifdef LB_SIMD
-    __m256 acc[2][4];
-    for (int r = 0; r < R; r++)
-        for (int j = 0; j < 4; j++) acc[r][j] = _mm256_setzero_ps();
-#define LB_LOADW(off) _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)(w + i + (off)))), 16))
-    for (; i + 32 <= k; i += 32) {
-        const __m256 w0 = LB_LOADW(0), w1 = LB_LOADW(8), w2 = LB_LOADW(16), w3 = LB_LOADW(24);
-        for (int r = 0; r < R; r++) {
-            const float *xr = x + r * k + i;
-            acc[r][0] = _mm256_fmadd_ps(w0, _mm256_loadu_ps(xr), acc[r][0]);
-            acc[r][1] = _mm256_fmadd_ps(w1, _mm256_loadu_ps(xr + 8), acc[r][1]);
-            acc[r][2] = _mm256_fmadd_ps(w2, _mm256_loadu_ps(xr + 16), acc[r][2]);
-            acc[r][3] = _mm256_fmadd_ps(w3, _mm256_loadu_ps(xr + 24), acc[r][3]);
-        }
-    }
-    for (; i + 8 <= k; i += 8) {
-        const __m256 w0 = LB_LOADW(0);
-        for (int r = 0; r < R; r++) acc[r][0] = _mm256_fmadd_ps(w0, _mm256_loadu_ps(x + r * k + i), acc[r][0]);
-    }
-#undef LB_LOADW
-    for (int r = 0; r < R; r++)
-        out[r] = li_hsum8(_mm256_add_ps(_mm256_add_ps(acc[r][0], acc[r][1]), _mm256_add_ps(acc[r][2], acc[r][3])));
-#else
-    for (int r = 0; r < R; r++) out[r] = 0.0f;
-#endif
-    for (; i < k; i++) {
-        const float wv = lb_bf16_to_fp32(w[i]);
-        for (int r = 0; r < R; r++) out[r] += wv * x[r * k + i];
-    }
-}
-
-void li_rows_bf16(const void *w, int64_t row_bytes, int64_t r0, int64_t r1, int64_t k, const float *x, int64_t n,
-                  float *y, int64_t ldy) {
-    float res[2];
-    for (int64_t r = r0; r < r1; r++) {
-        const uint16_t *wr = (const uint16_t *)((const uint8_t *)w + r * row_bytes);
-        li_prefetch_row((const uint8_t *)wr, row_bytes);
-        for (int64_t j = 0; j < n; j += 2) { /* tiles of 2: four accumulators a row fill the registers */
-            const int64_t R = n - j < 2 ? n - j : 2;
-            if (R == 1) lb_dot_bf16(1, k, wr, x + j * k, res);
-            else lb_dot_bf16(2, k, wr, x + j * k, res);
-            for (int64_t t = 0; t < R; t++) y[(j + t) * ldy + r] = res[t];
-        }
-    }
-}
