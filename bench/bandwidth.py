@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import argparse
 import ctypes
-import functools
 import json
 import statistics
 import sys
@@ -29,35 +28,21 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from localinfer.backends.devices import cpu_name  # noqa: E402
+from localinfer.backends.devices import cpu_name, cpu_simd_flags  # noqa: E402
+from localinfer_native import KernelsUnavailable, membench  # noqa: E402
 
-# The /proc/cpuinfo flags that decide which kernels run, in the order they were added.
-SIMD_FLAGS = ["sse4_2", "avx", "f16c", "fma", "avx2", "avx_vnni", "avx512f", "avx512bw", "avx512vl", "avx512_vnni", "avx512_bf16",
-              "amx_tile", "amx_int8", "amx_bf16", "asimd", "asimddp", "i8mm", "sve"]  # fmt: skip
 
 
 class BandwidthError(Exception):
     """A measurement that cannot be made here: one line says why."""
 
 
-@functools.cache
 def _library() -> ctypes.CDLL:
-    """The C kernels library, with li_read_bandwidth declared."""
-    from localinfer_native.c_kernels import library_path
-
-    path = library_path()
-    if path is None:
-        raise BandwidthError("the C kernels are not built; run: .venv/bin/python setup.py build_ext --inplace")
-    lib = ctypes.CDLL(str(path))
+    """The C kernels' library with membench.c's functions (localinfer_native.membench)."""
     try:
-        fn = lib.li_read_bandwidth
-    except AttributeError:
-        raise BandwidthError(f"{path.name} predates native/c/membench.c; rebuild it: .venv/bin/python setup.py build_ext --inplace") from None
-    fn.restype = ctypes.c_double
-    fn.argtypes = [ctypes.c_void_p, ctypes.c_int64, ctypes.c_int, ctypes.c_int, ctypes.POINTER(ctypes.c_uint64)]
-    lib.li_build_info.restype = ctypes.c_char_p
-    lib.li_build_info.argtypes = []
-    return lib
+        return membench.library()
+    except KernelsUnavailable as e:
+        raise BandwidthError(str(e)) from None
 
 
 def read_bandwidth(buf: np.ndarray, threads: int, reps: int = 1) -> tuple[float, int]:
@@ -79,17 +64,6 @@ def expected_checksum(n_words: int, reps: int) -> int:
     return (reps * (n_words * (n_words - 1) // 2)) % 2**64
 
 
-def cpu_flags() -> list[str]:
-    """The SIMD flags of SIMD_FLAGS that /proc/cpuinfo lists (empty where there is none)."""
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith(("flags", "Features")):
-                    present = set(line.split(":", 1)[1].split())
-                    return [flag for flag in SIMD_FLAGS if flag in present]
-    except OSError:
-        pass
-    return []
 
 
 def l3_bytes() -> int | None:
@@ -137,7 +111,7 @@ def report(args: argparse.Namespace) -> dict[str, object]:
             raise BandwidthError(f"{model} is not a file")
         model_bytes = model.stat().st_size
     lib = _library()
-    result = {"cpu": cpu_name(), "cpu_flags": cpu_flags(), "build": lib.li_build_info().decode().strip(), "l3_bytes": l3_bytes()}
+    result = {"cpu": cpu_name(), "cpu_flags": cpu_simd_flags(), "build": lib.li_build_info().decode().strip(), "l3_bytes": l3_bytes()}
     result.update(measure(threads, args.size_mib, args.rounds))
     warnings = []
     if result["l3_bytes"] and result["buffer_bytes"] < 4 * result["l3_bytes"]:

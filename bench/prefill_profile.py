@@ -44,7 +44,6 @@ from __future__ import annotations
 
 import argparse
 import ctypes
-import functools
 import json
 import math
 import os
@@ -60,12 +59,10 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from localinfer.backends.devices import cpu_name  # noqa: E402
+from localinfer.backends.devices import cpu_name, cpu_simd_flags  # noqa: E402
+from localinfer_native import KernelsUnavailable, membench  # noqa: E402
 from localinfer.errors import UserError  # noqa: E402
 
-# The /proc/cpuinfo flags that decide which kernels run (as bench/bandwidth.py lists them).
-SIMD_FLAGS = ["sse4_2", "avx", "f16c", "fma", "avx2", "avx_vnni", "avx512f", "avx512bw", "avx512vl", "avx512_vnni", "avx512_bf16",
-              "amx_tile", "amx_int8", "amx_bf16", "asimd", "asimddp", "i8mm", "sve"]  # fmt: skip
 # li_peak_gmacs's kinds (LI_PEAK_* in membench.c): short name, instruction
 PEAK_KINDS = {
     0: ("avx2", "vpmaddubsw+vpmaddwd+vpaddd 256-bit (int8)"),
@@ -90,25 +87,12 @@ class ProfileError(Exception):
 # -- 1. peak throughput -------------------------------------------------------------------
 
 
-@functools.cache
 def _library() -> ctypes.CDLL:
-    """The C kernels library, with the peak functions declared."""
-    from localinfer_native.c_kernels import library_path
-
-    path = library_path()
-    if path is None:
-        raise ProfileError("the C kernels are not built; reinstall with a C compiler (./install.sh)")
-    lib = ctypes.CDLL(str(path))
+    """The C kernels' library with membench.c's functions (localinfer_native.membench)."""
     try:
-        lib.li_peak_gmacs.restype = ctypes.c_double
-        lib.li_peak_gmacs.argtypes = [ctypes.c_int, ctypes.c_int, ctypes.c_int64]
-        lib.li_peak_kind.restype = ctypes.c_int
-        lib.li_peak_kind.argtypes = [ctypes.c_int]
-    except AttributeError:
-        raise ProfileError(f"{path.name} predates li_peak_gmacs in native/c/membench.c; rebuild the C kernels") from None
-    lib.li_build_info.restype = ctypes.c_char_p
-    lib.li_build_info.argtypes = []
-    return lib
+        return membench.library()
+    except KernelsUnavailable as e:
+        raise ProfileError(str(e)) from None
 
 
 def peak_gmacs(kind: int, threads: int, seconds: float = 0.25, rounds: int = 3) -> float | None:
@@ -357,17 +341,6 @@ def measure_forward(backend, threads: list[int], n_tokens: int, rounds: int) -> 
 # -- the report ------------------------------------------------------------------------------
 
 
-def cpu_flags() -> list[str]:
-    """The SIMD flags of SIMD_FLAGS that /proc/cpuinfo lists (empty where there is none)."""
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith(("flags", "Features")):
-                    present = set(line.split(":", 1)[1].split())
-                    return [flag for flag in SIMD_FLAGS if flag in present]
-    except OSError:
-        pass
-    return []
 
 
 def _thread_list(text: str) -> list[int]:
@@ -397,7 +370,7 @@ def report(args: argparse.Namespace) -> dict[str, object]:
     if not model.is_file():
         raise ProfileError(f"{model} is not a file")
     lib = _library()
-    result: dict[str, object] = {"cpu": cpu_name(), "cpu_flags": cpu_flags(), "build": lib.li_build_info().decode().strip(), "model": str(model),
+    result: dict[str, object] = {"cpu": cpu_name(), "cpu_flags": cpu_simd_flags(), "build": lib.li_build_info().decode().strip(), "model": str(model),
                                  "tokens": args.tokens, "rounds": args.rounds, "threads": threads}  # fmt: skip
     result["peaks"] = measure_peaks(threads, args.peak_seconds, args.rounds)
     result["path_kinds"] = kinds = path_kinds()

@@ -26,6 +26,25 @@ def cpu_name() -> str:
     return platform.processor() or platform.machine()
 
 
+# The /proc/cpuinfo flags that decide which kernels run, in the order they were added.
+SIMD_FLAGS = ["sse4_2", "avx", "f16c", "fma", "avx2", "avx_vnni", "avx512f", "avx512bw", "avx512vl", "avx512_vnni", "avx512_bf16",
+              "amx_tile", "amx_int8", "amx_bf16", "asimd", "asimddp", "i8mm", "sve"]  # fmt: skip
+
+
+def cpu_simd_flags() -> list[str]:
+    """The SIMD_FLAGS that /proc/cpuinfo lists (empty where there is none): benchmarks name
+    the CPU class their figures come from."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith(("flags", "Features")):
+                    present = set(line.split(":", 1)[1].split())
+                    return [flag for flag in SIMD_FLAGS if flag in present]
+    except OSError:
+        pass
+    return []
+
+
 @dataclass
 class Device:
     name: str
