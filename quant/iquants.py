@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .kquants import GROUP_MAX_EPS, _seqsum
+from .kquants import GROUP_MAX_EPS, _amax_signed, _seqsum
 from .legacy import F32, f16_bytes, f16_value, nearest_int
 
 KVALUES = np.array([-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113], np.int8)
@@ -54,18 +54,6 @@ def best_index(v: np.ndarray) -> np.ndarray:
     lo, hi = _LO[f], _HI[f]
     with np.errstate(invalid="ignore"):
         return _MU[f] - ((v - lo) < (hi - v))
-
-
-def _amax_signed(xt: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """(largest |x|, the first x that has it) per column: ``if (ax > amax) {...}``."""
-    amax = np.zeros(xt.shape[1], F32)
-    mx = np.zeros(xt.shape[1], F32)
-    for v in xt:
-        a = np.abs(v)
-        upd = a > amax
-        amax = np.where(upd, a, amax)
-        mx = np.where(upd, v, mx)
-    return amax, mx
 
 
 def _fit(xt: np.ndarray, w: np.ndarray, inv: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -119,13 +107,7 @@ def quantize_iq4_xs(xt: np.ndarray) -> np.ndarray:
     nsub = xt.shape[1]
     nb = nsub // 8
     sc = _block_scales(xt).reshape(nb, 8)
-    amax = np.zeros(nb, F32)
-    max_scale = np.zeros(nb, F32)
-    for ib in range(8):
-        a = np.abs(sc[:, ib])
-        upd = a > amax
-        amax = np.where(upd, a, amax)
-        max_scale = np.where(upd, sc[:, ib], max_scale)
+    _, max_scale = _amax_signed(sc.T)
     d = -max_scale / F32(32)  # -0.0 for an all-zero super-block, and its float16 keeps the sign
     l = np.clip(nearest_int(_inv(d)[:, None] * sc), -32, 31)  # [nb, 8]
     dl = (d[:, None] * l.astype(F32)).reshape(nsub)
