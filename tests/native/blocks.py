@@ -13,7 +13,7 @@ from gguf.quants import dequantize, quantize
 from localinfer_native.types import QMatrix
 
 # Byte offsets of the float16 scale fields inside each block; the rest may be any bytes.
-_F16_FIELDS = {
+F16_FIELDS = {
     Q.Q4_0: [0], Q.Q4_1: [0, 2], Q.Q5_0: [0], Q.Q5_1: [0, 2], Q.Q8_0: [0],
     Q.Q4_K: [0, 2], Q.Q5_K: [0, 2], Q.Q6_K: [208],
     Q.Q2_K: [80, 82], Q.Q3_K: [108], Q.IQ4_NL: [0], Q.IQ4_XS: [0],
@@ -26,9 +26,11 @@ def random_qmatrix(qtype: Q, rows: int, cols: int, rng: np.random.Generator) -> 
         return QMatrix.from_array(qtype, rng.standard_normal((rows, cols), dtype=np.float32), cols)
     if qtype == Q.F16:
         return QMatrix.from_array(qtype, rng.standard_normal((rows, cols)).astype(np.float16), cols)
+    if qtype == Q.BF16:  # random bytes would hold NaNs: normal values, rounded as ggml rounds them
+        return QMatrix.from_array(qtype, quantize(rng.standard_normal((rows, cols), dtype=np.float32), qtype), cols)
     block, size = GGML_QUANT_SIZES[qtype]
     raw = rng.integers(0, 256, size=(rows, cols // block, size), dtype=np.uint8)
-    for offset in _F16_FIELDS[qtype]:
+    for offset in F16_FIELDS[qtype]:
         scale = rng.uniform(-0.02, 0.02, size=raw.shape[:2]).astype(np.float16)
         raw[:, :, offset : offset + 2] = scale.view(np.uint8).reshape(*raw.shape[:2], 2)
     return QMatrix.from_array(qtype, raw.reshape(rows, -1), cols)

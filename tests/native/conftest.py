@@ -3,12 +3,18 @@ portable build of the C kernels."""
 
 from __future__ import annotations
 
+import ctypes
+import os
 import shutil
 import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
+from gguf import GGML_QUANT_SIZES, GGMLQuantizationType as Q
+
+from localinfer_native.types import QMatrix
 
 from ..conftest import llama_quantize
 
@@ -48,3 +54,23 @@ def avx2_library(tmp_path_factory) -> Path:
     if not {"avx2", "fma", "f16c"} <= cpu_flags():
         pytest.skip("this CPU has no AVX2")
     return build_library(tmp_path_factory.mktemp("avx2") / "_ckernels_avx2.so", ["-mavx2", "-mfma", "-mf16c"])
+
+
+@pytest.fixture(scope="session")
+def ggml_quantize():
+    """llama.cpp's own quantizer for one matrix (ggml_quantize_chunk, which llama_model_quantize calls)."""
+    import llama_cpp
+
+    fn = ctypes.CDLL(os.path.join(os.path.dirname(llama_cpp.__file__), "lib", "libggml-base.so")).ggml_quantize_chunk
+    fn.argtypes = [ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64, ctypes.c_int64, ctypes.c_void_p]
+    fn.restype = ctypes.c_size_t
+
+    def run_quantize(qtype: Q, w: np.ndarray) -> QMatrix:
+        w = np.ascontiguousarray(w, dtype=np.float32)
+        rows, cols = w.shape
+        block, size = GGML_QUANT_SIZES[qtype]
+        out = np.zeros((rows, cols // block * size), np.uint8)
+        assert fn(int(qtype), w.ctypes.data, out.ctypes.data, 0, rows, cols, None) == out.size
+        return QMatrix.from_array(qtype, out, cols)
+
+    return run_quantize

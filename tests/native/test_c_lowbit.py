@@ -17,13 +17,11 @@ its two attention paths, as tests/native/test_native_vs_llamacpp.py does.
 from __future__ import annotations
 
 import ctypes
-import os
 from pathlib import Path
 
 import numpy as np
 import pytest
 from gguf import GGML_QUANT_SIZES, GGMLQuantizationType as Q, GGUFReader
-from gguf.quants import quantize
 
 from localinfer.backends.base import Batch, LoadParams
 from localinfer.backends.llamacpp import LlamaCppBackend
@@ -33,7 +31,7 @@ from localinfer.engine.types import SamplingParams
 from localinfer.modelfile import inspect
 from localinfer_native.c_kernels import CKernels
 from localinfer_native.types import C_TYPES, QMatrix
-from tests.native.blocks import dequantized
+from tests.native.blocks import F16_FIELDS, dequantized, random_qmatrix
 from tests.native.test_c_kernels import q8_0_values, q8_k_values  # also: the C library must load
 from tests.native.test_native_vs_llamacpp import N_CTX, PROMPTS, TEXT, agreement, forced_logits, llama_cpp_without_flash_attention
 
@@ -41,8 +39,6 @@ from ..conftest import THREADS
 
 LOWBIT = [Q.Q2_K, Q.Q3_K, Q.IQ4_NL, Q.IQ4_XS, Q.BF16]
 Q8K_TYPES = {Q.Q2_K, Q.Q3_K, Q.IQ4_XS}
-# Byte offsets of each block's float16 scales; the other bytes may be anything.
-F16_FIELDS = {Q.Q2_K: [80, 82], Q.Q3_K: [108], Q.IQ4_NL: [0], Q.IQ4_XS: [0]}
 N_ROWS = (1, 2, 3, 5, 8, 17)
 
 
@@ -59,18 +55,6 @@ def kernels(request) -> CKernels:
     else:
         assert "scalar" in kc.describe()
     return kc
-
-
-def random_matrix(qtype: Q, rows: int, cols: int, rng: np.random.Generator) -> QMatrix:
-    """Random bytes with sane float16 scales, so every bit pattern of the quants is exercised."""
-    if qtype == Q.BF16:
-        return QMatrix.from_array(qtype, quantize(rng.standard_normal((rows, cols), dtype=np.float32), qtype), cols)
-    block, size = GGML_QUANT_SIZES[qtype]
-    raw = rng.integers(0, 256, size=(rows, cols // block, size), dtype=np.uint8)
-    for offset in F16_FIELDS[qtype]:
-        scale = rng.uniform(-0.02, 0.02, size=raw.shape[:2]).astype(np.float16)
-        raw[:, :, offset : offset + 2] = scale.view(np.uint8).reshape(*raw.shape[:2], 2)
-    return QMatrix.from_array(qtype, raw.reshape(rows, -1), cols)
 
 
 def cols_for(qtype: Q) -> list[int]:
@@ -124,7 +108,7 @@ def activations(rng: np.random.Generator, n: int, cols: int) -> np.ndarray:
 def test_products_against_gguf(kernels: CKernels, qtype: Q) -> None:
     rng = np.random.default_rng(int(qtype))
     for cols in cols_for(qtype):
-        m = random_matrix(qtype, 75, cols, rng)  # 75 rows: the threads' split is not aligned
+        m = random_qmatrix(qtype, 75, cols, rng)  # 75 rows: the threads' split is not aligned
         for n in N_ROWS:
             x = activations(rng, n, cols)
             (y,) = run(kernels, [m], x)
@@ -137,7 +121,7 @@ def test_rows_never_depend_on_the_rows_beside_them(kernels: CKernels, qtype: Q) 
     8, 4 and 1, or 4 and 1) equals that row alone, and every shorter run of rows agrees."""
     rng = np.random.default_rng(100 + int(qtype))
     for cols in cols_for(qtype)[:3]:
-        m = random_matrix(qtype, 40, cols, rng)
+        m = random_qmatrix(qtype, 40, cols, rng)
         x = activations(rng, max(N_ROWS), cols)
         (full,) = run(kernels, [m], x)
         for n in N_ROWS:
@@ -160,26 +144,6 @@ def test_extreme_blocks(kernels: CKernels, qtype: Q) -> None:
     for x in (np.full(cols, 3.0, np.float32), np.full(cols, -3.0, np.float32), np.tile(np.array([3.0, -3.0], np.float32), cols // 2)):
         xs = np.repeat(x[None], 5, axis=0)
         check(m, xs, run(kernels, [m], xs)[0])
-
-
-@pytest.fixture(scope="module")
-def ggml_quantize():
-    """llama.cpp's own quantizer for one matrix (ggml_quantize_chunk, which llama_model_quantize calls)."""
-    import llama_cpp
-
-    fn = ctypes.CDLL(os.path.join(os.path.dirname(llama_cpp.__file__), "lib", "libggml-base.so")).ggml_quantize_chunk
-    fn.argtypes = [ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64, ctypes.c_int64, ctypes.c_void_p]
-    fn.restype = ctypes.c_size_t
-
-    def run_quantize(qtype: Q, w: np.ndarray) -> QMatrix:
-        w = np.ascontiguousarray(w, dtype=np.float32)
-        rows, cols = w.shape
-        block, size = GGML_QUANT_SIZES[qtype]
-        out = np.zeros((rows, cols // block * size), np.uint8)
-        assert fn(int(qtype), w.ctypes.data, out.ctypes.data, 0, rows, cols, None) == out.size
-        return QMatrix.from_array(qtype, out, cols)
-
-    return run_quantize
 
 
 @pytest.fixture(scope="module")

@@ -10,9 +10,6 @@ bit. Each (type, path) compiles one kernel (cached on disk): 9 in all.
 
 from __future__ import annotations
 
-import ctypes
-import os
-
 import numpy as np
 import pytest
 from gguf import GGML_QUANT_SIZES, GGMLQuantizationType as Q
@@ -20,12 +17,10 @@ from gguf import GGML_QUANT_SIZES, GGMLQuantizationType as Q
 from localinfer_native.numba_ir import INT8_TYPES, Q8K_TYPES
 from localinfer_native.numba_kernels import NumbaKernels
 from localinfer_native.types import QMatrix
-from tests.native.blocks import dequantized
+from tests.native.blocks import dequantized, random_qmatrix
 from tests.native.test_numba_kernels import quantized_x, quantized_x_k
 
 LOWBIT = [Q.Q2_K, Q.Q3_K, Q.IQ4_NL, Q.IQ4_XS]
-# Byte offsets of the float16 scales in each block; every other byte may be anything.
-_F16_FIELDS = {Q.Q2_K: [80, 82], Q.Q3_K: [108], Q.IQ4_NL: [0], Q.IQ4_XS: [0]}
 # Row lengths: one block, an odd number of blocks past a pair, and an even number (BF16: a tail).
 _COLS = {Q.Q2_K: [256, 768, 1536], Q.Q3_K: [256, 768, 1536], Q.IQ4_XS: [256, 768, 1536], Q.IQ4_NL: [32, 96, 576], Q.BF16: [8, 37, 576]}
 # (type, float path forced): the float path only where this CPU would take the int8 one.
@@ -42,19 +37,6 @@ def kernel_sets() -> dict[bool, NumbaKernels]:
     for k in sets.values():
         k.set_threads(2)
     return sets
-
-
-def random_matrix(qtype: Q, rows: int, cols: int, rng: np.random.Generator) -> QMatrix:
-    """Random valid blocks: random bytes, sane float16 scales (BF16: normal values, truncated)."""
-    if qtype == Q.BF16:
-        f = rng.standard_normal((rows, cols)).astype(np.float32)
-        return QMatrix.from_array(qtype, (f.view(np.uint32) >> 16).astype(np.uint16), cols)
-    block, size = GGML_QUANT_SIZES[qtype]
-    raw = rng.integers(0, 256, size=(rows, cols // block, size), dtype=np.uint8)
-    for offset in _F16_FIELDS[qtype]:
-        scale = rng.uniform(-0.02, 0.02, size=raw.shape[:2]).astype(np.float16)
-        raw[:, :, offset : offset + 2] = scale.view(np.uint8).reshape(*raw.shape[:2], 2)
-    return QMatrix.from_array(qtype, raw.reshape(rows, -1), cols)
 
 
 def check(m: QMatrix, x: np.ndarray, out: np.ndarray, float_path: bool) -> None:
@@ -84,7 +66,7 @@ def test_products_and_batch_independence(kernel_sets, case):
     kernels = kernel_sets[float_path]
     for cols in _COLS[qtype]:
         rng = np.random.default_rng(int(qtype) * 1000 + cols)
-        m = random_matrix(qtype, 37, cols, rng)
+        m = random_qmatrix(qtype, 37, cols, rng)
         x = rng.standard_normal((9, cols)).astype(np.float32)
         singles = np.concatenate([product(kernels, m, x[j : j + 1]) for j in range(len(x))])
         check(m, x, singles, float_path)
@@ -95,7 +77,7 @@ def test_products_and_batch_independence(kernel_sets, case):
 def extreme_matrix(qtype: Q, rows: int, cols: int, rng: np.random.Generator) -> QMatrix:
     """Weights at the ends of their ranges: the first half of the rows at the largest value and
     scale, the rest at the most negative (Q3_K's -4 with scale -32, IQ4's -127)."""
-    m = random_matrix(qtype, rows, cols, rng)
+    m = random_qmatrix(qtype, rows, cols, rng)
     block, size = GGML_QUANT_SIZES[qtype]
     data = m.data.copy().reshape(rows, cols // block, size)
     top, bottom = data[: rows // 2], data[rows // 2 :]
@@ -120,27 +102,6 @@ def test_extreme_blocks(kernel_sets, case):
         x = np.full((2, cols), sign, np.float32)
         x[1, ::2] = -sign
         check(m, x, product(kernel_sets[float_path], m, x), float_path)
-
-
-@pytest.fixture(scope="module")
-def ggml_quantize():
-    """llama.cpp's own quantizer for one matrix (ggml_quantize_chunk, which llama_model_quantize calls)."""
-    import llama_cpp
-
-    lib = ctypes.CDLL(os.path.join(os.path.dirname(llama_cpp.__file__), "lib", "libggml-base.so"))
-    fn = lib.ggml_quantize_chunk
-    fn.argtypes = [ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64, ctypes.c_int64, ctypes.c_void_p]
-    fn.restype = ctypes.c_size_t
-
-    def run(qtype: Q, w: np.ndarray) -> QMatrix:
-        w = np.ascontiguousarray(w, dtype=np.float32)
-        rows, cols = w.shape
-        block, size = GGML_QUANT_SIZES[qtype]
-        out = np.zeros((rows, cols // block * size), np.uint8)
-        assert fn(int(qtype), w.ctypes.data, out.ctypes.data, 0, rows, cols, None) == out.size
-        return QMatrix.from_array(qtype, out, cols)
-
-    return run
 
 
 @pytest.fixture(scope="module")

@@ -19,7 +19,7 @@ from gguf.quants import quantize
 
 from localinfer_native.c_kernels import CKernels
 from localinfer_native.types import QMatrix
-from tests.native.blocks import _F16_FIELDS, random_qmatrix, reference_matmul
+from tests.native.blocks import F16_FIELDS, random_qmatrix, reference_matmul
 
 from .conftest import build_library, cpu_flags
 
@@ -106,7 +106,7 @@ def test_extreme_blocks_do_not_overflow(library, qtype):
     raw = np.empty((48, cols // block, size), np.uint8)
     for r, byte in enumerate([0x00, 0xFF, 0x5A] * 16):
         raw[r] = byte
-    for offset in _F16_FIELDS[qtype]:
+    for offset in F16_FIELDS[qtype]:
         raw[:, :, offset : offset + 2] = np.frombuffer(np.float16(0.01).tobytes(), np.uint8)
     m = QMatrix.from_array(qtype, raw.reshape(48, -1), cols)
     x = np.stack([np.full(cols, 3.0), np.full(cols, -3.0), np.tile([3.0, -3.0], cols // 2)] * 3).astype(np.float32)
