@@ -183,13 +183,19 @@ class CKernels(c_ops.COps):
             st.packed[i] = p.ctypes.data if p is not None else None
         return _make_op(self._lib.li_matmul_op, st, tuple(mats), panels, self._threads, k)
 
+    def packs(self, m: QMatrix) -> bool:
+        """Whether matmul_op repacks this matrix into panels of 16 interleaved rows (packed.c):
+        this build packs its type, packing is on, and AMX does not run the type bit-exactly
+        (its exact path repeats the row dots' rounding, which the panels do not)."""
+        if not self._pack or self._lib.li_pack_bytes(int(m.type), m.rows, m.cols) <= 0:
+            return False
+        return not (self._lib.li_amx_usable() and self._lib.li_amx_exact_runs(int(m.type)))
+
     def _packed(self, m: QMatrix) -> np.ndarray | None:
-        """The matrix repacked into panels of 16 interleaved rows (packed.c), where this build
-        packs its type; None keeps the row dots. Not where AMX runs the type bit-exactly: its
-        exact path repeats the row dots' rounding, which the panels do not."""
-        size = self._lib.li_pack_bytes(int(m.type), m.rows, m.cols) if self._pack else 0
-        if size <= 0 or (self._lib.li_amx_usable() and self._lib.li_amx_exact_runs(int(m.type))):
+        """The matrix in panels where `packs` says so; None keeps the row dots."""
+        if not self.packs(m):
             return None
+        size = self._lib.li_pack_bytes(int(m.type), m.rows, m.cols)
         buf = np.empty(size + 64, np.uint8)
         out = buf[-buf.ctypes.data % 64 :][:size]  # 64-byte aligned: whole cache lines per chunk
         if self._lib.li_pack(int(m.type), m.data.ctypes.data, m.rows, m.cols, out.ctypes.data):

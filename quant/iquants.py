@@ -24,8 +24,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from .kquants import GROUP_MAX_EPS, _amax_signed, _seqsum
-from .legacy import F32, f16_bytes, f16_value, nearest_int
+from .kquants import GROUP_MAX_EPS, _seqsum
+from .legacy import F32, amax_signed, f16_bytes, f16_value, nearest_int
 
 KVALUES = np.array([-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113], np.int8)
 _LEVELS = KVALUES.astype(F32)
@@ -66,7 +66,7 @@ def _fit(xt: np.ndarray, w: np.ndarray, inv: np.ndarray) -> tuple[np.ndarray, np
 def _block_scales(xt: np.ndarray) -> np.ndarray:
     """The first phase of quantize_row_iq4_nl_impl: the float scale of each 32-block [S]."""
     w = xt * xt
-    amax, mx = _amax_signed(xt)
+    amax, mx = amax_signed(xt)
     zero = amax < GROUP_MAX_EPS
     mx = np.where(zero, F32(1), mx)
     with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
@@ -107,7 +107,7 @@ def quantize_iq4_xs(xt: np.ndarray) -> np.ndarray:
     nsub = xt.shape[1]
     nb = nsub // 8
     sc = _block_scales(xt).reshape(nb, 8)
-    _, max_scale = _amax_signed(sc.T)
+    _, max_scale = amax_signed(sc.T)
     d = -max_scale / F32(32)  # -0.0 for an all-zero super-block, and its float16 keeps the sign
     l = np.clip(nearest_int(_inv(d)[:, None] * sc), -32, 31)  # [nb, 8]
     dl = (d[:, None] * l.astype(F32)).reshape(nsub)

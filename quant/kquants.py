@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .legacy import F32, f16_bytes, f16_value, nearest_int, low_byte_signed
+from .legacy import F32, amax_signed, f16_bytes, f16_value, nearest_int, low_byte_signed
 
 QK_K = 256
 GROUP_MAX_EPS = np.float32(1e-15)
@@ -49,19 +49,6 @@ def _seqsum(a: np.ndarray) -> np.ndarray:
 
 def _err(diff: np.ndarray, use_mad: bool) -> np.ndarray:
     return np.abs(diff) if use_mad else diff * diff
-
-
-def _amax_signed(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """(largest |x|, the first x that has it) per column of x [n, S], as ggml's scans write it:
-    ``if (ax > amax) { amax = ax; max = x; }`` (strictly greater: the first wins a tie)."""
-    amax = np.zeros(x.shape[1], F32)
-    mx = np.zeros(x.shape[1], F32)
-    for v in x:
-        a = np.abs(v)
-        upd = a > amax
-        amax = np.where(upd, a, amax)
-        mx = np.where(upd, v, mx)
-    return amax, mx
 
 
 def _make_qkx2_quants(x: np.ndarray, w: np.ndarray, nmax: int, rmin: float, rdelta: float, nstep: int, use_mad: bool = False):
@@ -125,7 +112,7 @@ def _make_qkx2_quants(x: np.ndarray, w: np.ndarray, nmax: int, rmin: float, rdel
 def _make_qx_quants_rmse1(x: np.ndarray, nmax: int):
     """ggml's make_qx_quants(rmse_type=1, qw=NULL). x: [n, S]. Returns (scale[S], L[n, S] in 0..2*nmax-1)."""
     S = x.shape[1]
-    amax, mx = _amax_signed(x)
+    amax, mx = amax_signed(x)
     zero = amax < GROUP_MAX_EPS
     mx = np.where(zero, F32(1), mx)
     w = x * x
@@ -159,7 +146,7 @@ def _make_qx_quants_rmse1(x: np.ndarray, nmax: int):
 def _make_q3_quants_rmse(x: np.ndarray, nmax: int):
     """ggml's make_q3_quants(do_rmse=true). x: [n, S]. Returns (scale[S], L[n, S] in 0..2*nmax-1)."""
     S = x.shape[1]
-    amax, mx = _amax_signed(x)
+    amax, mx = amax_signed(x)
     zero = amax < GROUP_MAX_EPS
     w = x * x
     wx = w * x
@@ -262,7 +249,7 @@ def quantize_q3_k(xt: np.ndarray) -> np.ndarray:
     nb = nsub // 16
     scales, L = _make_q3_quants_rmse(xt, 4)
     sc = scales.reshape(nb, 16)
-    amax, max_scale = _amax_signed(sc.T)
+    amax, max_scale = amax_signed(sc.T)
     has = max_scale != 0
     with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
         iscale = F32(-32) / np.where(has, max_scale, F32(1))
@@ -371,7 +358,7 @@ def quantize_q6_k(xt: np.ndarray) -> np.ndarray:
     nb = nsub // 16
     scales, L = _make_qx_quants_rmse1(xt, 32)
     sc2 = scales.reshape(nb, 16)
-    max_abs, max_scale = _amax_signed(sc2.T)
+    max_abs, max_scale = amax_signed(sc2.T)
     zero = max_abs < GROUP_MAX_EPS
     with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
         iscale = F32(-128) / np.where(zero, F32(1), max_scale)

@@ -74,17 +74,17 @@ def safe_inv(d: np.ndarray) -> np.ndarray:
     return out
 
 
-def _amax_signed(xt: np.ndarray) -> np.ndarray:
-    """The value of largest magnitude, the first one when tied (``if (amax < fabsf(v))``)."""
-    n = xt.shape[1]
-    amax = np.zeros(n, F32)
-    mx = np.zeros(n, F32)
-    for v in xt:
+def amax_signed(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(largest |x|, the first x that has it) per column of x [n, S], as ggml's scans write it:
+    ``if (amax < fabsf(v)) { amax = fabsf(v); max = v; }`` (strictly greater: the first wins a tie)."""
+    amax = np.zeros(x.shape[1], F32)
+    mx = np.zeros(x.shape[1], F32)
+    for v in x:
         a = np.abs(v)
-        upd = amax < a
+        upd = a > amax
         amax = np.where(upd, a, amax)
         mx = np.where(upd, v, mx)
-    return mx
+    return amax, mx
 
 
 def _min_max(xt: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -143,7 +143,7 @@ def quantize_q8_0(xt: np.ndarray) -> np.ndarray:
 
 
 def quantize_q4_0(xt: np.ndarray) -> np.ndarray:
-    d = _amax_signed(xt) / F32(-8)
+    d = amax_signed(xt)[1] / F32(-8)
     idv = safe_inv(d)
     q = np.minimum(15, low_byte_signed(c_to_int(xt * idv + F32(8.5)))) & 0xFF
     return np.concatenate([f16_bytes(d), _pack_nibbles(q)], axis=1)
@@ -158,7 +158,7 @@ def quantize_q4_1(xt: np.ndarray) -> np.ndarray:
 
 
 def quantize_q5_0(xt: np.ndarray) -> np.ndarray:
-    d = _amax_signed(xt) / F32(-16)
+    d = amax_signed(xt)[1] / F32(-16)
     idv = safe_inv(d)
     q = np.minimum(31, low_byte_signed(c_to_int(xt * idv + F32(16.5)))) & 0xFF
     return np.concatenate([f16_bytes(d), _pack_qh(q), _pack_nibbles(q)], axis=1)

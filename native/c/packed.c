@@ -327,7 +327,7 @@ LP_INLINE void lp_q45_K(const int Q5, const int R, const uint8_t *pw, int64_t nb
 
 LP_INLINE void lp_q6_K(const int R, const uint8_t *pw, int64_t nb, const li_block_q8_K *a, float *y, int64_t ldy) {
     const int64_t pb = 16 * 210;
-    const vi m4 = vi_set1(0x0F0F0F0F), m30 = vi_set1(0x30303030);
+    const vi m4 = vi_set1(0x0F0F0F0F), m30 = vi_set1(0x30303030), lo16 = vi_set1(0xFFFF);
     vf acc[LP_R];
     for (int r = 0; r < R; r++) acc[r] = vf_zero();
     for (int64_t b = 0; b < nb; b++) {
@@ -343,18 +343,27 @@ LP_INLINE void lp_q6_K(const int R, const uint8_t *pw, int64_t nb, const li_bloc
             const vi g3 = vi_or(vi_and(vi_srli16(l1, 4), m4), vi_and(vi_srli16(h, 2), m30));
             const vi sc = vi_cvt_i8(scales + 16 * s);
             for (int r = 0; r < R; r++) {
-                const li_block_q8_K *ar = a + r * nb + b;
-                const int8_t *q8 = ar->qs + 16 * s;
-                vi isum = vi_set1(-32 * ar->bsums[s]);
-                isum = vi_dpbusd(isum, g0, va_bcast(q8));
+                const int8_t *q8 = a[r * nb + b].qs + 16 * s;
+                vi isum = vi_dpbusd(vi_set1(0), g0, va_bcast(q8));
                 isum = vi_dpbusd(isum, g1, va_bcast(q8 + 4));
                 isum = vi_dpbusd(isum, g2, va_bcast(q8 + 8));
                 isum = vi_dpbusd(isum, g3, va_bcast(q8 + 12));
                 sumi[r] = vi_add(sumi[r], vi_mullo(isum, sc));
             }
         }
+        /* the values are stored as q + 32: take 32 * sum_s scale_s * bsums_s once per block, the
+           scales as int16 pairs (s = 2i, 2i + 1) against the activations' int16 sums of 16 */
+        vi sp[8];
+        for (int i = 0; i < 8; i++)
+            sp[i] = vi_or(vi_and(vi_cvt_i8(scales + 32 * i), lo16), vi_slli32(vi_cvt_i8(scales + 32 * i + 16), 16));
         const vf d = vf_f16(blk);
-        for (int r = 0; r < R; r++) acc[r] = vf_fmadd(vf_mul(d, vf_set1(a[r * nb + b].d)), vf_cvt(sumi[r]), acc[r]);
+        for (int r = 0; r < R; r++) {
+            const li_block_q8_K *ar = a + r * nb + b;
+            vi off = vi_set1(0);
+            for (int i = 0; i < 8; i++) off = vi_dpwssd(off, sp[i], va_bcast((const int8_t *)(ar->bsums + 2 * i)));
+            sumi[r] = vi_sub(sumi[r], vi_slli32(off, 5));
+            acc[r] = vf_fmadd(vf_mul(d, vf_set1(ar->d)), vf_cvt(sumi[r]), acc[r]);
+        }
     }
     for (int r = 0; r < R; r++) vf_store(y + r * ldy, acc[r]);
 }

@@ -47,6 +47,7 @@ static inline vi vi_set1(int32_t x) { return _mm512_set1_epi32(x); }
 static inline vi vi_and(vi a, vi b) { return _mm512_and_si512(a, b); }
 static inline vi vi_or(vi a, vi b) { return _mm512_or_si512(a, b); }
 static inline vi vi_add(vi a, vi b) { return _mm512_add_epi32(a, b); }
+static inline vi vi_sub(vi a, vi b) { return _mm512_sub_epi32(a, b); }
 static inline vi vi_mullo(vi a, vi b) { return _mm512_mullo_epi32(a, b); }
 #define vi_srli16(a, n) _mm512_srli_epi16(a, n)
 #define vi_slli16(a, n) _mm512_slli_epi16(a, n)
@@ -85,6 +86,7 @@ static inline vi vi_set1(int32_t x) { return (vi){_mm256_set1_epi32(x), _mm256_s
 static inline vi vi_and(vi a, vi b) { return (vi){_mm256_and_si256(a.l, b.l), _mm256_and_si256(a.h, b.h)}; }
 static inline vi vi_or(vi a, vi b) { return (vi){_mm256_or_si256(a.l, b.l), _mm256_or_si256(a.h, b.h)}; }
 static inline vi vi_add(vi a, vi b) { return (vi){_mm256_add_epi32(a.l, b.l), _mm256_add_epi32(a.h, b.h)}; }
+static inline vi vi_sub(vi a, vi b) { return (vi){_mm256_sub_epi32(a.l, b.l), _mm256_sub_epi32(a.h, b.h)}; }
 static inline vi vi_mullo(vi a, vi b) { return (vi){_mm256_mullo_epi32(a.l, b.l), _mm256_mullo_epi32(a.h, b.h)}; }
 #define vi_srli16(a, n) ((vi){_mm256_srli_epi16((a).l, n), _mm256_srli_epi16((a).h, n)})
 #define vi_slli16(a, n) ((vi){_mm256_slli_epi16((a).l, n), _mm256_slli_epi16((a).h, n)})

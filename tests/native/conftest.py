@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 from gguf import GGML_QUANT_SIZES, GGMLQuantizationType as Q
 
+from localinfer_native.c_kernels import CKernels
 from localinfer_native.types import QMatrix
 
 from ..conftest import llama_quantize
@@ -54,6 +55,19 @@ def avx2_library(tmp_path_factory) -> Path:
     if not {"avx2", "fma", "f16c"} <= cpu_flags():
         pytest.skip("this CPU has no AVX2")
     return build_library(tmp_path_factory.mktemp("avx2") / "_ckernels_avx2.so", ["-mavx2", "-mfma", "-mf16c"])
+
+
+@pytest.fixture(scope="session", params=["installed", "avx2", "portable"])
+def kernels(request) -> CKernels:
+    """The installed build, an AVX2-only build and a portable (scalar) one, each test on all three."""
+    if request.param == "installed":
+        return CKernels(threads=2)
+    kc = CKernels(threads=2, library=request.getfixturevalue(f"{request.param}_library"))
+    if request.param == "avx2":
+        assert "avx2" in kc.describe() and "vnni" not in kc.describe()
+    else:
+        assert "scalar" in kc.describe()
+    return kc
 
 
 @pytest.fixture(scope="session")

@@ -39,19 +39,7 @@ ALL_TYPES = sorted(SUPPORTED_TYPES, key=int)
 assert set(ALL_TYPES) == K_TYPES | FLOAT_TYPES | LEGACY_TYPES
 
 
-# ------------------------------------------------------------------ the two builds
-
-
-@pytest.fixture(scope="session", params=["installed", "avx2", "portable"])
-def kernels(request) -> CKernels:
-    if request.param == "installed":
-        return CKernels(threads=2)
-    kc = CKernels(threads=2, library=request.getfixturevalue(f"{request.param}_library"))
-    if request.param == "avx2":
-        assert "avx2" in kc.describe() and "vnni" not in kc.describe()
-    else:
-        assert "scalar" in kc.describe()
-    return kc
+# ------------------------------------------------------------------ the installed build
 
 
 @pytest.fixture(scope="module")

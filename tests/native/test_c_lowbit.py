@@ -45,18 +45,6 @@ N_ROWS = (1, 2, 3, 5, 8, 17)
 # ------------------------------------------------------------------ builds and blocks
 
 
-@pytest.fixture(scope="session", params=["installed", "avx2", "portable"])
-def kernels(request) -> CKernels:
-    if request.param == "installed":
-        return CKernels(threads=2)
-    kc = CKernels(threads=2, library=request.getfixturevalue(f"{request.param}_library"))
-    if request.param == "avx2":
-        assert "avx2" in kc.describe() and "vnni" not in kc.describe()
-    else:
-        assert "scalar" in kc.describe()
-    return kc
-
-
 def cols_for(qtype: Q) -> list[int]:
     """Q8_K types: 1 to 6 super-blocks. IQ4_NL: 576 (two octets of blocks and a pair), 1536,
     and tails of 1 to 5 blocks after the octets (an odd last block lies unpaired). BF16:

@@ -61,7 +61,7 @@ def test_packed_products_match_the_row_dots_and_the_reference(library, qtype):
     cols = 512
     m = matrix(qtype, 16 * 3 + 5, cols, rng)  # three panels and five rows for the row dots
     packed, plain = CKernels(threads=2, library=library, pack=True), CKernels(threads=2, library=library, pack=False)
-    assert packed.matmul_op([m])._keep[2][0] is not None  # the matrix really packed
+    assert packed.packs(m)  # the matrix really packs
     x = rng.standard_normal((19, cols)).astype(np.float32)
     got, dots = product(packed, [m], x)[0], product(plain, [m], x)[0]
     ref = reference_matmul(m, x)
@@ -111,7 +111,7 @@ def test_extreme_blocks_do_not_overflow(library, qtype):
     m = QMatrix.from_array(qtype, raw.reshape(48, -1), cols)
     x = np.stack([np.full(cols, 3.0), np.full(cols, -3.0), np.tile([3.0, -3.0], cols // 2)] * 3).astype(np.float32)
     packed, plain = CKernels(threads=2, library=library, pack=True), CKernels(threads=2, library=library, pack=False)
-    assert packed.matmul_op([m])._keep[2][0] is not None
+    assert packed.packs(m)
     got, dots, ref = product(packed, [m], x)[0], product(plain, [m], x)[0], reference_matmul(m, x)
     scale = np.abs(ref).max()
     assert np.abs(got - dots).max() <= 1e-5 * scale  # the same activations
@@ -126,7 +126,7 @@ def test_float_panels_take_any_row_length(library, qtype, cols):
     rng = np.random.default_rng(cols)
     m = matrix(qtype, 16 * 2 + 1, cols, rng)
     packed, plain = CKernels(threads=2, library=library, pack=True), CKernels(threads=2, library=library, pack=False)
-    assert packed.matmul_op([m])._keep[2][0] is not None
+    assert packed.packs(m)
     x = rng.standard_normal((10, cols)).astype(np.float32)
     got, dots, ref = product(packed, [m], x)[0], product(plain, [m], x)[0], reference_matmul(m, x)
     assert np.abs(got - dots).max() <= 1e-5 * np.abs(ref).max()
@@ -154,12 +154,12 @@ def test_packing_can_be_turned_off(monkeypatch):
     """LOCALINFER_PACK=0 keeps every matrix as the file has it (for comparisons)."""
     m = random_qmatrix(Q.Q4_0, 32, 256, np.random.default_rng(0))
     monkeypatch.setenv("LOCALINFER_PACK", "0")
-    assert CKernels(threads=1).matmul_op([m])._keep[2] == [None]
+    assert not CKernels(threads=1).packs(m)
     monkeypatch.delenv("LOCALINFER_PACK")
-    assert CKernels(threads=1).matmul_op([m])._keep[2][0] is not None
+    assert CKernels(threads=1).packs(m)
 
 
 @pytest.mark.parametrize("qtype", [Q.Q4_K, *PACKED_MORE], ids=lambda t: t.name)
 def test_a_portable_build_packs_nothing(portable_library, qtype):
     m = matrix(qtype, 32, 256, np.random.default_rng(0))
-    assert CKernels(threads=1, library=portable_library).matmul_op([m])._keep[2] == [None]
+    assert not CKernels(threads=1, library=portable_library).packs(m)
