@@ -13,6 +13,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from hypothesis import settings
 
 from localinfer.backends.base import LoadParams
 from localinfer.backends.llamacpp import LlamaCppBackend
@@ -22,6 +23,10 @@ from localinfer.store.pull import local_path
 from localinfer.store.refs import resolve
 
 THREADS = 2
+
+# Property tests size their runs for CI (hypothesis's default of 100 examples is the scale);
+# `pytest --hypothesis-profile=long` tries three times as many cases (the long sweep).
+settings.register_profile("long", max_examples=300)
 
 
 @pytest.fixture(autouse=True)
