@@ -1,0 +1,59 @@
+"""Where one decode token's time goes in the native engine: the whole forward of one token
+against the same bound products alone (every layer's q/k/v, o, gate/up and down, and the
+lm_head, on one activation row). What is left is the norms, RoPE, attention, the residual
+and bias adds and the Python between them: the part that keeps decode from the measured
+bandwidth (bench/bandwidth.py) when the products themselves stream at it.
+
+    .venv/bin/python bench/decode_split.py --model ~/.cache/localinfer/bench-models/qwen2.5-1.5b-Q4_K_M.gguf [--threads 2]
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+from pathlib import Path
+
+import numpy as np
+
+from localinfer.backends.base import Batch, LoadParams
+from localinfer.backends.native import NativeBackend
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--model", type=Path, required=True)
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--rounds", type=int, default=60)
+    args = ap.parse_args()
+    backend = NativeBackend.load(args.model, LoadParams(n_ctx=args.rounds + 64, n_threads=args.threads))
+    model = backend.model
+    backend.forward(Batch.for_sequence(list(range(1, 9)), 0))  # a short prompt: the cache is not empty
+    ws = model.workspace(1)
+    x = np.random.default_rng(0).standard_normal((1, model.config.n_embd)).astype(np.float32)
+    logits = np.empty((1, model.weights.output.rows), np.float32)
+
+    def products() -> None:
+        for layer in range(len(model.qkv)):
+            model.qkv[layer](x, ws.qkv_out)
+            model.attn_out[layer](ws.attn, ws.o_out)
+            model.gate_up[layer](x, ws.gate_up_out)
+            model.down[layer](ws.gate, ws.o_out)
+        model.lm_head(x, (logits,))
+
+    # The two alternate, so that the memory's speed, which drifts on a shared machine, is the same for both.
+    times: list[tuple[float, float]] = []
+    for i in range(args.rounds):
+        t0 = time.perf_counter()
+        backend.forward(Batch.for_sequence([5], 8 + i))
+        t1 = time.perf_counter()
+        products()
+        times.append((t1 - t0, time.perf_counter() - t1))
+    forward, alone = (float(np.median(col)) * 1e3 for col in zip(*times))
+    backend.close()
+    rest = forward - alone
+    print(f"{args.model.name}, {args.threads} threads: a 1-token forward {forward:.2f} ms ({1e3 / forward:.1f} tokens/s), "
+          f"its products alone {alone:.2f} ms, the rest {rest:.2f} ms ({rest / forward * 100:.0f} %)")  # fmt: skip
+
+
+if __name__ == "__main__":
+    main()
