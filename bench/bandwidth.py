@@ -32,7 +32,6 @@ from localinfer.backends.devices import cpu_name, cpu_simd_flags  # noqa: E402
 from localinfer_native import KernelsUnavailable, membench  # noqa: E402
 
 
-
 class BandwidthError(Exception):
     """A measurement that cannot be made here: one line says why."""
 
@@ -62,8 +61,6 @@ def read_bandwidth(buf: np.ndarray, threads: int, reps: int = 1) -> tuple[float,
 def expected_checksum(n_words: int, reps: int) -> int:
     """The wrapping sum of arange(n_words) read `reps` times: the buffer measure() reads."""
     return (reps * (n_words * (n_words - 1) // 2)) % 2**64
-
-
 
 
 def l3_bytes() -> int | None:

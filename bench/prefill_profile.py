@@ -341,8 +341,6 @@ def measure_forward(backend, threads: list[int], n_tokens: int, rounds: int) -> 
 # -- the report ------------------------------------------------------------------------------
 
 
-
-
 def _thread_list(text: str) -> list[int]:
     try:
         threads = [int(t) for t in text.split(",") if t.strip()]

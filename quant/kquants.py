@@ -111,7 +111,6 @@ def _make_qkx2_quants(x: np.ndarray, w: np.ndarray, nmax: int, rmin: float, rdel
 
 def _make_qx_quants_rmse1(x: np.ndarray, nmax: int):
     """ggml's make_qx_quants(rmse_type=1, qw=NULL). x: [n, S]. Returns (scale[S], L[n, S] in 0..2*nmax-1)."""
-    S = x.shape[1]
     amax, mx = amax_signed(x)
     zero = amax < GROUP_MAX_EPS
     mx = np.where(zero, F32(1), mx)
@@ -145,7 +144,6 @@ def _make_qx_quants_rmse1(x: np.ndarray, nmax: int):
 
 def _make_q3_quants_rmse(x: np.ndarray, nmax: int):
     """ggml's make_q3_quants(do_rmse=true). x: [n, S]. Returns (scale[S], L[n, S] in 0..2*nmax-1)."""
-    S = x.shape[1]
     amax, mx = amax_signed(x)
     zero = amax < GROUP_MAX_EPS
     w = x * x
@@ -249,7 +247,7 @@ def quantize_q3_k(xt: np.ndarray) -> np.ndarray:
     nb = nsub // 16
     scales, L = _make_q3_quants_rmse(xt, 4)
     sc = scales.reshape(nb, 16)
-    amax, max_scale = amax_signed(sc.T)
+    _, max_scale = amax_signed(sc.T)
     has = max_scale != 0
     with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
         iscale = F32(-32) / np.where(has, max_scale, F32(1))

@@ -15,7 +15,6 @@ from __future__ import annotations
 import numpy as np
 import pytest
 from gguf import GGML_QUANT_SIZES, GGMLQuantizationType as Q
-from gguf.quants import quantize
 
 from localinfer_native.c_kernels import CKernels
 from localinfer_native.types import QMatrix
@@ -42,13 +41,6 @@ def library(request) -> str | None:
     return None if request.param == "installed" else str(request.getfixturevalue(f"{request.param}_library"))
 
 
-def matrix(qtype: Q, rows: int, cols: int, rng: np.random.Generator) -> QMatrix:
-    """random_qmatrix's blocks; BF16 from normal floats (random bytes would be NaNs and huge values)."""
-    if qtype == Q.BF16:
-        return QMatrix.from_array(qtype, quantize(rng.standard_normal((rows, cols), dtype=np.float32), qtype), cols)
-    return random_qmatrix(qtype, rows, cols, rng)
-
-
 def product(kernels: CKernels, mats, x: np.ndarray) -> list[np.ndarray]:
     outs = [np.empty((len(x), m.rows), np.float32) for m in mats]
     kernels.matmul_op(mats)(x, outs)
@@ -59,7 +51,7 @@ def product(kernels: CKernels, mats, x: np.ndarray) -> list[np.ndarray]:
 def test_packed_products_match_the_row_dots_and_the_reference(library, qtype):
     rng = np.random.default_rng(int(qtype))
     cols = 512
-    m = matrix(qtype, 16 * 3 + 5, cols, rng)  # three panels and five rows for the row dots
+    m = random_qmatrix(qtype, 16 * 3 + 5, cols, rng)  # three panels and five rows for the row dots
     packed, plain = CKernels(threads=2, library=library, pack=True), CKernels(threads=2, library=library, pack=False)
     assert packed.packs(m)  # the matrix really packs
     x = rng.standard_normal((19, cols)).astype(np.float32)
@@ -75,7 +67,7 @@ def test_packed_products_match_the_row_dots_and_the_reference(library, qtype):
 @pytest.mark.parametrize("qtype", PACKED + PACKED_MORE, ids=lambda t: t.name)
 def test_a_packed_row_never_depends_on_the_rows_beside_it(library, qtype):
     rng = np.random.default_rng(100 + int(qtype))
-    m = matrix(qtype, 16 * 2 + 3, 256, rng)
+    m = random_qmatrix(qtype, 16 * 2 + 3, 256, rng)
     kernels = CKernels(threads=2, library=library)
     x = rng.standard_normal((19, 256)).astype(np.float32)
     singles = np.concatenate([product(kernels, [m], x[j : j + 1])[0] for j in range(len(x))])
@@ -88,7 +80,7 @@ def test_a_matrix_of_many_rows_packs_like_an_output_head(library, qtype):
     """An lm_head's shape: thousands of rows, split between the threads in chunks of panels,
     the last rows with the row dots; still the row dots' results and independent of the batch."""
     rng = np.random.default_rng(200 + int(qtype))
-    m = matrix(qtype, 16 * 160 + 9, 256, rng)
+    m = random_qmatrix(qtype, 16 * 160 + 9, 256, rng)
     x = rng.standard_normal((11, 256)).astype(np.float32)
     packed, plain = CKernels(threads=2, library=library, pack=True), CKernels(threads=2, library=library, pack=False)
     got, dots = product(packed, [m], x)[0], product(plain, [m], x)[0]
@@ -124,7 +116,7 @@ def test_float_panels_take_any_row_length(library, qtype, cols):
     """A float panel's block is one column, so every k packs; the kernel walks columns in
     pairs (two accumulators a row), which leaves an odd k one column over."""
     rng = np.random.default_rng(cols)
-    m = matrix(qtype, 16 * 2 + 1, cols, rng)
+    m = random_qmatrix(qtype, 16 * 2 + 1, cols, rng)
     packed, plain = CKernels(threads=2, library=library, pack=True), CKernels(threads=2, library=library, pack=False)
     assert packed.packs(m)
     x = rng.standard_normal((10, cols)).astype(np.float32)
@@ -161,5 +153,5 @@ def test_packing_can_be_turned_off(monkeypatch):
 
 @pytest.mark.parametrize("qtype", [Q.Q4_K, *PACKED_MORE], ids=lambda t: t.name)
 def test_a_portable_build_packs_nothing(portable_library, qtype):
-    m = matrix(qtype, 32, 256, np.random.default_rng(0))
+    m = random_qmatrix(qtype, 32, 256, np.random.default_rng(0))
     assert not CKernels(threads=1, library=portable_library).packs(m)
