@@ -1,8 +1,11 @@
 """Where one decode token's time goes in the native engine: the whole forward of one token
 against the same bound products alone (every layer's q/k/v, o, gate/up and down, and the
-lm_head, on one activation row). What is left is the norms, RoPE, attention, the residual
-and bias adds and the Python between them: the part that keeps decode from the measured
-bandwidth (bench/bandwidth.py) when the products themselves stream at it.
+lm_head, on one activation row), and against a plain read of as many bytes as the products
+read (bench/bandwidth.py's kernel, on a buffer of that size). What is left after the
+products is the norms, RoPE, attention, the residual and bias adds and the Python between
+them. The three alternate, so that the memory's speed, which drifts on a shared machine by
+a quarter within minutes, is the same for all: the read's time over the forward's is the
+share of the measured read bandwidth that decode reaches.
 
     .venv/bin/python bench/decode_split.py --model ~/.cache/localinfer/bench-models/qwen2.5-1.5b-Q4_K_M.gguf [--threads 2]
 """
@@ -15,6 +18,7 @@ from pathlib import Path
 
 import numpy as np
 
+from bandwidth import read_bandwidth
 from localinfer.backends.base import Batch, LoadParams
 from localinfer.backends.native import NativeBackend
 
@@ -40,19 +44,25 @@ def main() -> None:
             model.down[layer](ws.gate, ws.o_out)
         model.lm_head(x, (logits,))
 
-    # The two alternate, so that the memory's speed, which drifts on a shared machine, is the same for both.
-    times: list[tuple[float, float]] = []
+    weights = model.weights
+    n_bytes = sum(m.nbytes for lw in weights.layers for m in (lw.wq, lw.wk, lw.wv, lw.wo, lw.w_gate, lw.w_up, lw.w_down)) + weights.output.nbytes
+    plain = np.arange(n_bytes // 8, dtype=np.uint64)  # touched: every page mapped before timing
+    times: list[tuple[float, float, float]] = []
     for i in range(args.rounds):
         t0 = time.perf_counter()
         backend.forward(Batch.for_sequence([5], 8 + i))
         t1 = time.perf_counter()
         products()
-        times.append((t1 - t0, time.perf_counter() - t1))
-    forward, alone = (float(np.median(col)) * 1e3 for col in zip(*times))
+        t2 = time.perf_counter()
+        read_bandwidth(plain, args.threads)
+        times.append((t1 - t0, t2 - t1, time.perf_counter() - t2))
+    forward, alone, read = (float(np.median(col)) * 1e3 for col in zip(*times))
     backend.close()
     rest = forward - alone
     print(f"{args.model.name}, {args.threads} threads: a 1-token forward {forward:.2f} ms ({1e3 / forward:.1f} tokens/s), "
-          f"its products alone {alone:.2f} ms, the rest {rest:.2f} ms ({rest / forward * 100:.0f} %)")  # fmt: skip
+          f"its products alone {alone:.2f} ms, the rest {rest:.2f} ms ({rest / forward * 100:.0f} %); "
+          f"a plain read of the products' {n_bytes / 1e9:.3f} GB {read:.2f} ms ({n_bytes / read / 1e6:.1f} GB/s): "
+          f"decode at {read / forward * 100:.0f} % of the read bandwidth")  # fmt: skip
 
 
 if __name__ == "__main__":

@@ -20,10 +20,10 @@ from pathlib import Path
 
 import numpy as np
 
-from localinfer_native import KernelsUnavailable, c_ops
-from localinfer_native.types import C_TYPES, MatmulOp, QMatrix
+from localinfer_native import KernelsUnavailable, c_decode, c_ops
+from localinfer_native.types import C_TYPES, DecodePlan, DecodeStep, MatmulOp, QMatrix
 
-ABI_VERSION = 3
+ABI_VERSION = 4
 MAX_MATS = 3
 _F32 = np.dtype(np.float32)
 _ERRORS = {1: "unsupported block type", 2: "row length not a multiple of the block size", 3: "bad arguments", 4: "out of memory"}
@@ -76,7 +76,7 @@ def _load(path: Path | None = None) -> ctypes.CDLL:
     if version != ABI_VERSION:
         raise KernelsUnavailable(f"{path.name} has ABI {version}, this localinfer needs {ABI_VERSION}; reinstall to rebuild it")
     lib.li_op_size.restype = ctypes.c_int
-    if lib.li_op_size() != ctypes.sizeof(_Op):
+    if lib.li_op_size() != ctypes.sizeof(_Op) or not c_decode.bind(lib):
         raise KernelsUnavailable(f"{path.name} was built with another op layout; reinstall to rebuild it")
     lib.li_build_info.restype = ctypes.c_char_p
     lib.li_build_info.argtypes = []
@@ -183,6 +183,13 @@ class CKernels(c_ops.COps):
             st.packed[i] = p.ctypes.data if p is not None else None
         return _make_op(self._lib.li_matmul_op, st, tuple(mats), panels, self._threads, k)
 
+    def decode_step(self, plan: DecodePlan) -> DecodeStep | None:
+        """li_decode over the plan's layers, whose products this set bound (else None)."""
+        structs = [[_struct_of(op) for op in (lw.qkv, lw.o, lw.gate_up, lw.down)] for lw in plan.layers]
+        if any(st is None for ops in structs for st in ops):
+            return None
+        return c_decode.make_step(self._lib, plan, structs, self._threads)
+
     def packs(self, m: QMatrix) -> bool:
         """Whether matmul_op repacks this matrix into panels of 16 interleaved rows (packed.c):
         this build packs its type, packing is on, and AMX does not run the type bit-exactly
@@ -238,6 +245,12 @@ def _drop_mapped_pages(data: np.ndarray) -> None:
     first, end = -(-start // page) * page, (start + data.nbytes) // page * page
     if end > first:
         base.madvise(mmap.MADV_DONTNEED, first, end - first)
+
+
+def _struct_of(op: MatmulOp) -> _Op | None:
+    """The li_op struct behind an op that _make_op made."""
+    keep = getattr(op, "_keep", None)
+    return keep[0] if keep and isinstance(keep[0], _Op) else None
 
 
 def _make_op(fn, st: _Op, mats: tuple[QMatrix, ...], panels: list, threads: ctypes.c_int32, k: int) -> MatmulOp:

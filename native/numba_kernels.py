@@ -24,7 +24,7 @@ import numpy as np
 
 from localinfer_native.numba_ir import BLOCK, BYTES, F16_NATIVE, FLOAT_TYPES, NUMBA_TYPES, matmul3, tag_dtype
 from localinfer_native.numba_ops import NumbaOps
-from localinfer_native.types import MatmulOp, QMatrix
+from localinfer_native.types import DecodePlan, MatmulOp, QMatrix
 
 
 _NO_OUT = np.empty((0, 0), np.float32)
@@ -62,6 +62,11 @@ class NumbaKernels(NumbaOps):
             layer = numba.config.THREADING_LAYER
         f16 = "f16c" if F16_NATIVE else "soft f16"
         return f"numba {numba.__version__} ({layer} threading layer, {f16}, {self._threads} threads)"
+
+    def decode_step(self, plan: DecodePlan) -> None:
+        """None: Numba's parallel regions are entered from Python, so a fused step would save
+        little; the forward calls the operations one by one."""
+        return None
 
     def _tagged(self, m: QMatrix) -> np.ndarray:
         if m.type not in self.supported_types:

@@ -86,6 +86,51 @@ class QMatrix:
 MatmulOp = Callable[..., None]
 
 
+@dataclass(frozen=True)
+class DecodeLayer:
+    """One llama-family layer as a fused decode step reads it: its bound products (made by
+    the same kernel set's matmul_op), its norms, and qwen2's q/k/v biases (None elsewhere)."""
+
+    qkv: MatmulOp
+    o: MatmulOp
+    gate_up: MatmulOp
+    down: MatmulOp
+    attn_norm: np.ndarray
+    ffn_norm: np.ndarray
+    q_bias: np.ndarray | None
+    k_bias: np.ndarray | None
+    v_bias: np.ndarray | None
+
+
+@dataclass(frozen=True)
+class DecodePlan:
+    """What a decode step binds once: the layers, the shapes, the RoPE tables (as `rope`
+    takes them), the KV cache's types and positions, and one-row float32 buffers that the
+    step writes (h [n_embd], q [n_head * hd], k and v [n_head_kv * hd], attn, o [n_embd],
+    gate and up [n_ff])."""
+
+    layers: Sequence[DecodeLayer]
+    n_head: int
+    n_head_kv: int
+    head_dim: int
+    eps: float
+    scale: float
+    cos: np.ndarray
+    sin: np.ndarray
+    neox: bool
+    kv_types: tuple[str, str]
+    n_ctx: int
+    buffers: dict[str, np.ndarray]
+
+
+# step(x, position, keys, values): one token through every layer, in place on x (float32
+# [1, n_embd]: its embedding in, the last layer's output out), storing its keys and values
+# at `position` of one sequence's cache (uint8 [n_layer, n_head_kv, n_ctx, row bytes]). The
+# result equals the per-operation calls' bit for bit (rms_norm, the products with n_fast = 0,
+# bias adds, rope, attention, swiglu, residual adds, in the forward's order).
+DecodeStep = Callable[[np.ndarray, int, np.ndarray, np.ndarray], None]
+
+
 class Kernels(Protocol):
     """A kernel set: products over quantized weights, and the small per-token operations
     of a layer. `matmul_op` binds matrices once, so the per-token call stays cheap.
@@ -130,4 +175,9 @@ class Kernels(Protocol):
 
     def swiglu(self, gate: np.ndarray, up: np.ndarray) -> None:
         """gate = silu(gate) * up, in place."""
+        ...
+
+    def decode_step(self, plan: DecodePlan) -> DecodeStep | None:
+        """A step that runs a decode token through every layer in one call, or None where
+        this set has none (the forward then calls the operations one by one)."""
         ...

@@ -307,6 +307,31 @@ void li_vec_dot_q6_K_q8_K(int64_t k, float *s, const void *w, const void *y);
 /* legacy.c */
 void li_quantize_row_q8_0(const float *x, void *y, int64_t k);
 
+/* matmul.c: an op binds 1-3 matrices sharing k (q/k/v, gate/up) once, in c_kernels.py, so
+ * each call passes only the activation and output pointers (ctypes converts few arguments,
+ * cheaply). The thread count is read through a pointer the kernel set owns, so set_threads
+ * reaches ops that are already bound. */
+#define LI_MAXMAT 3
+typedef struct {
+    int32_t nmat;
+    int32_t types[LI_MAXMAT];
+    const void *w[LI_MAXMAT];
+    const void *packed[LI_MAXMAT]; /* li_pack's panels of w, or 0 */
+    int64_t rows[LI_MAXMAT];
+    int64_t k;
+    const int32_t *nthreads;
+} li_op;
+int li_matmul_op(const li_op *op, const float *x, int n, float *y0, float *y1, float *y2, int n_fast);
+
+/* ops.c: a layer's small operations */
+void li_rms_norm(const float *x, const float *w, float *out, int64_t n, int64_t d, float eps);
+void li_rope(float *x, int64_t n, int64_t heads, int64_t head_dim, const int32_t *pos, const float *cos_t,
+             const float *sin_t, int64_t dims, int neox);
+void li_swiglu(float *gate, const float *up, int64_t n, int nthreads);
+int li_attention(const float *q, const float *k_new, const float *v_new, uint8_t *keys, uint8_t *values, int type_k,
+                 int type_v, int64_t rot_k, int64_t rot_v, const int32_t *pos, float *out, int64_t m, int64_t n_head,
+                 int64_t n_head_kv, int64_t hd, int64_t n_ctx, float scale, int nthreads);
+
 /* kvcache.c: the KV cache's rows in f16, q8_0 or q4_0 (LI_F16, LI_Q8_0, LI_Q4_0) */
 #define LI_KV_MAX_HD 512
 int64_t li_kv_row_bytes(int type, int64_t hd); /* -1: not a cache type, or hd not a multiple of 32 */

@@ -18,8 +18,7 @@
 #include <omp.h>
 #endif
 
-#define LI_ABI_VERSION 3
-#define LI_MAXMAT 3
+#define LI_ABI_VERSION 4
 
 /* ---- legacy.c --------------------------------------------------------------------- */
 typedef struct {
@@ -428,20 +427,7 @@ int li_matmul(int nmat, const int *types, const void *const *w, const void *cons
     return 0;
 }
 
-/* The per-token entry: a bound op built once by c_kernels.py, so each call passes only
- * the activation and output pointers (ctypes converts few arguments, cheaply). The
- * thread count is read through a pointer the kernel set owns, so set_threads reaches
- * ops that are already bound. */
-typedef struct {
-    int32_t nmat;
-    int32_t types[LI_MAXMAT];
-    const void *w[LI_MAXMAT];
-    const void *packed[LI_MAXMAT]; /* li_pack's panels of w, or 0 */
-    int64_t rows[LI_MAXMAT];
-    int64_t k;
-    const int32_t *nthreads;
-} li_op;
-
+/* li_op (kernels.h): the per-token entry, bound once by c_kernels.py. */
 int li_op_size(void) { return (int)sizeof(li_op); }
 
 int li_matmul_op(const li_op *op, const float *x, int n, float *y0, float *y1, float *y2, int n_fast) {

@@ -54,7 +54,7 @@ class NativeBackend(LlamaTokenized, Backend):
             self.weights.close()
             raise
         self.cache = KVCache(config, params.n_ctx, params.n_seq_max, native_cache_types(params.cache_types, config.head_dim))
-        self.model = Transformer(config, self.weights, self.kernels, params.n_ctx)  # compiles or loads kernels
+        self.model = Transformer(config, self.weights, self.kernels, self.cache)  # compiles or loads kernels
         # Code, vocabulary and compiled kernels are fixed costs; from here on, what the
         # model's use adds: KV cache pages and activations.
         self._rss_at_start = anon_rss_bytes()
@@ -97,7 +97,7 @@ class NativeBackend(LlamaTokenized, Backend):
         for start in range(0, len(batch), self._n_batch):
             end = start + self._n_batch
             out.append(
-                self.model.forward(batch.tokens[start:end], batch.positions[start:end], batch.seq_ids[start:end], batch.want_logits[start:end], self.cache, hidden)
+                self.model.forward(batch.tokens[start:end], batch.positions[start:end], batch.seq_ids[start:end], batch.want_logits[start:end], hidden)
             )
         return out[0] if len(out) == 1 else np.concatenate(out)
 

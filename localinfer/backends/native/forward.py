@@ -4,7 +4,9 @@ Every step is a kernel call (C or Numba, the same protocol): products over the q
 weights, and the small per-token operations (RMSNorm, RoPE, attention, SwiGLU), which
 cost more than the products when numpy runs them as a dozen calls each. A batch may hold
 tokens of several sequences at any positions: products run over all rows at once,
-attention runs per sequence against that sequence's cache.
+attention runs per sequence against that sequence's cache. A decode token (one row that
+wants logits) runs through the kernel set's fused decode step where it has one: the same
+operations in the same order, every layer in one call.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ from localinfer.backends.native.config import ModelConfig
 from localinfer.backends.native.kvcache import KVCache
 from localinfer.backends.native.weights import Weights
 from localinfer_native import Kernels
+from localinfer_native.types import DecodeLayer, DecodePlan
 
 
 class Rope:
@@ -61,9 +64,9 @@ class Workspace:
 
 
 class Transformer:
-    def __init__(self, config: ModelConfig, weights: Weights, kernels: Kernels, n_ctx: int) -> None:
-        self.config, self.weights, self.kernels = config, weights, kernels
-        self.rope = Rope(config, n_ctx, weights.rope_freq_factors)
+    def __init__(self, config: ModelConfig, weights: Weights, kernels: Kernels, cache: KVCache) -> None:
+        self.config, self.weights, self.kernels, self.cache = config, weights, kernels, cache
+        self.rope = Rope(config, cache.n_ctx, weights.rope_freq_factors)
         # Bind every product once: q/k/v and gate/up each run as one fused kernel call.
         self.qkv = [kernels.matmul_op([lw.wq, lw.wk, lw.wv]) for lw in weights.layers]
         self.attn_out = [kernels.matmul_op([lw.wo]) for lw in weights.layers]
@@ -73,6 +76,17 @@ class Transformer:
         self.scale = 1.0 / np.sqrt(config.head_dim)
         self.peak_activation_bytes = 0  # the largest working set of one forward call so far
         self._workspaces: dict[int, Workspace] = {}
+        self.decode_step = kernels.decode_step(self._decode_plan())  # None: the operations one by one
+
+    def _decode_plan(self) -> DecodePlan:
+        """Every layer and shape a fused decode step binds, with buffers of its own."""
+        c, rope, ws = self.config, self.rope, Workspace(self.config, 1)
+        layers = [
+            DecodeLayer(self.qkv[i], self.attn_out[i], self.gate_up[i], self.down[i], lw.attn_norm, lw.ffn_norm, lw.q_bias, lw.k_bias, lw.v_bias)
+            for i, lw in enumerate(self.weights.layers)
+        ]  # fmt: skip
+        buffers = {name: getattr(ws, name) for name in ("h", "q", "k", "v", "attn", "o", "gate", "up")}
+        return DecodePlan(layers, c.n_head, c.n_head_kv, c.head_dim, c.norm_eps, self.scale, rope.cos, rope.sin, rope.neox, self.cache.types, self.cache.n_ctx, buffers)
 
     def workspace(self, n: int) -> Workspace:
         ws = self._workspaces.get(n)
@@ -92,9 +106,35 @@ class Transformer:
         emb = self.weights.token_embd
         return dequantize(emb.data[tokens], emb.type).reshape(len(tokens), emb.cols).astype(np.float32, copy=False)
 
-    def forward(self, tokens: np.ndarray, positions: np.ndarray, seq_ids: np.ndarray, want: np.ndarray, cache: KVCache, hidden: bool = False) -> np.ndarray:
+    def forward(self, tokens: np.ndarray, positions: np.ndarray, seq_ids: np.ndarray, want: np.ndarray, hidden: bool = False) -> np.ndarray:
         """Run n tokens through every layer; returns logits [n_wanted, n_vocab], or with
         `hidden` the final-norm hidden states [n_wanted, n_embd] (for embeddings)."""
+        if len(tokens) == 1 and want[0] and self.decode_step is not None:
+            x = self._decode(int(tokens[0]), int(positions[0]), int(seq_ids[0]))
+        else:
+            x = self._layers(tokens, positions, seq_ids, want)
+        out = np.empty_like(x)
+        self.kernels.rms_norm(x, self.weights.output_norm, self.config.norm_eps, out)
+        if hidden:
+            return out
+        logits = np.empty((len(out), self.weights.output.rows), np.float32)
+        if len(out):
+            self.lm_head(out, (logits,))
+        return logits
+
+    def _decode(self, token: int, position: int, seq: int) -> np.ndarray:
+        """One token of one sequence whose logits are wanted: the fused step, all layers in one call."""
+        cache = self.cache
+        cache.reserve(seq, np.array([position]))
+        self._note_activations(1, position + 1, 1)
+        x = self.embed(np.array([token]))
+        keys, values = cache.sequence(seq)
+        self.decode_step(x, position, keys, values)
+        return x
+
+    def _layers(self, tokens: np.ndarray, positions: np.ndarray, seq_ids: np.ndarray, want: np.ndarray) -> np.ndarray:
+        """Every layer, one operation at a time; returns the last layer's output for the rows
+        that want logits [n_wanted, n_embd], in their order."""
         # Rows whose logits nobody reads (prompt rows) go first and may take the kernels'
         # fast path (n_fast), which rounds differently; every row that makes logits takes
         # the row-by-row path, so a speculative verify still equals decoding bit for bit.
@@ -103,7 +143,7 @@ class Transformer:
         if n_fast and want[:n_fast].any():
             order = np.argsort(want, kind="stable")
             tokens, positions, seq_ids, want = tokens[order], positions[order], seq_ids[order], want[order]
-        c = self.config
+        c, cache = self.config, self.cache
         n = len(tokens)
         seqs = np.unique(seq_ids)
         groups = [(int(seqs[0]), None)] if len(seqs) == 1 else [(int(s), np.flatnonzero(seq_ids == s)) for s in seqs]
@@ -143,13 +183,4 @@ class Transformer:
             k_ops.swiglu(ws.gate, ws.up)
             self.down[layer](ws.gate, ws.o_out, n_fast)
             x += ws.o
-
-        final = x if want.all() else np.ascontiguousarray(x[want])
-        out = np.empty_like(final)
-        k_ops.rms_norm(final, self.weights.output_norm, eps, out)
-        if hidden:
-            return out
-        logits = np.empty((len(out), self.weights.output.rows), np.float32)
-        if len(out):
-            self.lm_head(out, (logits,))
-        return logits
+        return x if want.all() else np.ascontiguousarray(x[want])

@@ -1,0 +1,76 @@
+/* One decode token through every layer, in one call.
+ *
+ * A decode step is one activation row. Its products stream the weights at the memory's
+ * speed; what keeps it from the bandwidth is the rest: about fifteen small operations per
+ * layer (norms, RoPE, attention, residual and bias adds), each a Python-level call of a
+ * few microseconds when the forward pass runs them one by one. Here they run back to back
+ * in C, through the same functions in the same order as forward.py's per-operation path,
+ * so the logits are bit for bit the same (tests/native/test_decode_step.py holds them).
+ * Llama-family layers only: forward.py takes this path where li_decoder describes the
+ * model, and the per-operation path otherwise.
+ */
+#include <stdint.h>
+
+#include "kernels.h"
+
+/* One layer's weights: its bound products, norms and (qwen2's) q/k/v biases. */
+typedef struct {
+    const li_op *qkv, *o, *gate_up, *down;
+    const float *attn_norm, *ffn_norm;
+    const float *q_bias, *k_bias, *v_bias; /* 0 where the model has none */
+} li_layer;
+
+/* The model's shapes, its RoPE tables, its KV cache's types and the one-row buffers. */
+typedef struct {
+    int64_t n_layer, n_embd, n_head, n_head_kv, hd, n_ff, n_ctx, rope_dims;
+    int32_t neox, type_k, type_v;
+    int64_t rot_k, rot_v;
+    float eps, scale;
+    const float *cos_t, *sin_t;
+    const li_layer *layers;
+    float *h, *q, *k, *v, *attn, *o, *gate, *up;
+    const int32_t *nthreads;
+} li_decoder;
+
+int li_decoder_size(void) { return (int)sizeof(li_decoder); }
+int li_layer_size(void) { return (int)sizeof(li_layer); }
+
+static void add_into(float *x, const float *y, int64_t n) {
+    for (int64_t i = 0; i < n; i++) x[i] += y[i];
+}
+
+/* x [n_embd]: the token's embedding in, the last layer's output out. keys/values: one
+ * sequence's cache, [n_layer, n_head_kv, n_ctx] rows of the cache's types. 0, or the
+ * first error code of the operations (li_matmul's, li_attention's). */
+int li_decode(const li_decoder *d, float *x, int32_t pos, uint8_t *keys, uint8_t *values) {
+    const int64_t q_dim = d->n_head * d->hd, kv_dim = d->n_head_kv * d->hd;
+    const int64_t kb = li_kv_row_bytes(d->type_k, d->hd), vb = li_kv_row_bytes(d->type_v, d->hd);
+    if (kb < 0 || vb < 0 || pos < 0 || pos >= d->n_ctx) return 3;
+    const int threads = d->nthreads ? *d->nthreads : 1;
+    for (int64_t l = 0; l < d->n_layer; l++) {
+        const li_layer *w = d->layers + l;
+        li_rms_norm(x, w->attn_norm, d->h, 1, d->n_embd, d->eps);
+        int rc = li_matmul_op(w->qkv, d->h, 1, d->q, d->k, d->v, 0);
+        if (rc) return rc;
+        if (w->q_bias) {
+            add_into(d->q, w->q_bias, q_dim);
+            add_into(d->k, w->k_bias, kv_dim);
+            add_into(d->v, w->v_bias, kv_dim);
+        }
+        li_rope(d->q, 1, d->n_head, d->hd, &pos, d->cos_t, d->sin_t, d->rope_dims, d->neox);
+        li_rope(d->k, 1, d->n_head_kv, d->hd, &pos, d->cos_t, d->sin_t, d->rope_dims, d->neox);
+        rc = li_attention(d->q, d->k, d->v, keys + l * d->n_head_kv * d->n_ctx * kb,
+                          values + l * d->n_head_kv * d->n_ctx * vb, d->type_k, d->type_v, d->rot_k, d->rot_v, &pos,
+                          d->attn, 1, d->n_head, d->n_head_kv, d->hd, d->n_ctx, d->scale, threads);
+        if (rc) return rc;
+        if ((rc = li_matmul_op(w->o, d->attn, 1, d->o, 0, 0, 0))) return rc;
+        add_into(x, d->o, d->n_embd);
+
+        li_rms_norm(x, w->ffn_norm, d->h, 1, d->n_embd, d->eps);
+        if ((rc = li_matmul_op(w->gate_up, d->h, 1, d->gate, d->up, 0, 0))) return rc;
+        li_swiglu(d->gate, d->up, d->n_ff, threads);
+        if ((rc = li_matmul_op(w->down, d->gate, 1, d->o, 0, 0, 0))) return rc;
+        add_into(x, d->o, d->n_embd);
+    }
+    return 0;
+}

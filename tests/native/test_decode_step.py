@@ -1,0 +1,71 @@
+"""The C set's fused decode step (native/c/decode.c) against the forward's own
+one-operation-at-a-time path, on the same weights: the logits of every decode token must be
+the same bit for bit, for the embedded llama model (f16 and quantized KV caches) and for a
+tiny qwen2 (q/k/v biases, NeoX RoPE, grouped kv heads)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from localinfer.backends.native.config import ModelConfig
+from localinfer.backends.native.forward import Transformer
+from localinfer.backends.native.kvcache import KVCache
+from localinfer.backends.native.weights import Weights
+from localinfer.modelfile import inspect
+from localinfer_native.c_kernels import CKernels
+from localinfer_native.types import DecodePlan
+
+from ..conftest import THREADS
+from .test_architectures import tiny_model, vocabulary
+
+__all__ = ["vocabulary"]  # the fixture tiny_model's vocabulary comes from
+
+
+class PerOperation(CKernels):
+    """The C set without its fused step, so the forward calls each operation itself."""
+
+    def decode_step(self, plan: DecodePlan) -> None:
+        return None
+
+
+def greedy_logits(path: Path, kernels: CKernels, cache_types: tuple[str, str], prompt: list[int], steps: int) -> tuple[list[np.ndarray], bool]:
+    """The logits of `steps` greedy decode tokens after `prompt`, and whether the fused step ran them."""
+    info = inspect(path)
+    config = ModelConfig.from_gguf(info)
+    weights = Weights.open(path, info, config, kernels)
+    model = Transformer(config, weights, kernels, KVCache(config, 64, 1, cache_types))
+    try:
+        n = len(prompt)
+        want = np.zeros(n, bool)
+        want[-1] = True
+        logits = model.forward(np.array(prompt), np.arange(n, dtype=np.int32), np.zeros(n, np.int32), want)
+        out = []
+        for i in range(steps):
+            token = int(logits[0].argmax())
+            logits = model.forward(np.array([token]), np.array([n + i], np.int32), np.zeros(1, np.int32), np.ones(1, bool))
+            out.append(logits.copy())
+        return out, model.decode_step is not None
+    finally:
+        weights.close()
+
+
+def assert_same_decode(path: Path, cache_types: tuple[str, str]) -> None:
+    prompt = [1, 504, 3458, 282, 4649, 314, 253, 1789, 28, 1041]
+    fused, ran_fused = greedy_logits(path, CKernels(THREADS), cache_types, prompt, 8)
+    per_op, ran_per_op = greedy_logits(path, PerOperation(THREADS), cache_types, prompt, 8)
+    assert ran_fused and not ran_per_op
+    for step, (a, b) in enumerate(zip(fused, per_op)):
+        assert np.array_equal(a, b), f"decode token {step}: the fused step's logits differ by up to {np.abs(a - b).max()}"
+
+
+@pytest.mark.parametrize("cache_types", [("f16", "f16"), ("q8_0", "q4_0")])
+def test_fused_decode_equals_the_operations_on_the_embedded_model(model_path: Path, cache_types: tuple[str, str]) -> None:
+    assert_same_decode(model_path, cache_types)
+
+
+def test_fused_decode_equals_the_operations_on_qwen2_with_biases(vocabulary, tmp_path: Path) -> None:
+    path = tiny_model(tmp_path / "qwen2.gguf", "qwen2", vocabulary, 4, 2, np.random.default_rng(3))
+    assert_same_decode(path, ("f16", "f16"))
