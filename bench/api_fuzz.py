@@ -25,7 +25,7 @@ from tests.server.test_serve import Server  # noqa: E402
 CHECKS = "not_a_server_error,status_code_conformance,content_type_conformance,response_schema_conformance,response_headers_conformance"
 KEY = "sk-local-test-key"
 # A short context bounds each generated request's answer (max_tokens may be anything).
-SERVE = ("--ctx", "256", "--parallel", "2", "--draft", "none")
+SERVE = ("--ctx", "64", "--parallel", "2", "--draft", "none")
 
 
 def schemathesis(url: str, name: str, max_examples: int, report_dir: Path, seed: int, header: str | None) -> int:

@@ -1204,19 +1204,17 @@ def attention_f16_parallel(q, keys, values, pos, out, scale, group):  # pragma: 
 # The kernel lives in this file, beside the IR it inlines: Numba's cache is keyed to the
 # source file of the jitted function, so an edit to the IR must invalidate it too.
 @njit(parallel=True, cache=True)
-def matmul3(w1, w2, w3, x, o1, o2, o3, cols):  # pragma: no cover - jitted
+def matmul(w, x, o, cols):  # pragma: no cover - jitted
+    """o = x @ w.T for one matrix: every row of x against every row of w, in one parallel
+    region over w's rows. One specialization per block type (and path)."""
     n = x.shape[0]
     if x.shape[1] != cols:
         raise ValueError("x has the wrong number of columns")
-    r1 = w1.shape[0]
-    r12 = r1 + w2.shape[0]
-    total = r12 + w3.shape[0]
-    if (o1.shape[0] != n or o1.shape[1] != w1.shape[0]) or (w2.shape[0] > 0 and (o2.shape[0] != n or o2.shape[1] != w2.shape[0])) \
-            or (w3.shape[0] > 0 and (o3.shape[0] != n or o3.shape[1] != w3.shape[0])):
-        raise ValueError("an output has the wrong shape")
+    if o.shape[0] != n or o.shape[1] != w.shape[0]:
+        raise ValueError("the output has the wrong shape")
     # Sums of x over each run of 16 and 32 values (for the float path's block offsets and
     # minimums; the int8 paths have their own, in integers).
-    xsum = uses_xsums(w1) or (w2.shape[0] > 0 and uses_xsums(w2)) or (w3.shape[0] > 0 and uses_xsums(w3))
+    xsum = uses_xsums(w)
     xs16 = np.empty((n if xsum else 0, cols // 16), np.float32)
     xs32 = np.empty((n if xsum else 0, cols // 32), np.float32)
     for j in range(n if xsum else 0):
@@ -1228,27 +1226,22 @@ def matmul3(w1, w2, w3, x, o1, o2, o3, cols):  # pragma: no cover - jitted
         for k in range(cols // 32):
             xs32[j, k] = xs16[j, 2 * k] + xs16[j, 2 * k + 1]
     # x in int8 per 32 values, for the types whose rows take the int8 path.
-    q8 = uses_int8(w1) or (w2.shape[0] > 0 and uses_int8(w2)) or (w3.shape[0] > 0 and uses_int8(w3))
+    q8 = uses_int8(w)
     xq = np.empty((n, cols if q8 else 0), np.int8)
     xqd = np.empty((n, cols // 8 if q8 else 0), np.float32)
     if q8:
         for j in range(n):
             quantize_row(x, j, xq, xqd)
     # x in int8 per 256 values (Q8_K: d, q, sums of q per 16), for the K-quants' int8 path.
-    qk = uses_q8k(w1) or (w2.shape[0] > 0 and uses_q8k(w2)) or (w3.shape[0] > 0 and uses_q8k(w3))
+    qk = uses_q8k(w)
     xk = np.empty((n, cols if qk else 0), np.int8)
     xkd = np.empty((n, cols // 256 if qk else 0), np.float32)
     xkb = np.empty((n, cols // 16 if qk else 0), np.int16)
     if qk:
         for j in range(n):
             quantize_row_k(x, j, xk, xkd, xkb)
-    for r in prange(total):
-        if r < r1:
-            _rows(w1, r, x, xs16, xs32, xq, xqd, xk, xkd, xkb, o1)
-        elif r < r12:
-            _rows(w2, r - r1, x, xs16, xs32, xq, xqd, xk, xkd, xkb, o2)
-        else:
-            _rows(w3, r - r12, x, xs16, xs32, xq, xqd, xk, xkd, xkb, o3)
+    for r in prange(w.shape[0]):
+        _rows(w, r, x, xs16, xs32, xq, xqd, xk, xkd, xkb, o)
 
 
 @njit(cache=True)
@@ -1290,5 +1283,5 @@ class _TagCache(FunctionCache):
         return (*super()._index_key(sig, codegen), _TAG_NUMBERING)
 
 
-for _kernel in (matmul3, _rows):
+for _kernel in (matmul, _rows):
     _kernel._cache = _TagCache(_kernel.py_func)

@@ -1,17 +1,16 @@
 """The Numba kernel set: products of GGUF weight blocks (read in place) with float32 rows.
 
-One jitted kernel, `matmul3`, does every op: up to three matrices sharing `cols` (fused
-q/k/v, gate/up) in one parallel region over all their rows; for each weight row, every
-activation row (n = 1 decode, n > 1 prefill), up to eight of them in one pass that unpacks
-each block once. The row dot products themselves are LLVM vector IR (`numba_ir.rowdot`,
-`rowdot4`, `rowdot8`), one specialization per block type.
+One jitted kernel, `matmul`, does every product: one matrix in one parallel region over
+its rows; for each weight row, every activation row (n = 1 decode, n > 1 prefill), up to
+eight of them in one pass that unpacks each block once. A fused op (q/k/v, gate/up) calls
+it once per matrix. The row dot products themselves are LLVM vector IR
+(`numba_ir.rowdot`, `rowdot4`, `rowdot8`), one specialization per block type.
 
 Each weight array is viewed (for free) as a one-byte record dtype that names its block
-type, so `matmul3` is compiled per combination of types, lazily (a model holds a few),
-and `cache=True` makes the next start load it from disk instead of compiling. To keep the
-number of combinations small, `matmul_op` puts the matrices in a canonical slot order
-(sorted by type, missing slots padded with empty matrices of the last slot's type), so
-all single-type ops of a type share one compiled kernel.
+type, so `matmul` is compiled once per type, lazily, and `cache=True` makes the next start
+load it from disk instead of compiling. (A kernel over three matrices in one region was
+compiled per combination of types instead: a Q4_K_M or IQ4_XS file mixes four or five
+types in its fused ops, and a fresh install spent minutes compiling them.)
 """
 
 from __future__ import annotations
@@ -22,12 +21,9 @@ from collections.abc import Sequence
 import numba
 import numpy as np
 
-from localinfer_native.numba_ir import BLOCK, BYTES, F16_NATIVE, FLOAT_TYPES, NUMBA_TYPES, matmul3, tag_dtype
+from localinfer_native.numba_ir import BLOCK, BYTES, F16_NATIVE, FLOAT_TYPES, NUMBA_TYPES, matmul, tag_dtype
 from localinfer_native.numba_ops import NumbaOps
 from localinfer_native.types import DecodePlan, MatmulOp, QMatrix
-
-
-_NO_OUT = np.empty((0, 0), np.float32)
 
 
 class NumbaKernels(NumbaOps):
@@ -43,7 +39,6 @@ class NumbaKernels(NumbaOps):
         self._threads = numba.get_num_threads()
         # Numba's thread count is per calling thread: remember which threads have ours.
         self._ready: set[int] = set()
-        self._empty: dict = {}
         self.warm_up()  # the layer ops: compiled or loaded from cache now, not on the first token
 
     def set_threads(self, n: int) -> None:
@@ -82,12 +77,6 @@ class NumbaKernels(NumbaOps):
             raise ValueError(f"{m.type.name} weights must be uint8 [{m.rows}, {row_bytes}] C-contiguous, got {data.dtype} {data.shape}")
         return data.view(tag_dtype(m.type, self._float_path))
 
-    def _empty_of(self, w: np.ndarray) -> np.ndarray:
-        e = self._empty.get(w.dtype)
-        if e is None:
-            e = self._empty[w.dtype] = np.empty((0, 1), w.dtype)
-        return e
-
     def matmul_op(self, mats: Sequence[QMatrix]) -> MatmulOp:
         mats = list(mats)
         if not 1 <= len(mats) <= 3:
@@ -96,34 +85,23 @@ class NumbaKernels(NumbaOps):
         if cols <= 0 or any(m.cols != cols for m in mats):
             raise ValueError("fused matrices must share a positive number of columns")
         ws = [self._tagged(m) for m in mats]
-        # Canonical slots: sorted by type; pad with empty matrices of the last slot's type.
-        order = sorted(range(len(mats)), key=lambda i: int(mats[i].type))
-        slots = [ws[i] for i in order]
-        slots += [self._empty_of(slots[-1])] * (3 - len(slots))
-        w1, w2, w3 = slots
-        # Compile (or load from the cache) now rather than in the first token: an empty batch.
-        outs0 = [np.empty((0, m.rows), np.float32) for m in mats]
-        o0 = [outs0[i] for i in order] + [_NO_OUT] * (3 - len(mats))
-        matmul3(w1, w2, w3, np.empty((0, cols), np.float32), o0[0], o0[1], o0[2], cols)
+        for w, m in zip(ws, mats):  # compile (or load from the cache) now, not in the first token: an empty batch
+            matmul(w, np.empty((0, cols), np.float32), np.empty((0, m.rows), np.float32), cols)
 
-        kern, ready, get_ident, apply_threads, none = matmul3, self._ready, threading.get_ident, self._apply_threads, _NO_OUT
+        kern, ready, get_ident, apply_threads = matmul, self._ready, threading.get_ident, self._apply_threads
         if len(mats) == 1:
-            def op(x, outs, n_fast=0):
-                if get_ident() not in ready:
-                    apply_threads()
-                kern(w1, w2, w3, x, outs[0], none, none, cols)
-        elif len(mats) == 2:
-            a, b = order
+            (w1,) = ws
 
             def op(x, outs, n_fast=0):
                 if get_ident() not in ready:
                     apply_threads()
-                kern(w1, w2, w3, x, outs[a], outs[b], none, cols)
+                kern(w1, x, outs[0], cols)
         else:
-            a, b, c = order
-
             def op(x, outs, n_fast=0):
                 if get_ident() not in ready:
                     apply_threads()
-                kern(w1, w2, w3, x, outs[a], outs[b], outs[c], cols)
+                if len(outs) != len(ws):
+                    raise ValueError(f"this op writes {len(ws)} outputs, got {len(outs)}")
+                for w, o in zip(ws, outs):
+                    kern(w, x, o, cols)
         return op

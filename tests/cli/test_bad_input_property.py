@@ -132,7 +132,7 @@ def run_parts(files: dict[str, str]) -> Parts:
         "--engine": (["llama.cpp", "native"], ["vllm", ""]), "--kernels": (["auto", "c", "numba"], ["avx9"]),
         "--system": (TEXTS, []), "--raw": FLAG, "--json": FLAG, "--verbose": FLAG,
         "model": (["", "smollm2:135m", files["model"]], REFS + sorted(v for k, v in files.items() if k != "model")),
-        "prompt": (TEXTS, [""]),
+        "prompt": ([text for text in TEXTS if text], [""]),  # no prompt at all is an error
     }  # fmt: skip
 
 
@@ -177,21 +177,34 @@ def clear_outputs(files: dict[str, str]) -> None:
 
 
 def each_value_once(parts: Parts, always: tuple[str, ...]) -> list[list[str]]:
-    """A baseline of the first good values, then every value of every part in turn:
-    hypothesis explores combinations, this makes sure no single value is never tried."""
+    """Every value of every part at least once (hypothesis explores combinations; this makes
+    sure no single value is never tried). Good values go together: case i gives every part
+    its i-th good value (the first once a part has run out; flags from case 1 on), so a
+    part with 13 good values costs 13 cases, not 13 more runs per part. Each bad value then
+    meets the first good values of the rest, alone, so the error is its own."""
     required = [*always, *(name for name in parts if not name.startswith("-"))]
-    cases = []
+    good_rounds = max(len(good) for good, bad in parts.values() if (good, bad) != FLAG)
+    choices: list[dict[str, str | None]] = []
+    for i in range(good_rounds):
+        chosen = {name: good[i] for name, (good, bad) in parts.items() if (good, bad) != FLAG and i < len(good)}
+        chosen |= {name: None for name, part in parts.items() if part == FLAG and (i > 0 or name in required)}
+        chosen |= {name: parts[name][0][0] for name in required if name not in chosen}
+        choices.append(chosen)
     for name, (good, bad) in parts.items():
-        values = [None] if (good, bad) == FLAG else good + bad
-        for value in values:
-            chosen = {n: parts[n][0][0] if parts[n] != FLAG else None for n in required}
+        for value in bad:
+            chosen = {n: None if parts[n] == FLAG else parts[n][0][0] for n in required}
             chosen[name] = value
-            args: list[str] = []
-            for n in [*(k for k in chosen if k.startswith("-")), *(k for k in chosen if not k.startswith("-"))]:
-                v = chosen[n]
-                args += [n] if v is None else ([n, v] if n.startswith("-") else ([v] if v != "" else []))
-            cases.append(args)
-    return cases
+            choices.append(chosen)
+    return [arguments(chosen) for chosen in choices]
+
+
+def arguments(chosen: dict[str, str | None]) -> list[str]:
+    """Options first (a None value: a flag), then the positional arguments ('' leaves one out)."""
+    args: list[str] = []
+    for name, value in chosen.items():
+        if name.startswith("-"):
+            args += [name] if value is None else [name, value]
+    return args + [value for name, value in chosen.items() if not name.startswith("-") and value]
 
 
 @pytest.mark.parametrize("command", sorted(COMMANDS))
