@@ -143,7 +143,7 @@ class Kernels(Protocol):
     def set_threads(self, n: int) -> None: ...
 
     def matmul_op(self, mats: Sequence[QMatrix]) -> MatmulOp:
-        """One fused call over 1-3 matrices sharing `cols` (q/k/v, gate/up): one parallel region."""
+        """One call over 1-3 matrices sharing `cols` (q/k/v, gate/up); the C set runs them in one parallel region."""
         ...
 
     def describe(self) -> str:
