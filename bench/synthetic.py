@@ -9,8 +9,9 @@ own quantizer (llama_model_quantize, as `localinfer quantize` runs it) then make
 requested type from it, choosing per tensor exactly as for the real model (Q4_K_M keeps some
 attn_v and ffn_down in Q6_K, a tied embedding becomes Q6_K, and so on). The architecture's
 tensor names and metadata keys are llama.cpp's: q/k/v biases for qwen2, the llama3 RoPE
-frequency factors (rope_freqs.weight) for Llama 3.2, no output.weight where the embedding is
-tied. The vocabulary is the embedded model's BPE tokenizer (its tokens, merges, types and
+frequency factors (rope_freqs.weight) for Llama 3.2, per-head q/k norms for qwen3, gemma3's
+post-norms and sliding window, phi3's fused q/k/v and gate/up with partial RoPE and its
+long and short factors, no output.weight where the embedding is tied. The vocabulary is the embedded model's BPE tokenizer (its tokens, merges, types and
 special ids), padded to the shape's size with unused [PADn] tokens as llama.cpp's converter
 pads Qwen's: both engines load it, tokenize and detokenize with it. Greedy text from random
 weights repeats one token, so measure with speculation off (`bench model`'s default): every
@@ -60,7 +61,7 @@ class Shape:
     """A model's shape, as its config.json and its llama.cpp GGUF give it."""
 
     name: str
-    arch: str  # GGUF architecture: qwen2 | llama
+    arch: str  # GGUF architecture: qwen2 | llama | qwen3 | gemma3 | phi3
     n_layer: int
     n_embd: int
     n_ff: int
@@ -74,6 +75,12 @@ class Shape:
     qkv_bias: bool = False  # qwen2's attn_q/k/v.bias
     tied: bool = True  # no output.weight: the embedding is the output matrix
     llama3_rope: tuple[float, float, float, int] | None = None  # writes rope_freqs.weight
+    qk_norm: bool = False  # qwen3's and gemma3's attn_q_norm / attn_k_norm
+    post_norms: bool = False  # gemma3's post_attention_norm and post_ffw_norm
+    window: int = 0  # gemma3's sliding window (five local layers to one global)
+    fused: bool = False  # phi3's attn_qkv and gate+up ffn_up
+    rope_dims: int = 0  # rotated dims per head where not all (phi-4-mini's 96 of 128)
+    longrope_ctx: int = 0  # phi3's original context: writes rope_factors_long/short and the attention factor
 
 
 SHAPES = {s.name: s for s in [
@@ -83,6 +90,9 @@ SHAPES = {s.name: s for s in [
     Shape("qwen2.5-7b", "qwen2", 28, 3584, 18944, 28, 4, 128, 152_064, 32_768, 1e6, 1e-6, qkv_bias=True, tied=False),
     Shape("llama-3.2-1b", "llama", 16, 2048, 8192, 32, 8, 64, 128_256, 131_072, 5e5, 1e-5, llama3_rope=LLAMA3_ROPE),
     Shape("llama-3.2-3b", "llama", 28, 3072, 8192, 24, 8, 128, 128_256, 131_072, 5e5, 1e-5, llama3_rope=LLAMA3_ROPE),
+    Shape("qwen3-1.7b", "qwen3", 28, 2048, 6144, 16, 8, 128, 151_936, 40_960, 1e6, 1e-6, qk_norm=True),
+    Shape("gemma3-1b", "gemma3", 26, 1152, 6912, 4, 1, 256, 262_144, 32_768, 1e6, 1e-6, qk_norm=True, post_norms=True, window=512),
+    Shape("phi-4-mini", "phi3", 32, 3072, 8192, 24, 8, 128, 200_064, 131_072, 1e4, 1e-5, fused=True, rope_dims=96, longrope_ctx=4096),
     # for tests: the same code paths in seconds; the vocabulary is the embedded 49,152 tokens + 384 padding
     Shape("tiny", "qwen2", 2, 256, 512, 4, 2, 64, 49_536, 4096, 1e6, 1e-6, qkv_bias=True),
     Shape("tiny-llama", "llama", 2, 256, 512, 4, 2, 64, 49_536, 4096, 5e5, 1e-5, llama3_rope=LLAMA3_ROPE),
@@ -93,7 +103,7 @@ SHAPES = {s.name: s for s in [
 class TensorSpec:
     name: str
     shape: tuple[int, ...]  # numpy order: [rows, cols] for a matrix (GGUF lists it reversed)
-    kind: str  # matrix (F16) | norm | bias | rope_freqs (F32)
+    kind: str  # matrix (F16) | norm | bias | rope_freqs | rope_long | rope_short (F32)
 
     @property
     def dtype(self) -> type:
@@ -108,29 +118,43 @@ def tensor_plan(s: Shape) -> list[TensorSpec]:
     """Every tensor of the shape, in the order llama.cpp's converter writes them."""
     q, kv = s.n_head * s.head_dim, s.n_head_kv * s.head_dim
     plan = [TensorSpec("rope_freqs.weight", (s.head_dim // 2,), "rope_freqs")] if s.llama3_rope else []
+    if s.longrope_ctx:
+        plan += [TensorSpec(f"rope_factors_{which}.weight", (s.rope_dims // 2,), f"rope_{which}") for which in ("long", "short")]
     plan.append(TensorSpec("token_embd.weight", (s.n_vocab, s.n_embd), "matrix"))
     for i in range(s.n_layer):
-        p = f"blk.{i}."
-        plan.append(TensorSpec(p + "attn_norm.weight", (s.n_embd,), "norm"))
-        for kind, rows in (("attn_q", q), ("attn_k", kv), ("attn_v", kv)):
-            plan.append(TensorSpec(f"{p}{kind}.weight", (rows, s.n_embd), "matrix"))
-            if s.qkv_bias:
-                plan.append(TensorSpec(f"{p}{kind}.bias", (rows,), "bias"))
-        plan += [
-            TensorSpec(p + "attn_output.weight", (s.n_embd, q), "matrix"),
-            TensorSpec(p + "ffn_norm.weight", (s.n_embd,), "norm"),
-            TensorSpec(p + "ffn_gate.weight", (s.n_ff, s.n_embd), "matrix"),
-            TensorSpec(p + "ffn_up.weight", (s.n_ff, s.n_embd), "matrix"),
-            TensorSpec(p + "ffn_down.weight", (s.n_embd, s.n_ff), "matrix"),
-        ]
+        plan += layer_plan(s, f"blk.{i}.", q, kv)
     plan.append(TensorSpec("output_norm.weight", (s.n_embd,), "norm"))
     if not s.tied:
         plan.append(TensorSpec("output.weight", (s.n_vocab, s.n_embd), "matrix"))
     return plan
 
 
+def layer_plan(s: Shape, p: str, q: int, kv: int) -> list[TensorSpec]:
+    plan = [TensorSpec(p + "attn_norm.weight", (s.n_embd,), "norm")]
+    if s.fused:
+        plan.append(TensorSpec(p + "attn_qkv.weight", (q + 2 * kv, s.n_embd), "matrix"))
+    for kind, rows in () if s.fused else (("attn_q", q), ("attn_k", kv), ("attn_v", kv)):
+        plan.append(TensorSpec(f"{p}{kind}.weight", (rows, s.n_embd), "matrix"))
+        if s.qkv_bias:
+            plan.append(TensorSpec(f"{p}{kind}.bias", (rows,), "bias"))
+    if s.qk_norm:
+        plan += [TensorSpec(p + "attn_q_norm.weight", (s.head_dim,), "norm"), TensorSpec(p + "attn_k_norm.weight", (s.head_dim,), "norm")]
+    plan.append(TensorSpec(p + "attn_output.weight", (s.n_embd, q), "matrix"))
+    if s.post_norms:
+        plan.append(TensorSpec(p + "post_attention_norm.weight", (s.n_embd,), "norm"))
+    plan.append(TensorSpec(p + "ffn_norm.weight", (s.n_embd,), "norm"))
+    if s.fused:
+        plan.append(TensorSpec(p + "ffn_up.weight", (2 * s.n_ff, s.n_embd), "matrix"))
+    else:
+        plan += [TensorSpec(p + "ffn_gate.weight", (s.n_ff, s.n_embd), "matrix"), TensorSpec(p + "ffn_up.weight", (s.n_ff, s.n_embd), "matrix")]
+    plan.append(TensorSpec(p + "ffn_down.weight", (s.n_embd, s.n_ff), "matrix"))
+    if s.post_norms:
+        plan.append(TensorSpec(p + "post_ffw_norm.weight", (s.n_embd,), "norm"))
+    return plan
+
+
 def n_params(s: Shape) -> int:
-    return sum(math.prod(t.shape) for t in tensor_plan(s) if t.kind != "rope_freqs")
+    return sum(math.prod(t.shape) for t in tensor_plan(s) if not t.kind.startswith("rope_"))
 
 
 def llama3_rope_factors(head_dim: int, base: float, scaling: tuple[float, float, float, int]) -> np.ndarray:
@@ -149,6 +173,9 @@ def tensor_values(s: Shape, spec: TensorSpec, rng: np.random.Generator) -> np.nd
     """One tensor's random values; a matrix is drawn in chunks straight into its F16 array."""
     if spec.kind == "rope_freqs":
         return llama3_rope_factors(s.head_dim, s.rope_base, s.llama3_rope)
+    if spec.kind in ("rope_long", "rope_short"):  # phi3's divisors: near 1 for short contexts, up to tens for long ones
+        top = 40.0 if spec.kind == "rope_long" else 1.5
+        return np.geomspace(1.0, top, spec.shape[0]).astype(np.float32)
     if spec.kind == "norm":
         return (1.0 + WEIGHT_STD * rng.standard_normal(spec.shape, dtype=np.float32)).astype(np.float32)
     if spec.kind == "bias":
@@ -217,8 +244,14 @@ def add_metadata(w, s: Shape, tokenizer: dict[str, tuple[object, list]]) -> None
     if s.head_dim != s.n_embd // s.n_head:
         w.add_key_length(s.head_dim)
         w.add_value_length(s.head_dim)
-    w.add_rope_dimension_count(s.head_dim)
+    w.add_rope_dimension_count(s.rope_dims or s.head_dim)
     w.add_rope_freq_base(s.rope_base)
+    if s.window:
+        w.add_sliding_window(s.window)
+        w.add_rope_freq_base_swa(10000.0)
+    if s.longrope_ctx:
+        w.add_rope_scaling_orig_ctx_len(s.longrope_ctx)
+        w.add_rope_scaling_attn_factors(math.sqrt(1 + math.log(s.n_ctx / s.longrope_ctx) / math.log(s.longrope_ctx)))
     w.add_layer_norm_rms_eps(s.norm_eps)
     w.add_vocab_size(s.n_vocab)
     tokens, types = list(tokenizer["tokenizer.ggml.tokens"][0]), list(tokenizer["tokenizer.ggml.token_type"][0])

@@ -12,13 +12,11 @@ from dataclasses import dataclass, field
 import psutil
 
 from localinfer.backends.devices import Device
+from localinfer.backends.kvtypes import AUTO_CACHE, bytes_per_value
 from localinfer.errors import OutOfMemory
 from localinfer.modelfile import GGUFInfo
 
 GiB = 1024**3
-# Bytes per cached element of each KV-cache type: ggml's block sizes (32 values a block).
-KV_TYPE_BYTES = {"f16": 2.0, "q8_0": 34 / 32, "q5_1": 24 / 32, "q5_0": 22 / 32, "q4_1": 20 / 32, "q4_0": 18 / 32, "iq4_nl": 18 / 32}
-AUTO_CACHE = (("f16", "f16"), ("q8_0", "q8_0"), ("q4_0", "q4_0"))  # --cache-type auto tries these in order
 
 
 @dataclass
@@ -46,7 +44,7 @@ class MemoryPlan:
 
 def kv_cache_bytes(info: GGUFInfo, n_ctx: int, cache_types: tuple[str, str] = ("f16", "f16")) -> int:
     elements = info.n_layer * n_ctx * info.n_head_kv * info.head_dim  # of K, and as many of V
-    return int(elements * (KV_TYPE_BYTES[cache_types[0]] + KV_TYPE_BYTES[cache_types[1]]))
+    return int(elements * (bytes_per_value(cache_types[0]) + bytes_per_value(cache_types[1])))
 
 
 def plan_cache(info: GGUFInfo, n_ctx: int, gpu_layers: int | str, cache: tuple[str, str] | str, devices: Sequence[Device] = (), ram_free: int | None = None) -> MemoryPlan:
@@ -81,7 +79,7 @@ def plan(info: GGUFInfo, n_ctx: int, gpu_layers: int | str, devices: Sequence[De
          cache_types: tuple[str, str] = ("f16", "f16")) -> MemoryPlan:  # fmt: skip
     """Choose GPU layers (for "auto") and check that the rest fits in RAM; raises OutOfMemory.
 
-    `devices` are the ones this llama.cpp build can offload to (none on a CPU-only build).
+    `devices` are the ones the chosen engine can offload to (none on a CPU-only build).
     Layers go to the discrete GPUs if there are any, else to an integrated GPU; an
     integrated GPU's memory is the system's RAM, so its layers still count against RAM.
     llama.cpp counts the output layer as one more, so "all layers" is n_layer + 1.
@@ -96,7 +94,7 @@ def plan(info: GGUFInfo, n_ctx: int, gpu_layers: int | str, devices: Sequence[De
     warnings = []
     if not targets:
         if gpu_layers not in ("auto", 0):
-            warnings.append("this llama.cpp build cannot offload to a GPU, so --gpu-layers is ignored and every layer runs on the CPU")
+            warnings.append("this engine has no GPU to offload to, so --gpu-layers is ignored and every layer runs on the CPU")
         n_gpu = 0
     elif gpu_layers == "auto":
         per_layer = (weights + kv) / n_layer

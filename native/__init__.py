@@ -45,4 +45,19 @@ def load_kernels(name: str | None = None, threads: int | None = None) -> Kernels
     return kernels
 
 
-__all__ = ["KERNEL_SETS", "SUPPORTED_TYPES", "Kernels", "KernelsUnavailable", "MatmulOp", "QMatrix", "load_kernels"]
+def kernel_types(name: str | None = None) -> frozenset:
+    """The block types the set `name` (as load_kernels reads it) would run, found without
+    compiling anything: the C set's where its library loads, else Numba's."""
+    name = name or os.environ.get("LOCALINFER_KERNELS") or "auto"
+    if name in ("auto", "c"):
+        try:
+            from localinfer_native.c_kernels import CKernels, _load
+
+            _load()
+            return CKernels.supported_types
+        except (ImportError, OSError, KernelsUnavailable):
+            pass
+    return SUPPORTED_TYPES
+
+
+__all__ = ["KERNEL_SETS", "SUPPORTED_TYPES", "Kernels", "KernelsUnavailable", "MatmulOp", "QMatrix", "kernel_types", "load_kernels"]

@@ -13,12 +13,13 @@ from localinfer_native.types import KV_TYPES, DecodePlan, DecodeStep, kv_rotatio
 
 _P, _I64, _I32, _F = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int32, ctypes.c_float
 BUFFERS = ("h", "q", "k", "v", "attn", "o", "gate", "up")
+VECTORS = ("attn_norm", "ffn_norm", "q_bias", "k_bias", "v_bias", "q_norm", "k_norm", "post_attn_norm", "post_ffn_norm")  # a layer's, 0 where None
 
 
 class _Layer(ctypes.Structure):
     """li_layer in decode.c"""
 
-    _fields_ = [(name, _P) for name in ("qkv", "o", "gate_up", "down", "attn_norm", "ffn_norm", "q_bias", "k_bias", "v_bias")]
+    _fields_ = [*((name, _P) for name in ("qkv", "o", "gate_up", "down", *VECTORS)), ("window", _I64)]
 
 
 class _Decoder(ctypes.Structure):
@@ -26,8 +27,9 @@ class _Decoder(ctypes.Structure):
 
     _fields_ = [
         *((name, _I64) for name in ("n_layer", "n_embd", "n_head", "n_head_kv", "hd", "n_ff", "n_ctx", "rope_dims")),
-        *((name, _I32) for name in ("neox", "type_k", "type_v")),
-        ("rot_k", _I64), ("rot_v", _I64), ("eps", _F), ("scale", _F), ("cos_t", _P), ("sin_t", _P), ("layers", _P),
+        *((name, _I32) for name in ("neox", "type_k", "type_v", "gelu")),
+        ("rot_k", _I64), ("rot_v", _I64), ("eps", _F), ("scale", _F),
+        *((name, _P) for name in ("cos_t", "sin_t", "cos_local", "sin_local", "layers")),
         *((name, _P) for name in BUFFERS),
         ("nthreads", ctypes.POINTER(_I32)),
     ]  # fmt: skip
@@ -57,15 +59,17 @@ def make_step(lib: ctypes.CDLL, plan: DecodePlan, structs: list[list[ctypes.Stru
     for dst, lw, ops in zip(layers, plan.layers, structs):
         for name, st in zip(("qkv", "o", "gate_up", "down"), ops):
             setattr(dst, name, ctypes.addressof(st))
-        for name in ("attn_norm", "ffn_norm", "q_bias", "k_bias", "v_bias"):
+        for name in VECTORS:
             setattr(dst, name, _address(getattr(lw, name)))
+        dst.window = lw.window
     type_k, type_v = plan.kv_types
     d = _Decoder(
         n_layer=len(plan.layers), n_embd=bufs["h"].size, n_head=plan.n_head, n_head_kv=plan.n_head_kv, hd=plan.head_dim,
         n_ff=bufs["gate"].size, n_ctx=plan.n_ctx, rope_dims=2 * plan.cos.shape[1], neox=int(plan.neox),
-        type_k=int(KV_TYPES[type_k]), type_v=int(KV_TYPES[type_v]),
+        type_k=int(KV_TYPES[type_k]), type_v=int(KV_TYPES[type_v]), gelu=int(plan.gelu),
         rot_k=kv_rotation(type_k, plan.head_dim, True), rot_v=kv_rotation(type_v, plan.head_dim, False),
         eps=plan.eps, scale=plan.scale, cos_t=_address(plan.cos), sin_t=_address(plan.sin), layers=ctypes.addressof(layers),
+        cos_local=_address(plan.cos if plan.cos_local is None else plan.cos_local), sin_local=_address(plan.sin if plan.sin_local is None else plan.sin_local),
         nthreads=ctypes.pointer(threads), **{name: _address(bufs[name]) for name in BUFFERS},
     )  # fmt: skip
     n_embd, decode, ref = bufs["h"].size, lib.li_decode, ctypes.byref(d)

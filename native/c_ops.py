@@ -20,10 +20,11 @@ def bind(lib: ctypes.CDLL) -> None:
     lib.li_rms_norm.argtypes = [_P, _P, _P, _I64, _I64, _F]
     lib.li_rope.restype = None
     lib.li_rope.argtypes = [_P, _I64, _I64, _I64, _P, _P, _P, _I64, ctypes.c_int]
-    lib.li_swiglu.restype = None
-    lib.li_swiglu.argtypes = [_P, _P, _I64, ctypes.c_int]
+    for glu in (lib.li_swiglu, lib.li_geglu):
+        glu.restype = None
+        glu.argtypes = [_P, _P, _I64, ctypes.c_int]
     lib.li_attention.restype = ctypes.c_int
-    lib.li_attention.argtypes = [_P, _P, _P, _P, _P, _INT, _INT, _I64, _I64, _P, _P, _I64, _I64, _I64, _I64, _I64, _F, _INT]
+    lib.li_attention.argtypes = [_P, _P, _P, _P, _P, _INT, _INT, _I64, _I64, _P, _P, _I64, _I64, _I64, _I64, _I64, _F, _I64, _INT]
 
 
 _view = {
@@ -87,9 +88,13 @@ class COps:
         assert gate.shape == up.shape
         self._lib.li_swiglu(_pinned_ptr(gate), _pinned_ptr(up), gate.size, self._threads.value)
 
+    def geglu(self, gate: np.ndarray, up: np.ndarray) -> None:
+        assert gate.shape == up.shape
+        self._lib.li_geglu(_pinned_ptr(gate), _pinned_ptr(up), gate.size, self._threads.value)
+
     def attention(
         self, q: np.ndarray, k_new: np.ndarray, v_new: np.ndarray, keys: np.ndarray, values: np.ndarray,
-        positions: np.ndarray, out: np.ndarray, scale: float, kv_types: tuple[str, str] = ("f16", "f16"),
+        positions: np.ndarray, out: np.ndarray, scale: float, kv_types: tuple[str, str] = ("f16", "f16"), window: int = 0,
     ) -> None:  # fmt: skip
         m, n_head, head_dim = q.shape
         n_head_kv, n_ctx, _ = keys.shape
@@ -101,7 +106,7 @@ class COps:
             _pinned_ptr(q), _pinned_ptr(k_new), _pinned_ptr(v_new), _pinned_ptr(keys, np.uint8), _pinned_ptr(values, np.uint8),
             int(type_k), int(type_v), kv_rotation(kv_types[0], head_dim, True), kv_rotation(kv_types[1], head_dim, False),
             _ptr(positions, np.int32), _pinned_ptr(out),
-            m, n_head, n_head_kv, head_dim, n_ctx, scale, self._threads.value,
+            m, n_head, n_head_kv, head_dim, n_ctx, scale, window, self._threads.value,
         )  # fmt: skip
         if rc:
             raise RuntimeError(f"C attention failed with code {rc} (position outside the cache?)")

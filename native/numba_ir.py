@@ -1163,42 +1163,44 @@ def exp_scores(scores, t, mx):  # pragma: no cover - jitted
 
 
 @njit(cache=True, inline="always")
-def _attend_f16(q, keys, values, pos, out, scale, task, n_head, group, scores, acc):  # pragma: no cover - jitted
-    """One query head of one row over its sequence's float16 cache (rows < pos + 1)."""
+def _attend_f16(q, keys, values, pos, out, scale, task, n_head, group, scores, acc, window):  # pragma: no cover - jitted
+    """One query head of one row over its sequence's float16 cache (rows first..pos, first
+    = pos - window + 1 with a window, else 0)."""
     i, h = task // n_head, task % n_head
     kvh = h // group
     hd = q.shape[2]
     t = pos[i] + 1
+    first = t - window if 0 < window < t else 0
     qh = q[i, h]
     mx = -np.inf
-    for j in range(t):
+    for j in range(first, t):
         s = dot_f16(qh, keys[kvh, j]) * scale
-        scores[j] = s
+        scores[j - first] = s
         mx = max(mx, s)
-    inv = exp_scores(scores, t, mx)
+    inv = exp_scores(scores, t - first, mx)
     acc[:] = 0.0
-    for j in range(t):
-        axpy_f16(acc, scores[j] * inv, values[kvh, j])
+    for j in range(first, t):
+        axpy_f16(acc, scores[j - first] * inv, values[kvh, j])
     out[i, h * hd : (h + 1) * hd] = acc
 
 
 @njit(cache=True)
-def attention_f16_serial(q, keys, values, pos, out, scale, group):  # pragma: no cover - jitted
+def attention_f16_serial(q, keys, values, pos, out, scale, group, window):  # pragma: no cover - jitted
     n_head = q.shape[1]
     scores = np.empty(pos.max() + 1, np.float32)
     acc = np.empty(q.shape[2], np.float32)
     for task in range(q.shape[0] * n_head):
-        _attend_f16(q, keys, values, pos, out, scale, task, n_head, group, scores, acc)
+        _attend_f16(q, keys, values, pos, out, scale, task, n_head, group, scores, acc, window)
 
 
 @njit(cache=True, parallel=True)
-def attention_f16_parallel(q, keys, values, pos, out, scale, group):  # pragma: no cover - jitted
+def attention_f16_parallel(q, keys, values, pos, out, scale, group, window):  # pragma: no cover - jitted
     n_head = q.shape[1]
     longest = pos.max() + 1
     for task in prange(q.shape[0] * n_head):
         scores = np.empty(longest, np.float32)
         acc = np.empty(q.shape[2], np.float32)
-        _attend_f16(q, keys, values, pos, out, scale, task, n_head, group, scores, acc)
+        _attend_f16(q, keys, values, pos, out, scale, task, n_head, group, scores, acc, window)
 
 
 # The kernel lives in this file, beside the IR it inlines: Numba's cache is keyed to the

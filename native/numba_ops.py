@@ -196,7 +196,7 @@ def _accumulate(row, vt, p, o, half):
 
 
 @njit(cache=True, parallel=True)
-def _attention_typed(qf, qs, qd, keys, values, kt, vt, half, pos, out, scale, group):
+def _attention_typed(qf, qs, qd, keys, values, kt, vt, half, pos, out, scale, group, window):
     """Attention over caches of any KV types (rows of bytes), one task per query head; the f16/f16
     cache with a head size that is a multiple of 8 takes numba_ir's vector rows instead."""
     m, n_head, hd = qf.shape
@@ -205,21 +205,33 @@ def _attention_typed(qf, qs, qd, keys, values, kt, vt, half, pos, out, scale, gr
         i, h = task // n_head, task % n_head
         kvh = h // group
         t = pos[i] + 1
+        first = t - window if 0 < window < t else 0
         scores = np.empty(longest, np.float32)
         mx = -np.inf
-        for j in range(t):
+        for j in range(first, t):
             s = _score(keys[kvh, j], kt, qf[i, h], qs[i, h], qd[i, h], half) * scale
-            scores[j] = s
+            scores[j - first] = s
             mx = max(mx, s)
-        inv = exp_scores(scores, t, mx)
+        inv = exp_scores(scores, t - first, mx)
         o = out[i, h * hd : (h + 1) * hd]
         o[:] = 0.0
-        for j in range(t):
-            _accumulate(values[kvh, j], vt, scores[j] * inv, o, half)
+        for j in range(first, t):
+            _accumulate(values[kvh, j], vt, scores[j - first] * inv, o, half)
 
 
 # Every float16 bit pattern as float32: one load decodes a cached key or value.
 _HALF = np.arange(1 << 16, dtype=np.uint32).astype(np.uint16).view(np.float16).astype(np.float32)
+
+
+def _gelu_table() -> np.ndarray:
+    """GELU (tanh approximation) of every float16 value, rounded to float16, as float32: ggml's table."""
+    with np.errstate(all="ignore"):  # NaN and infinity patterns: never looked up (|x| < 10 only)
+        h = _HALF
+        g = np.float32(0.5) * h * (np.float32(1) + np.tanh(np.float32(0.7978845608028654) * h * (np.float32(1) + np.float32(0.044715) * h * h)))
+    return g.astype(np.float16).astype(np.float32)
+
+
+_GELU = _gelu_table()
 
 
 class NumbaOps:
@@ -243,7 +255,7 @@ class NumbaOps:
         q, kv, attn = np.ones((1, 2, 8), f32), np.ones((1, 1, 8), f32), np.empty((1, 16), f32)
         cache = np.zeros((1, 4, 16), np.uint8)
         self.attention(q, kv, kv, cache, cache.copy(), pos, attn, 0.5)
-        attention_f16_parallel(q, cache.view(np.uint16), cache.view(np.uint16), pos, attn, f32(0.5), 2)
+        attention_f16_parallel(q, cache.view(np.uint16), cache.view(np.uint16), pos, attn, f32(0.5), 2, 0)
         q, kv = np.ones((1, 2, 32), f32), np.ones((1, 1, 32), f32)
         self.attention(q, kv, kv, np.zeros((1, 4, 34), np.uint8), np.zeros((1, 4, 18), np.uint8), pos, np.empty((1, 64), f32), 0.5, ("q8_0", "q4_0"))
 
@@ -256,15 +268,19 @@ class NumbaOps:
     def swiglu(self, gate: np.ndarray, up: np.ndarray) -> None:
         _swiglu(gate, up)
 
+    def geglu(self, gate: np.ndarray, up: np.ndarray) -> None:
+        g = _GELU[gate.astype(np.float16).view(np.uint16)]  # ggml's table lookup
+        gate[...] = np.where(gate <= -10.0, np.float32(0), np.where(gate >= 10.0, gate, g)) * up
+
     def attention(
         self, q: np.ndarray, k_new: np.ndarray, v_new: np.ndarray, keys: np.ndarray, values: np.ndarray,
-        positions: np.ndarray, out: np.ndarray, scale: float, kv_types: tuple[str, str] = ("f16", "f16"),
+        positions: np.ndarray, out: np.ndarray, scale: float, kv_types: tuple[str, str] = ("f16", "f16"), window: int = 0,
     ) -> None:  # fmt: skip
         if int(positions.max()) >= keys.shape[1] or int(positions.min()) < 0:
             raise ValueError("position outside the KV cache")
         group = q.shape[1] // keys.shape[0]
         if kv_types != ("f16", "f16") or q.shape[2] % 8:
-            self._attention_typed(q, k_new, v_new, keys, values, positions, out, scale, kv_types)
+            self._attention_typed(q, k_new, v_new, keys, values, positions, out, scale, kv_types, window)
             return
         # The cache holds float16; queries are rounded to float16 too, as llama.cpp's flash
         # attention takes them.
@@ -273,11 +289,11 @@ class NumbaOps:
         _store(k_new.astype(np.float16).view(np.uint16), v_new.astype(np.float16).view(np.uint16), keys, values, positions)
         work = q.shape[0] * q.shape[1] * (int(positions.max()) + 1) * q.shape[2]
         attend = attention_f16_parallel if work >= 1 << 18 else attention_f16_serial  # decode: no thread wake-up
-        attend(q, keys, values, positions, out, np.float32(scale), group)
+        attend(q, keys, values, positions, out, np.float32(scale), group, window)
 
     def _attention_typed(
         self, q: np.ndarray, k_new: np.ndarray, v_new: np.ndarray, keys: np.ndarray, values: np.ndarray,
-        positions: np.ndarray, out: np.ndarray, scale: float, kv_types: tuple[str, str],
+        positions: np.ndarray, out: np.ndarray, scale: float, kv_types: tuple[str, str], window: int,
     ) -> None:  # fmt: skip
         """A quantized K or V: rows stored rotated (kv_rotation) as ggml's blocks, q rotated
         likewise and quantized to q8_0 for quantized K, the output rotated back."""
@@ -296,6 +312,6 @@ class NumbaOps:
             _quantize_q8_0(qf.reshape(-1, hd), qs, qd)
             qs, qd = qs.reshape(m, n_head, hd), qd.astype(np.float16).astype(np.float32).reshape(m, n_head, -1)
         kt, vt = int(KV_TYPES[kv_types[0]]), int(KV_TYPES[kv_types[1]])
-        _attention_typed(qf, qs, qd, keys, values, kt, vt, _HALF, positions, out, np.float32(scale), q.shape[1] // keys.shape[0])
+        _attention_typed(qf, qs, qd, keys, values, kt, vt, _HALF, positions, out, np.float32(scale), q.shape[1] // keys.shape[0], window)
         if rot_v:
             out[...] = _rotated(out, rot_v)

@@ -26,8 +26,9 @@ SUPPORTED_TYPES: frozenset[Q] = frozenset({Q.F32, Q.F16, Q.Q4_0, Q.Q4_1, Q.Q5_0,
 C_TYPES: frozenset[Q] = SUPPORTED_TYPES | {Q.Q2_K, Q.Q3_K, Q.IQ4_NL, Q.IQ4_XS, Q.BF16}
 
 
-# The KV cache's element types: ggml's ids, and the bytes of one 32-value block.
-KV_TYPES: dict[str, Q] = {"f16": Q.F16, "q8_0": Q.Q8_0, "q4_0": Q.Q4_0}
+# The KV-cache types the attention kernels read, by ggml's names; ids and block sizes are
+# gguf's (the runtime's table of every type is localinfer/backends/kvtypes.py).
+KV_TYPES: dict[str, Q] = {name: Q[name.upper()] for name in ("f16", "q8_0", "q4_0")}
 
 
 def kv_row_bytes(kv_type: str, head_dim: int) -> int:
@@ -88,8 +89,10 @@ MatmulOp = Callable[..., None]
 
 @dataclass(frozen=True)
 class DecodeLayer:
-    """One llama-family layer as a fused decode step reads it: its bound products (made by
-    the same kernel set's matmul_op), its norms, and qwen2's q/k/v biases (None elsewhere)."""
+    """One layer as a fused decode step reads it: its bound products (made by the same
+    kernel set's matmul_op), its norms, and what some architectures add (None or 0 where
+    the model has none): qwen2's q/k/v biases, per-head q/k norms, gemma3's norms of the
+    attention's and the FFN's outputs, and a local layer's sliding window."""
 
     qkv: MatmulOp
     o: MatmulOp
@@ -100,14 +103,19 @@ class DecodeLayer:
     q_bias: np.ndarray | None
     k_bias: np.ndarray | None
     v_bias: np.ndarray | None
+    q_norm: np.ndarray | None = None
+    k_norm: np.ndarray | None = None
+    post_attn_norm: np.ndarray | None = None
+    post_ffn_norm: np.ndarray | None = None
+    window: int = 0  # a local layer: attention over the last `window` positions, RoPE from the local tables
 
 
 @dataclass(frozen=True)
 class DecodePlan:
     """What a decode step binds once: the layers, the shapes, the RoPE tables (as `rope`
-    takes them), the KV cache's types and positions, and one-row float32 buffers that the
-    step writes (h [n_embd], q [n_head * hd], k and v [n_head_kv * hd], attn, o [n_embd],
-    gate and up [n_ff])."""
+    takes them; the local layers' apart), the KV cache's types and positions, the FFN's
+    activation, and one-row float32 buffers that the step writes (h [n_embd], q [n_head *
+    hd], k and v [n_head_kv * hd], attn, o [n_embd], gate and up [n_ff])."""
 
     layers: Sequence[DecodeLayer]
     n_head: int
@@ -121,13 +129,16 @@ class DecodePlan:
     kv_types: tuple[str, str]
     n_ctx: int
     buffers: dict[str, np.ndarray]
+    cos_local: np.ndarray | None = None  # None: the local layers' tables are cos/sin
+    sin_local: np.ndarray | None = None
+    gelu: bool = False  # GeGLU (gelu's tanh approximation) instead of SwiGLU
 
 
 # step(x, position, keys, values): one token through every layer, in place on x (float32
 # [1, n_embd]: its embedding in, the last layer's output out), storing its keys and values
 # at `position` of one sequence's cache (uint8 [n_layer, n_head_kv, n_ctx, row bytes]). The
 # result equals the per-operation calls' bit for bit (rms_norm, the products with n_fast = 0,
-# bias adds, rope, attention, swiglu, residual adds, in the forward's order).
+# bias adds, norms, rope, attention, swiglu or geglu, residual adds, in the forward's order).
 DecodeStep = Callable[[np.ndarray, int, np.ndarray, np.ndarray], None]
 
 
@@ -161,12 +172,12 @@ class Kernels(Protocol):
 
     def attention(
         self, q: np.ndarray, k_new: np.ndarray, v_new: np.ndarray, keys: np.ndarray, values: np.ndarray,
-        positions: np.ndarray, out: np.ndarray, scale: float, kv_types: tuple[str, str] = ("f16", "f16"),
+        positions: np.ndarray, out: np.ndarray, scale: float, kv_types: tuple[str, str] = ("f16", "f16"), window: int = 0,
     ) -> None:  # fmt: skip
         """Store k_new/v_new [m, n_head_kv, hd] at `positions` of one sequence's layer cache
         keys/values (uint8 [n_head_kv, n_ctx, kv_row_bytes]: rows of kv_types, KV_TYPES); then
-        causal grouped-query attention of q [m, n_head, hd] over positions [0, pos] into out
-        [m, n_head * hd]. Against f16 keys q is rounded to float16, as llama.cpp's flash
+        causal grouped-query attention of q [m, n_head, hd] over positions [0, pos] (with a
+        `window`, over (pos - window, pos] only) into out [m, n_head * hd]. Against f16 keys q is rounded to float16, as llama.cpp's flash
         attention takes it; against quantized keys each head is quantized to q8_0 and the
         scores are integer dot products, as ggml's vec_dot. A quantized cache holds its rows
         rotated as llama.cpp's does (kv_rotation), and the rotation is undone in `out`.
@@ -175,6 +186,12 @@ class Kernels(Protocol):
 
     def swiglu(self, gate: np.ndarray, up: np.ndarray) -> None:
         """gate = silu(gate) * up, in place."""
+        ...
+
+    def geglu(self, gate: np.ndarray, up: np.ndarray) -> None:
+        """gate = gelu(gate) * up, in place: GELU's tanh approximation as ggml's CPU build
+        evaluates it (input and result rounded to float16; 0 at or below -10, the input
+        itself from 10 up)."""
         ...
 
     def decode_step(self, plan: DecodePlan) -> DecodeStep | None:

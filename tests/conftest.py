@@ -53,7 +53,7 @@ def backend(model_path: Path) -> LlamaCppBackend:
 
 @pytest.fixture()
 def engine(backend: LlamaCppBackend) -> Engine:
-    return Engine(backend)
+    return Engine(backend, slots=4)
 
 
 def cli_env(env: dict[str, str] | None = None) -> dict[str, str]:
@@ -142,3 +142,24 @@ def f32_path(model_path: Path, tmp_path_factory: pytest.TempPathFactory) -> Path
     path = llama_quantize(model_path, tmp_path_factory.mktemp("f32") / "smollm2-135m-f32.gguf", llama_cpp.LLAMA_FTYPE_ALL_F32)
     assert set(inspect(path).tensor_types) == {"F32"}
     return path
+
+
+def with_template(model_path: Path, out: Path, template: str) -> Path:
+    """A copy of a GGUF whose chat template is `template` (gguf-py's own metadata copier)."""
+    import gguf
+    from gguf.scripts.gguf_new_metadata import MetadataDetails, copy_with_new_metadata
+
+    reader = gguf.GGUFReader(model_path)
+    writer = gguf.GGUFWriter(out, arch=reader.fields["general.architecture"].contents(), endianess=reader.endianess)
+    copy_with_new_metadata(reader, writer, {gguf.Keys.Tokenizer.CHAT_TEMPLATE: MetadataDetails(gguf.GGUFValueType.STRING, template)}, [])
+    return out
+
+
+@pytest.fixture(scope="session")
+def r1_model_path(f32_path: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The embedded model (F32: greedy answers do not depend on what shares a batch) under
+    DeepSeek-R1-Distill-Qwen's chat template, whose generation prompt opens a think block:
+    a real model that thinks until it closes the block, or until a thinking budget makes
+    the engine close it."""
+    template = (Path(__file__).parent / "engine" / "templates" / "deepseek-r1-distill-qwen.jinja").read_text()
+    return with_template(f32_path, tmp_path_factory.mktemp("r1") / "smollm2-135m-r1.gguf", template)

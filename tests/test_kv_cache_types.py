@@ -14,6 +14,7 @@ import pytest
 from localinfer import memory
 from localinfer.backends import get_backend
 from localinfer.backends.base import Batch, LoadParams
+from localinfer.backends.kvtypes import KV_TYPES
 from localinfer.backends.llamacpp import LlamaCppBackend, log_listener
 from localinfer.errors import OutOfMemory
 from localinfer.modelfile import inspect
@@ -138,4 +139,4 @@ def test_the_catalogs_cache_defaults_are_cache_types() -> None:
     from localinfer.store.catalog import load_catalog
 
     named = {str(e.defaults[key]) for e in load_catalog().entries.values() for key in ("cache_type", "cache_type_k", "cache_type_v") if key in e.defaults}
-    assert named and named <= {*memory.KV_TYPE_BYTES, "auto"}
+    assert named and named <= {*KV_TYPES, "auto"}

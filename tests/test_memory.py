@@ -39,7 +39,7 @@ def test_no_gpu_runs_everything_on_the_cpu() -> None:
 
 def test_explicit_layers_without_a_gpu_are_ignored_and_ram_still_checked() -> None:
     p = plan(seven_b(), 4096, 99, [CPU], ram_free=RAM)
-    assert p.n_gpu_layers == 0 and "cannot offload" in p.warnings[0]
+    assert p.n_gpu_layers == 0 and "no GPU to offload to" in p.warnings[0]
     with pytest.raises(OutOfMemory):
         plan(seven_b(), 4096, 99, [CPU], ram_free=2 * GiB)  # counted as on the CPU: does not fit
 

@@ -8,9 +8,12 @@ from importlib import import_module
 from localinfer.backends.base import Backend
 from localinfer.errors import BackendError, UserError
 
+# In --engine auto's order: the first that runs a model (its Capabilities) takes it. The
+# native engine decodes and prefills faster than llama.cpp on a CPU where it runs a model
+# (docs/benchmarks.md); llama.cpp runs every architecture and offloads to GPUs.
 BACKENDS = {
-    "llama.cpp": "localinfer.backends.llamacpp:LlamaCppBackend",
     "native": "localinfer.backends.native:NativeBackend",
+    "llama.cpp": "localinfer.backends.llamacpp:LlamaCppBackend",
 }
 
 

@@ -8,6 +8,7 @@ decoding, scheduling, timings) lives above it in `localinfer.engine`, written on
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import ClassVar
@@ -19,14 +20,44 @@ import numpy as np
 class LoadParams:
     """How to load a model; a backend ignores what it cannot use."""
 
-    n_ctx: int = 4096
+    n_ctx: int = 4096  # tokens one sequence may hold, prompt and answer together
     n_threads: int | None = None  # None: the backend's default (physical cores)
     n_gpu_layers: int = 0
     n_seq_max: int = 1  # how many sequences may share the KV cache at once
     n_batch: int = 512  # most tokens one forward() call may carry
     verbose: bool = False  # let the engine print its own log
     kernels: str | None = None  # native engine: auto | c | numba (None: $LOCALINFER_KERNELS, else auto)
-    cache_types: tuple[str, str] = ("f16", "f16")  # the KV cache's K and V element types (memory.KV_TYPE_BYTES)
+    cache_types: tuple[str, str] = ("f16", "f16")  # the KV cache's K and V element types (kvtypes.KV_TYPES)
+
+
+@dataclass(frozen=True)
+class Capabilities:
+    """What a backend can run, as data: the loader picks and checks an engine with it and
+    `doctor` prints it, so nothing above the backends asks which engine it is."""
+
+    architectures: frozenset[str] | None  # GGUF general.architecture values; None: whatever its library loads
+    weight_types: frozenset[str] | None  # ggml type names of the tensors it reads; None: any
+    kv_types: tuple[str, ...]  # KV-cache element types it keeps (kvtypes.KV_TYPES names)
+    gpu_offload: bool  # can put layers on a GPU
+    kv_layout: str  # "shared": one pool that sequences take cells of; "per-sequence": a cache each
+    kernel_sets: tuple[str, ...] = ()  # what --kernels chooses between (none: the engine has one)
+    # Architectures and tensor types it runs but where another engine measured faster
+    # (docs/benchmarks.md): `--engine auto` passes it over for them.
+    slower: frozenset[str] = frozenset()
+
+    def refusal(self, architecture: str, tensor_types: Iterable[str], auto: bool = False) -> str | None:
+        """Why this backend cannot run a model of this architecture and tensor types (one
+        line), or, for `auto`, should not be chosen for it; None if it can."""
+        types = set(tensor_types)
+        if self.architectures is not None and architecture not in self.architectures:
+            return f"the '{architecture}' architecture (it runs {', '.join(sorted(self.architectures))})"
+        missing = sorted(types - self.weight_types) if self.weight_types is not None else []
+        if missing:
+            return f"{', '.join(missing)} tensors"
+        slow = sorted(({architecture} | types) & self.slower) if auto else []
+        if slow:
+            return f"{', '.join(slow)} as fast as another engine does (docs/benchmarks.md)"
+        return None
 
 
 @dataclass
@@ -80,23 +111,23 @@ class ModelFacts:
     architecture: str
     n_params: int
     n_ctx_train: int
-    n_ctx: int  # the whole KV cache (llama.cpp's is shared by all sequences)
+    n_ctx: int  # tokens one sequence may hold (its share, where the cache is one shared pool)
     n_seq_max: int
     n_layer: int
     n_embd: int
     chat_template: str | None
     extra: dict[str, str] = field(default_factory=dict)
-    n_ctx_seq: int = 0  # what one sequence may hold (0: all of n_ctx, a cache per sequence)
-
-    def __post_init__(self) -> None:
-        if not self.n_ctx_seq:
-            self.n_ctx_seq = self.n_ctx
 
 
 class Backend(ABC):
     """An inference engine behind localinfer's runtime."""
 
     name: ClassVar[str]
+
+    @classmethod
+    @abstractmethod
+    def capabilities(cls) -> Capabilities:
+        """What this backend runs, on this machine and build."""
 
     @classmethod
     @abstractmethod

@@ -16,7 +16,8 @@ from pathlib import Path
 
 import numpy as np
 
-from localinfer.backends.base import Backend, Batch, LoadParams, ModelFacts, VocabInfo
+from localinfer.backends.base import Backend, Batch, Capabilities, LoadParams, ModelFacts, VocabInfo
+from localinfer.backends.kvtypes import KV_TYPES, ggml_id
 from localinfer.errors import BackendError, ContextOverflow
 
 import llama_cpp as C  # noqa: E402  (after our imports: its import loads the shared library)
@@ -95,11 +96,6 @@ def log_listener(listener: Callable[[str], None]) -> Iterator[None]:
         _listeners.remove(listener)
 
 
-def ggml_type(name: str) -> int:
-    """ggml's enum for a KV-cache type name (memory.KV_TYPE_BYTES lists them)."""
-    return int(getattr(C, f"GGML_TYPE_{name.upper()}"))
-
-
 def last_error() -> str:
     """The last line of llama.cpp's log that reports an error, for a one-line message."""
     errors = [line.strip() for line in _log_lines if "error" in line.lower() or "failed" in line.lower()]
@@ -157,13 +153,13 @@ class LlamaCppBackend(LlamaTokenized, Backend):
             raise BackendError(f"llama.cpp could not load {path}: {last_error() or 'unknown error'}")
 
         cparams = C.llama_context_default_params()
-        cparams.n_ctx = params.n_ctx
+        cparams.n_ctx = params.n_ctx * params.n_seq_max  # one shared pool: each sequence gets n_ctx of it
         cparams.n_batch = params.n_batch
         cparams.n_ubatch = min(params.n_batch, 512)
         cparams.n_seq_max = params.n_seq_max
         cparams.kv_unified = True  # sequences share one cache, so kv_copy shares cells instead of copying
         type_k, type_v = params.cache_types
-        cparams.type_k, cparams.type_v = ggml_type(type_k), ggml_type(type_v)
+        cparams.type_k, cparams.type_v = ggml_id(type_k), ggml_id(type_v)
         if type_v != "f16":
             cparams.flash_attn_type = C.LLAMA_FLASH_ATTN_TYPE_ENABLED  # llama.cpp reads a quantized V only in flash attention
         cparams.no_perf = True
@@ -175,7 +171,7 @@ class LlamaCppBackend(LlamaTokenized, Backend):
         if not self._ctx:
             if type_v != "f16":
                 raise BackendError(f"llama.cpp could not create a context with a {type_v} V cache, which needs flash attention; this build or device cannot do it there: use --cache-type-v f16 ({last_error() or 'no detail'})")
-            raise BackendError(f"llama.cpp could not create a context of {params.n_ctx} tokens: {last_error()}")
+            raise BackendError(f"llama.cpp could not create a context of {cparams.n_ctx} tokens: {last_error()}")
         self._mem = C.llama_get_memory(self._ctx)
         self._n_batch = C.llama_n_batch(self._ctx)  # llama.cpp clamps it to n_ctx
         self._batch = C.llama_batch_init(self._n_batch, 0, 1)
@@ -195,16 +191,19 @@ class LlamaCppBackend(LlamaTokenized, Backend):
             architecture=self._tok.meta("general.architecture") or "unknown",
             n_params=C.llama_model_n_params(self._model),
             n_ctx_train=C.llama_model_n_ctx_train(self._model),
-            n_ctx=C.llama_n_ctx(self._ctx),
+            # one unified cache: each sequence gets an equal share, so that sequences
+            # decoding at once can never fill it between them
+            n_ctx=C.llama_n_ctx(self._ctx) // params.n_seq_max,
             n_seq_max=params.n_seq_max,
             n_layer=C.llama_model_n_layer(self._model),
             n_embd=C.llama_model_n_embd(self._model),
             chat_template=self._tok.chat_template,
             extra={"threads": str(threads), "gpu_layers": str(params.n_gpu_layers)},
-            # one unified cache: each sequence gets an equal share, so that sequences
-            # decoding at once can never fill it between them
-            n_ctx_seq=C.llama_n_ctx(self._ctx) // params.n_seq_max,
         )
+
+    @classmethod
+    def capabilities(cls) -> Capabilities:
+        return Capabilities(architectures=None, weight_types=None, kv_types=tuple(KV_TYPES), gpu_offload=supports_gpu_offload(), kv_layout="shared")
 
     @classmethod
     def load(cls, path: Path, params: LoadParams) -> LlamaCppBackend:
@@ -245,7 +244,7 @@ class LlamaCppBackend(LlamaTokenized, Backend):
             self._batch.n_tokens = n
             rc = C.llama_decode(self._ctx, self._batch)
             if rc == 1:
-                raise ContextOverflow(f"the KV cache is full (context {self._facts.n_ctx} tokens); raise --ctx")
+                raise ContextOverflow(f"the KV cache is full ({self._facts.n_ctx} tokens a sequence); raise --ctx")
             if rc != 0:
                 raise BackendError(f"llama_decode failed with code {rc}: {last_error()}")
             for i in np.flatnonzero(want).tolist():

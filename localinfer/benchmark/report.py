@@ -21,7 +21,8 @@ def _params(n: int) -> str:
 
 
 def _engine(r: Result) -> str:
-    return f"native ({(r.kernels_used or r.setup.kernels or 'auto').split(' ', 1)[0]})" if r.setup.engine == "native" else r.setup.engine + (f", ngl {r.setup.gpu_layers}" if r.setup.gpu_layers else "")
+    kernels = r.kernels_used or r.setup.kernels  # only an engine with kernel sets has them
+    return f"{r.setup.engine} ({kernels.split(' ', 1)[0]})" if kernels else r.setup.engine + (f", ngl {r.setup.gpu_layers}" if r.setup.gpu_layers else "")
 
 
 def row(r: Result) -> list[str]:

@@ -71,6 +71,7 @@ def model(
     Every combination of the lists given runs in its own process; each test reports
     tokens/s as mean ± stdev, with the verify cost (an 8-row forward over a 1-row one)
     and the combination's resident memory."""
+    from localinfer.backends import get_backend
     from localinfer.backends.llamacpp import default_threads
     from localinfer.benchmark import report
     from localinfer.benchmark.model import Setup, run
@@ -82,7 +83,7 @@ def model(
     n_gen = [n for n in _list(int, _nonnegative)(gens) if n]
     if not n_prompt and not n_gen:
         raise typer.BadParameter("nothing to measure: every -p and -n is 0", param_hint="-p/-n")
-    engine_list = _list(str, opt.engine_name)(engines)
+    engine_list = _list(str, opt.backend_name)(engines)
     kernel_list = _list(str, lambda k: opt.kernel_set(None if k == "auto" else k))(kernels) if kernels else [None]
     thread_list = _list(int, opt.at_least(1))(threads) if threads else [default_threads()]
     k_list, v_list = _list(str, _cache)(cache_k), _list(str, _cache)(cache_v)
@@ -92,15 +93,16 @@ def model(
     for ref in refs:
         resolve(ref)  # a bad name fails here, in one line, before any run
     setups, skipped = [], []
+    caps = {engine: get_backend(engine).capabilities() for engine in engine_list}
     for ref, engine, kern, n_threads, k, v, spec, ngl in itertools.product(refs, engine_list, kernel_list, thread_list, k_list, v_list, draft_list, ngl_list):
-        if engine == "native" and not {k, v} <= {"f16", "q8_0", "q4_0"}:
-            skipped.append(f"native with a {k}/{v} cache")
+        c = caps[engine]
+        if not {k, v} <= set(c.kv_types):
+            skipped.append(f"{engine} with a {k}/{v} cache (its cache is {', '.join(c.kv_types)})")
             continue
-        native = engine == "native"  # kernels are the native engine's, GPU layers llama.cpp's
-        setups.append(Setup(ref or "smollm2:135m", engine, kern if native else None, n_threads, k, v, spec, 0 if native else ngl))
+        setups.append(Setup(ref or "smollm2:135m", engine, kern if c.kernel_sets else None, n_threads, k, v, spec, ngl if c.gpu_offload else 0))
     setups = list(dict.fromkeys(setups))  # one row, not a copy per value of an option the engine ignores
     for note in dict.fromkeys(skipped):
-        err.print(f"[dim]skipped: {note} (the native engine's cache is f16, q8_0 or q4_0)[/dim]")
+        err.print(f"[dim]skipped: {note}[/dim]")
 
     total = len(setups) * (len(n_prompt) + len(n_gen))
     bar = Progress("[progress.description]{task.description}", BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(), console=err, transient=True, disable=json_out or csv_out or not err.is_terminal)

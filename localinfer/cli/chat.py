@@ -16,11 +16,11 @@ from localinfer.cli import options as opt
 def chat(
     model: Annotated[Optional[str], typer.Argument(help="Catalog alias, path to a .gguf, or Hugging Face owner/repo[:QUANT]; with --url, the name the endpoint knows it by. Default: the embedded SmolLM2-135M (with --url: the endpoint's first model).", show_default=False)] = None,
     url: Annotated[Optional[str], typer.Option("--url", help="Talk to an OpenAI-compatible endpoint (localinfer serve, Ollama, llama-server) instead of loading the model here, e.g. http://127.0.0.1:8080. Its key comes from OPENAI_API_KEY.", show_default=False)] = None,
-    engine_name: Annotated[str, typer.Option("--engine", help="Inference engine: llama.cpp, or native (localinfer's own, CPU).", callback=opt.engine_name)] = "llama.cpp",
-    ctx: Annotated[Optional[int], typer.Option(help="Context window in tokens; longer chats drop their oldest turns. [default: the model's, at most 4096]", callback=opt.at_least(16))] = None,
-    threads: Annotated[Optional[int], typer.Option(help="CPU threads. [default: physical cores]", callback=opt.threads)] = None,
-    gpu_layers: Annotated[str, typer.Option(help="Layers to offload to the GPU, or 'auto' to fit free VRAM.", callback=opt.gpu_layers)] = "auto",
-    kernels: Annotated[Optional[str], typer.Option("--kernels", envvar="LOCALINFER_KERNELS", help="Native engine kernels: auto, c, or numba. [default: auto]", callback=opt.kernel_set, show_default=False)] = None,
+    engine_name: opt.Engine = opt.ENGINE_DEFAULT,
+    ctx: opt.Ctx = None,
+    threads: opt.Threads = None,
+    gpu_layers: opt.GpuLayers = "auto",
+    kernels: opt.Kernels = None,
     cache_type: opt.CacheType = None,
     cache_type_k: opt.CacheTypeK = None,
     cache_type_v: opt.CacheTypeV = None,
@@ -28,6 +28,7 @@ def chat(
     draft_max: opt.DraftMax = 10,
     draft_ngram_min: opt.DraftNgramMin = 2,
     draft_ngram_max: opt.DraftNgramMax = 4,
+    think: opt.Think = "on",
     list_chats: Annotated[bool, typer.Option("--list", help="Print the saved chats, newest first, and exit.")] = False,
     json_out: Annotated[bool, typer.Option("--json", help="With --list: print JSON.")] = False,
     export: Annotated[Optional[tuple[int, Path]], typer.Option("--export", metavar="ID FILE", help="Write chat ID to FILE (Markdown, or JSON for a .json name) and exit.", show_default=False)] = None,
@@ -53,27 +54,26 @@ def chat(
             return
         if not (sys.stdin.isatty() and sys.stdout.isatty()):
             raise typer.BadParameter("the chat app needs a terminal; for scripts use 'localinfer run' (one prompt) or 'localinfer serve' (an API)")
-        from localinfer.engine.loader import LoadOptions
         from localinfer.tui.app import ChatApp
 
-        speculation = opt.draft_config(draft, draft_max, draft_ngram_min, draft_ngram_max)
-        options = LoadOptions(engine=engine_name, ctx=ctx, threads=threads, gpu_layers=gpu_layers, kernels=kernels, draft=speculation, cache=opt.cache_choice(cache_type, cache_type_k, cache_type_v))
-        ChatApp(store, model_loader(options), model=model, url=url).run()
+        options = opt.load_options(engine_name, ctx, threads, kernels, (cache_type, cache_type_k, cache_type_v), (draft, draft_max, draft_ngram_min, draft_ngram_max), gpu_layers)
+        ChatApp(store, model_loader(options, think == "on"), model=model, url=url).run()
     finally:
         store.close()
 
 
-def model_loader(options):  # (LoadOptions) -> Loader
-    """How the app opens a chat's model: in-process with these options, or at its URL."""
+def model_loader(options, think: bool = True):  # (LoadOptions) -> Loader
+    """How the app opens a chat's model: in-process with these options, or at its URL
+    (`think`: a reasoning model thinks before it answers)."""
 
     def load(ref: str | None, url: str | None):
         from localinfer.tui.replies import LocalModel, RemoteModel
 
         if url:
-            return RemoteModel(url, ref)
+            return RemoteModel(url, ref, think)
         from localinfer.engine.loader import open_engine
 
-        return LocalModel(open_engine(ref, options), options.engine)
+        return LocalModel(open_engine(ref, options), think)
 
     return load
 

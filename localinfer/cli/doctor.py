@@ -7,7 +7,7 @@ import platform
 import shutil
 import subprocess
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Optional
 
 import psutil
 import typer
@@ -77,6 +77,45 @@ def _free_disk(path: Path) -> int:
         return 0
 
 
+def engines_report() -> dict[str, object]:
+    """What each engine runs here (its capabilities), or why it cannot start."""
+    from localinfer.backends import BACKENDS, get_backend
+    from localinfer.errors import UserError
+
+    out: dict[str, object] = {}
+    for name in BACKENDS:
+        try:
+            caps = get_backend(name).capabilities()
+        except UserError as e:
+            out[name] = {"error": str(e)}
+            continue
+        out[name] = {
+            "architectures": sorted(caps.architectures) if caps.architectures is not None else "any",
+            "weight_types": sorted(caps.weight_types) if caps.weight_types is not None else "any",
+            "kv_types": list(caps.kv_types),
+            "gpu_offload": caps.gpu_offload,
+            "kv_layout": caps.kv_layout,
+            "auto_passes_over": sorted(caps.slower),  # what it runs, but --engine auto leaves to another engine
+        }
+    return out
+
+
+def model_report(ref: str) -> dict[str, object]:
+    """Which engine `--engine auto` takes for a model on this machine, and why."""
+    from localinfer.engine.loader import choose_engine
+    from localinfer.errors import ModelNotFound
+    from localinfer.modelfile import inspect
+    from localinfer.store.pull import local_path
+    from localinfer.store.refs import resolve
+
+    path = local_path(resolve(ref))
+    if path is None:
+        raise ModelNotFound(f"model '{ref}' is not downloaded; run 'localinfer pull {ref}' first")
+    info = inspect(path)
+    choice = choose_engine("auto", info, "auto")
+    return {"path": str(path), "architecture": info.architecture, "tensor_types": sorted(info.tensor_types), "engine": choice.name, "reason": choice.reason}
+
+
 def collect() -> dict[str, object]:
     vm = psutil.virtual_memory()
     lc = llama_cpp_report()
@@ -86,14 +125,20 @@ def collect() -> dict[str, object]:
         "ram": {"total_bytes": vm.total, "available_bytes": vm.available},
         "llama_cpp": lc,
         "native_kernels": native_kernels(),
+        "engines": engines_report(),
         "gpus_seen_by_os": _system_gpus(),
         "storage": {"data_dir": str(data_dir()), "models_dir": str(models_dir()), "disk_free_bytes": _free_disk(models_dir())},
     }
 
 
-def doctor(json_out: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False) -> None:
-    """Report CPU features, memory, llama.cpp backends, native kernels, GPUs, and where models are stored."""
+def doctor(
+    model: Annotated[Optional[str], typer.Argument(help="Also say which engine runs this model here (with --engine auto), and why.", show_default=False)] = None,
+    json_out: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False,
+) -> None:
+    """Report CPU features, memory, llama.cpp backends, native kernels, what each engine runs, GPUs, and where models are stored."""
     report = collect()
+    if model is not None:
+        report["model"] = model_report(model)
     if json_out:
         print(json.dumps(report, indent=2))
         return
@@ -116,6 +161,15 @@ def doctor(json_out: Annotated[bool, typer.Option("--json", help="Print JSON.")]
     t.add_row("native kernels", f"auto → {kernels['auto']}")  # type: ignore[index]
     for name in ("c", "numba"):
         t.add_row("", f"{name}: {kernels[name]}")  # type: ignore[index]
+    for name, caps in report["engines"].items():  # type: ignore[attr-defined]
+        if "error" in caps:
+            t.add_row(f"{name} engine", f"[red]cannot start:[/red] {caps['error']}")
+            continue
+        archs = caps["architectures"] if caps["architectures"] == "any" else ", ".join(caps["architectures"])
+        t.add_row(f"{name} engine", f"architectures: {archs}; KV cache: {', '.join(caps['kv_types'])} ({caps['kv_layout']}); GPU offload: {'yes' if caps['gpu_offload'] else 'no'}")
+    if "model" in report:
+        m = report["model"]
+        t.add_row("model", f"{m['path']} ({m['architecture']}): engine {m['engine']}, because {m['reason']}")  # type: ignore[index]
     gpus = report["gpus_seen_by_os"]
     t.add_row("GPUs", ", ".join(gpus) if gpus else "none found")  # type: ignore[arg-type]
     if gpus and lc.get("gpu_offload") is False:

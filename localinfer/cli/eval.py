@@ -36,9 +36,10 @@ def eval_command(
     ref: Annotated[Optional[str], typer.Option("--ref", help="Reference model (e.g. the F16 source) for KL divergence and top-1 agreement.", show_default=False)] = None,
     ctx: Annotated[int, typer.Option("--ctx", help="Tokens per chunk; the second half of each chunk is scored.", callback=opt.at_least(8))] = 512,
     max_chunks: Annotated[Optional[int], typer.Option("--chunks", help="Score at most this many chunks. [default: all]", callback=opt.at_least(1), show_default=False)] = None,
-    engine_name: Annotated[str, typer.Option("--engine", help="Inference engine for both models: llama.cpp or native.", callback=opt.engine_name)] = "llama.cpp",
-    kernels: Annotated[Optional[str], typer.Option("--kernels", envvar="LOCALINFER_KERNELS", help="Native engine kernels: auto, c or numba.", callback=opt.kernel_set, show_default=False)] = None,
-    threads: Annotated[Optional[int], typer.Option(help="CPU threads. [default: physical cores]", callback=opt.threads)] = None,
+    engine_name: opt.Engine = opt.ENGINE_DEFAULT,
+    kernels: opt.Kernels = None,
+    threads: opt.Threads = None,
+    gpu_layers: opt.GpuLayers = "auto",
     cache_type: opt.CacheType = None,
     cache_type_k: opt.CacheTypeK = None,
     cache_type_v: opt.CacheTypeV = None,
@@ -46,14 +47,13 @@ def eval_command(
     json_out: Annotated[bool, typer.Option("--json", help='Print {"perplexity", "tokens", "kld": {"mean", "p99", "max"}, "top1_agreement"} (kld and top1_agreement with --ref).')] = False,
 ) -> None:
     """Measure perplexity over a text, and with --ref the KL divergence from a reference model."""
-    from localinfer.engine.loader import LoadOptions, open_engine
+    from localinfer.engine.loader import open_engine
     from localinfer.quality.evaluate import evaluate
 
     content = read_text(text or default_text())
     if ref_cache == "auto":
         raise typer.BadParameter("give the reference a type (e.g. f16), not auto", param_hint="--ref-cache")
-    load = LoadOptions(engine=engine_name, ctx=ctx, threads=threads, gpu_layers=0 if engine_name == "native" else "auto", kernels=kernels,
-                       cache=opt.cache_choice(cache_type, cache_type_k, cache_type_v))  # fmt: skip
+    load = opt.load_options(engine_name, ctx, threads, kernels, (cache_type, cache_type_k, cache_type_v), gpu_layers=gpu_layers)
     subject = open_engine(model, load)
     reference = None
     if ref or ref_cache:

@@ -68,12 +68,16 @@ MAX_THREADS = 1024
 threads = between(1, MAX_THREADS)
 
 
-def engine_name(value: str) -> str:
+def backend_name(value: str) -> str:
     from localinfer.backends import BACKENDS
 
     if value not in BACKENDS:
         raise typer.BadParameter(f"'{value}' is not one of: {', '.join(BACKENDS)}")
     return value
+
+
+def engine_name(value: str) -> str:
+    return value if value == "auto" else backend_name(value)
 
 
 def kernel_set(value: str | None) -> str | None:
@@ -84,10 +88,31 @@ def kernel_set(value: str | None) -> str | None:
     return value
 
 
+# The options of every command that loads a model (run, chat, serve, eval): one definition
+# each, so their --help agrees, and one place (load_options) that turns them into LoadOptions.
+Engine = Annotated[str, typer.Option("--engine", help="Inference engine: auto (native where it runs the model's architecture and tensor types and no layer goes to a GPU, else llama.cpp), native (localinfer's own, CPU) or llama.cpp.", callback=engine_name)]
+Kernels = Annotated[Optional[str], typer.Option("--kernels", envvar="LOCALINFER_KERNELS", help="Native engine kernels: auto (C where it compiled, else Numba), c, or numba. [default: auto]", callback=kernel_set, show_default=False)]
+Threads = Annotated[Optional[int], typer.Option("--threads", help="CPU threads. [default: physical cores]", callback=threads)]
+Ctx = Annotated[Optional[int], typer.Option("--ctx", help="Context of each sequence in tokens, prompt and answer together. [default: the model's, at most 4096]", callback=at_least(16))]
+GpuLayers = Annotated[str, typer.Option("--gpu-layers", help="Layers to offload to the GPU, or 'auto' to fit free VRAM (engines that offload: llama.cpp).", callback=gpu_layers)]
+ENGINE_DEFAULT = "auto"
+
+
 def draft_mode(value: str) -> str:
     if value not in ("prompt-lookup", "none"):
         raise typer.BadParameter(f"'{value}' is not one of: prompt-lookup, none")
     return value
+
+
+def on_off(value: str) -> str:
+    if value not in ("on", "off"):
+        raise typer.BadParameter(f"'{value}' is not on or off")
+    return value
+
+
+# Reasoning models, on the commands that chat (run, chat).
+Think = Annotated[str, typer.Option("--think", help="Let a reasoning model (Qwen3, DeepSeek-R1 distills) think before it answers: on or off (its template's enable_thinking, or the think block closed at once).", callback=on_off)]
+ThinkBudget = Annotated[Optional[int], typer.Option("--think-budget", help="Most tokens a reasoning model may think; then localinfer closes the think block and the model answers. 0: do not think. [default: no limit]", callback=at_least(0), show_default=False)]
 
 
 # Speculation, on every command that decodes (run, serve); one definition, so their --help agrees.
@@ -109,9 +134,9 @@ def draft_config(mode: str, max_draft: int, ngram_min: int, ngram_max: int):  # 
 
 
 def cache_type(value: str | None) -> str | None:
-    from localinfer.memory import KV_TYPE_BYTES
+    from localinfer.backends.kvtypes import KV_TYPES
 
-    if value is not None and value not in (*KV_TYPE_BYTES, "auto"):
+    if value is not None and value not in (*KV_TYPES, "auto"):
         raise typer.BadParameter(f"'{value}' is not a KV-cache type: f16, q8_0, q4_0 (llama.cpp also q4_1, q5_0, q5_1, iq4_nl), or auto")
     return value
 
@@ -163,3 +188,13 @@ def constraint_choice(json_schema: str | None, grammar: str | None, regex: str |
     if regex is not None:
         return Constraint("regex", regex).check()
     return None
+
+
+def load_options(engine: str, ctx: int | None, threads: int | None, kernels: str | None, cache: tuple[str | None, str | None, str | None],
+                 draft: tuple[str, int, int, int] = ("none", 10, 2, 4), gpu_layers: int | str = "auto", **more: object):  # fmt: skip  # -> LoadOptions
+    """LoadOptions from the shared options: `cache` is (--cache-type, -k, -v), `draft` is
+    (--draft, --draft-max, --draft-ngram-min, --draft-ngram-max); `more` sets the rest
+    (n_seq_max, verbose, prefill_chunk, decode_slowdown)."""
+    from localinfer.engine.loader import LoadOptions
+
+    return LoadOptions(engine=engine, ctx=ctx, threads=threads, gpu_layers=gpu_layers, kernels=kernels, draft=draft_config(*draft), cache=cache_choice(*cache), **more)  # type: ignore[arg-type]

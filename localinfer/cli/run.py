@@ -13,7 +13,7 @@ from rich.console import Console
 from localinfer.cli import options as opt
 from localinfer.engine.conversation import answer_room, fit_conversation
 from localinfer.engine.engine import Engine
-from localinfer.engine.loader import LoadOptions, open_engine
+from localinfer.engine.loader import open_engine
 from localinfer.engine.templates import Message
 from localinfer.engine.types import CompletionOutput, SamplingParams
 from localinfer.errors import ContextOverflow, ModelNotFound, OutputClosed, UserError
@@ -71,19 +71,45 @@ def write(text: str) -> None:
         raise OutputClosed from None
 
 
-def stream_answer(engine: Engine, tokens: list[int], params: SamplingParams) -> CompletionOutput | None:
+DIM, PLAIN = "\x1b[2m", "\x1b[0m"
+
+
+class Thinking:
+    """A reasoning model's thinking on a terminal, as Ollama shows it: dimmed, between
+    'Thinking...' and '...done thinking.', then the answer. Hidden with --hide-thinking,
+    and when stdout is not a terminal (there the answer alone is the output)."""
+
+    def __init__(self, show: bool) -> None:
+        self.show = show and sys.stdout.isatty()
+        self.open = False
+
+    def write(self, reasoning: str, text: str) -> None:
+        if reasoning and self.show:
+            write((f"{DIM}Thinking...\n" if not self.open else DIM) + reasoning + PLAIN)
+            self.open = True
+        if text:
+            self.end()
+            write(text)
+
+    def end(self) -> None:
+        if self.open:
+            write(f"{DIM}\n...done thinking.{PLAIN}\n\n")
+            self.open = False
+
+
+def stream_answer(engine: Engine, tokens: list[int], params: SamplingParams, show_thinking: bool = True) -> CompletionOutput | None:
     """Print an answer as it is generated; returns None if Ctrl-C stopped it."""
-    events = engine.generate(tokens, params)
+    events, thinking = engine.generate(tokens, params), Thinking(show_thinking)
     try:
         for event in events:
             if isinstance(event, CompletionOutput):
+                thinking.end()
                 write("\n")
                 event.raise_error()
                 return event
-            if event.text:
-                write(event.text)
+            thinking.write(event.reasoning, event.text)
     except KeyboardInterrupt:
-        write("\n")
+        write(PLAIN + "\n" if thinking.open else "\n")
         return None
     finally:
         events.close()  # on Ctrl-C or a closed pipe: abort the request and free its KV cache now
@@ -125,7 +151,9 @@ def as_json(engine: Engine, result: CompletionOutput) -> str:
     return json.dumps(
         {
             "model": as_text(engine.name),  # a file name may hold bytes that are not UTF-8
+            "engine": engine.backend.name,
             "text": result.text,
+            "reasoning": result.reasoning,
             "finish_reason": result.finish_reason,
             "seed": result.seed,
             "usage": result.usage(),
@@ -135,7 +163,7 @@ def as_json(engine: Engine, result: CompletionOutput) -> str:
     )
 
 
-def interactive(engine: Engine, system: str | None, params: SamplingParams, verbose: bool) -> None:
+def interactive(engine: Engine, system: str | None, params: SamplingParams, verbose: bool, think: bool = True, show_thinking: bool = True) -> None:
     import readline
 
     from localinfer.paths import ensure_dir, history_file
@@ -181,7 +209,7 @@ def interactive(engine: Engine, system: str | None, params: SamplingParams, verb
         history.append({"role": "user", "content": line})
         messages = ([{"role": "system", "content": system}] if system else []) + history
         try:
-            fitted = fit_conversation(engine, messages, answer_room(engine.n_ctx, params.max_tokens))
+            fitted = fit_conversation(engine, messages, answer_room(engine.n_ctx, params.max_tokens), think)
         except ContextOverflow as e:
             history.pop()
             err.print(f"[red]error:[/red] {e}", soft_wrap=True)
@@ -189,7 +217,7 @@ def interactive(engine: Engine, system: str | None, params: SamplingParams, verb
         if fitted.dropped:
             del history[: fitted.dropped]
             err.print(f"[dim]The conversation outgrew the {engine.n_ctx}-token context: dropped the {fitted.dropped} oldest messages (the system prompt stays).[/dim]", soft_wrap=True)
-        result = stream_answer(engine, fitted.tokens, params)
+        result = stream_answer(engine, fitted.tokens, params, show_thinking)
         if result is None:
             history.pop()  # an interrupted answer is not part of the conversation
             continue
@@ -235,15 +263,18 @@ def run(
     min_p: Annotated[Optional[float], typer.Option(help="Drop tokens below this fraction of the top probability.", callback=opt.between(0, 1))] = None,
     repeat_penalty: Annotated[Optional[float], typer.Option(help="Penalty for recently seen tokens; 1 disables.", callback=opt.at_least(0.01))] = None,
     seed: Annotated[Optional[int], typer.Option(help="Random seed, for reproducible sampling; -1 picks one (reported by --verbose and --json).", callback=opt.at_least(-1))] = None,
-    max_tokens: Annotated[Optional[int], typer.Option(help="Stop after this many tokens. [default: until the model stops or the context is full]", callback=opt.at_least(1))] = None,
-    ctx: Annotated[Optional[int], typer.Option(help="Context window in tokens. [default: the model's, at most 4096]", callback=opt.at_least(16))] = None,
-    threads: Annotated[Optional[int], typer.Option(help="CPU threads. [default: physical cores]", callback=opt.threads)] = None,
-    gpu_layers: Annotated[str, typer.Option(help="Layers to offload to the GPU, or 'auto' to fit free VRAM.", callback=opt.gpu_layers)] = "auto",
-    engine_name: Annotated[str, typer.Option("--engine", help="Inference engine: llama.cpp, or native (localinfer's own, CPU).", callback=opt.engine_name)] = "llama.cpp",
-    kernels: Annotated[Optional[str], typer.Option("--kernels", envvar="LOCALINFER_KERNELS", help="Native engine kernels: auto (C where it compiled, else Numba), c, or numba. [default: auto]", callback=opt.kernel_set, show_default=False)] = None,
+    max_tokens: Annotated[Optional[int], typer.Option("--max-tokens", "-n", help="Stop after this many tokens. [default: until the model stops or the context is full]", callback=opt.at_least(1))] = None,
+    ctx: opt.Ctx = None,
+    threads: opt.Threads = None,
+    gpu_layers: opt.GpuLayers = "auto",
+    engine_name: opt.Engine = opt.ENGINE_DEFAULT,
+    kernels: opt.Kernels = None,
     raw: Annotated[bool, typer.Option("--raw", help="Send the prompt as is, without the chat template.")] = False,
-    verbose: Annotated[bool, typer.Option("--verbose", "-v", help="Print timings: load, prefill, TTFT, TPOT, tokens/s.")] = False,
-    json_out: Annotated[bool, typer.Option("--json", help="Print one JSON object: text, finish_reason, usage, timings.")] = False,
+    verbose: Annotated[bool, typer.Option("--verbose", "-v", help="Print the engine chosen and why, memory, and timings: load, prefill, TTFT, TPOT, tokens/s.")] = False,
+    json_out: Annotated[bool, typer.Option("--json", help="Print one JSON object: model, engine, text, reasoning, finish_reason, seed, usage, timings.")] = False,
+    think: opt.Think = "on",
+    think_budget: opt.ThinkBudget = None,
+    hide_thinking: Annotated[bool, typer.Option("--hide-thinking", help="Print a reasoning model's answer without its thinking (thinking is shown dimmed on a terminal, never in a pipe).")] = False,
     cache_type: opt.CacheType = None,
     cache_type_k: opt.CacheTypeK = None,
     cache_type_v: opt.CacheTypeV = None,
@@ -267,31 +298,35 @@ def run(
 
     from localinfer.cli.pull import progress_bar
 
-    speculation = opt.draft_config(draft, draft_max, draft_ngram_min, draft_ngram_max)
-    cache = opt.cache_choice(cache_type, cache_type_k, cache_type_v)
+    load = opt.load_options(engine_name, ctx, threads, kernels, (cache_type, cache_type_k, cache_type_v), (draft, draft_max, draft_ngram_min, draft_ngram_max), gpu_layers, verbose=DEBUG)
     constraint = opt.constraint_choice(json_schema, grammar, regex)
 
     with progress_bar(enabled=not json_out) as progress:
-        engine = open_engine(model, LoadOptions(engine=engine_name, ctx=ctx, threads=threads, gpu_layers=gpu_layers, kernels=kernels, verbose=DEBUG, draft=speculation, cache=cache), progress)
+        engine = open_engine(model, load, progress)
+    if verbose and engine.choice is not None:
+        err.print(f"[dim]engine: {engine.choice.name} ({engine.choice.reason})[/dim]", soft_wrap=True)
     if verbose and engine.memory is not None:
         err.print(f"[dim]{engine.name}: {engine.memory.describe()}, {engine.memory.n_gpu_layers} layers on GPU[/dim]", soft_wrap=True)
     for warning in engine.memory.warnings if engine.memory is not None else []:
         err.print(f"[yellow]warning:[/yellow] {warning}", soft_wrap=True)
     params = engine.defaults.with_overrides(
         temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p,
-        repeat_penalty=repeat_penalty, seed=seed, max_tokens=max_tokens, constraint=constraint,
+        repeat_penalty=repeat_penalty, seed=seed, max_tokens=max_tokens, constraint=constraint, think_budget=think_budget,
     )
+    thinks = think == "on" and think_budget != 0
+    if not raw and engine.backend.facts.chat_template is None:
+        err.print("[yellow]note:[/yellow] this model has no chat template (a base model?); prompts are wrapped in ChatML. Use --raw to send them as they are.", soft_wrap=True)
     try:
         if prompt is None:
-            interactive(engine, system, params, verbose)
+            interactive(engine, system, params, verbose, thinks, not hide_thinking)
             return
         messages = ([{"role": "system", "content": system}] if system else []) + [{"role": "user", "content": prompt}]
-        tokens = engine.tokenize_prompt(prompt if raw else engine.render_chat(messages))
+        tokens = engine.tokenize_prompt(prompt if raw else engine.render_chat(messages, think=thinks))
         if json_out:
             result = engine.complete(tokens, params)
             write(as_json(engine, result) + "\n")
         else:
-            result = stream_answer(engine, tokens, params)
+            result = stream_answer(engine, tokens, params, not hide_thinking)
             if result is None:
                 raise typer.Exit(130)
             if verbose:

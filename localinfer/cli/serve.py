@@ -29,10 +29,11 @@ def serve(
     port: Annotated[int, typer.Option(help="Port.", callback=opt.between(1, 65535))] = 8080,
     parallel: Annotated[int, typer.Option(help="Requests decoded at once (KV-cache slots per model).", callback=opt.between(1, 256))] = 4,
     max_queue: Annotated[int, typer.Option(help="Requests that may wait for a slot; past that, 503 with Retry-After.", callback=opt.at_least(0))] = 32,
-    ctx: Annotated[Optional[int], typer.Option(help="Context per slot, in tokens. [default: the model's, at most 4096]", callback=opt.at_least(16))] = None,
-    engine_name: Annotated[str, typer.Option("--engine", help="Inference engine: llama.cpp, or native (localinfer's own, CPU).", callback=opt.engine_name)] = "llama.cpp",
-    kernels: Annotated[Optional[str], typer.Option("--kernels", envvar="LOCALINFER_KERNELS", help="Native engine kernels: auto, c or numba.", callback=opt.kernel_set, show_default=False)] = None,
-    threads: Annotated[Optional[int], typer.Option(help="CPU threads. [default: physical cores]", callback=opt.threads)] = None,
+    ctx: opt.Ctx = None,
+    engine_name: opt.Engine = opt.ENGINE_DEFAULT,
+    kernels: opt.Kernels = None,
+    threads: opt.Threads = None,
+    gpu_layers: opt.GpuLayers = "auto",
     api_key: Annotated[Optional[str], typer.Option("--api-key", envvar="LOCALINFER_API_KEY", help="Require 'Authorization: Bearer KEY' on every route but /health.", show_default=False)] = None,
     keep_alive: Annotated[str, typer.Option(help="Unload a model idle this long (300, 30s, 5m, 1h; -1: never).")] = "5m",
     max_loaded: Annotated[int, typer.Option(help="Models kept loaded at once; the least recently used is swapped out.", callback=opt.at_least(1))] = 1,
@@ -48,17 +49,15 @@ def serve(
     decode_slowdown: Annotated[float, typer.Option(help="While others decode, a step that prefills may take this many times a decode step (fewer prompt tokens per step); 0: no limit.", callback=opt.at_least(0))] = 2.0,
 ) -> None:
     """Serve models over an OpenAI-compatible HTTP API (chat and text completions, models, health, metrics)."""
-    from localinfer.engine.loader import LoadOptions
     from localinfer.server.app import create_app
     from localinfer.server.host import ModelHost
     from localinfer.server.run import serve_app
 
     if host not in LOOPBACK and not api_key:
         err.print(f"[yellow]warning:[/yellow] listening on {host} without --api-key: anyone who can reach this port can use your models")
-    speculation = opt.draft_config(draft, draft_max, draft_ngram_min, draft_ngram_max)
-    options = LoadOptions(engine=engine_name, ctx=ctx, threads=threads, n_seq_max=parallel, kernels=kernels, draft=speculation,
-                          cache=opt.cache_choice(cache_type, cache_type_k, cache_type_v))  # fmt: skip
-    models = ModelHost(model, options, prefill_chunk=prefill_chunk, decode_slowdown=decode_slowdown, max_loaded=max_loaded, keep_alive=duration(keep_alive), allow_paths=allow_paths)
+    options = opt.load_options(engine_name, ctx, threads, kernels, (cache_type, cache_type_k, cache_type_v), (draft, draft_max, draft_ngram_min, draft_ngram_max), gpu_layers,
+                               n_seq_max=parallel, prefill_chunk=prefill_chunk, decode_slowdown=decode_slowdown)  # fmt: skip
+    models = ModelHost(model, options, max_loaded=max_loaded, keep_alive=duration(keep_alive), allow_paths=allow_paths)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s", datefmt="%H:%M:%S")
     app = create_app(models, api_key=api_key, parallel=parallel, max_queue=max_queue)
     serve_app(app, host, port)

@@ -22,17 +22,17 @@ def answer_room(n_ctx: int, max_tokens: int | None) -> int:
     return min(max_tokens or n_ctx // 4, n_ctx // 2)
 
 
-def fit_conversation(engine, messages: list[Message], room: int) -> FittedPrompt:
+def fit_conversation(engine, messages: list[Message], room: int, think: bool = True) -> FittedPrompt:
     """The prompt for `messages`, dropping the oldest non-system messages until the prompt
     and `room` fit in the context. The last message is always kept; if it alone cannot
-    fit, ContextOverflow says so and nothing is dropped."""
+    fit, ContextOverflow says so and nothing is dropped. `think`: a reasoning model thinks first."""
     system = [m for m in messages[:1] if m["role"] == "system"]
     turns = messages[len(system) :]
     n_ctx = engine.n_ctx
     dropped = 0
     while True:
         kept = system + turns[dropped:]
-        tokens = engine.tokenize_prompt(engine.render_chat(kept))
+        tokens = engine.tokenize_prompt(engine.render_chat(kept, think=think))
         last = dropped >= len(turns) - 1
         if len(tokens) + room <= n_ctx or (last and len(tokens) < n_ctx):
             return FittedPrompt(tokens, kept, dropped)

@@ -31,14 +31,16 @@ from localinfer.engine.budget import DEFAULT_SLOWDOWN, PrefillBudget
 from localinfer.engine.constraints import GrammarVocab, TokenMask
 from localinfer.engine.detokenize import StreamDetokenizer
 from localinfer.engine.filewatch import ModelFileWatch
+from localinfer.engine.reasoning import BUDGET_CLOSE, ReasoningSplitter, ThinkSyntax
 from localinfer.engine.sampler import Sampler
 from localinfer.engine.speculative import DraftConfig, DraftState, lookup, measure_verify_cost
 from localinfer.engine.stops import StopMatcher
 from localinfer.engine.stream import Event, RequestStream
 from localinfer.engine.templates import Message, render_chat
-from localinfer.engine.types import CompletionOutput, SamplingParams, Timings, TokenEvent
+from localinfer.engine.types import CompletionOutput, EngineChoice, SamplingParams, Timings, TokenEvent
 from localinfer.errors import BackendError, ContextOverflow, UserError
-from localinfer.memory import kv_cache_bytes
+from localinfer.memory import MemoryPlan, kv_cache_bytes
+from localinfer.modelfile import GGUFInfo
 
 DEFAULT_PREFILL_CHUNK = 512
 MAX_BACKLOG = 256  # unread events after which a request waits for its reader
@@ -71,6 +73,10 @@ class _Sequence:
     spec: DraftState | None = None  # prompt-lookup speculation, when the engine drafts
     mask: TokenMask | None = None  # structured output: the grammar's state
     n_forwards: int = 0  # decode forwards this request took part in (tokens per forward = answer / this)
+    splitter: ReasoningSplitter | None = None  # a reasoning model's: thinking apart from the answer
+    reasoning: list[str] = field(default_factory=list)
+    reasoning_end: int = 0  # answer tokens up to the one that closed the think block (0: none closed)
+    forced: deque[int] = field(default_factory=deque)  # tokens the engine writes itself (a thinking budget's close)
 
     @property
     def prefilling(self) -> bool:
@@ -106,20 +112,24 @@ class StepStats:
 
 
 class Engine:
-    def __init__(self, backend: Backend, defaults: SamplingParams | None = None, load_ms: float = 0.0, prefill_chunk: int = DEFAULT_PREFILL_CHUNK, decode_slowdown: float = DEFAULT_SLOWDOWN,
-                 draft: DraftConfig | None = None) -> None:  # fmt: skip
+    def __init__(self, backend: Backend, *, slots: int = 1, defaults: SamplingParams | None = None, load_ms: float = 0.0, prefill_chunk: int = DEFAULT_PREFILL_CHUNK,
+                 decode_slowdown: float = DEFAULT_SLOWDOWN, draft: DraftConfig | None = None, name: str | None = None, info: GGUFInfo | None = None,
+                 memory: MemoryPlan | None = None, choice: EngineChoice | None = None) -> None:  # fmt: skip
+        """`slots`: sequences decoded at once, each a KV-cache sequence id below the
+        n_seq_max the backend was loaded with. `name`: the reference the model was opened
+        by (default: its file's name); `info`, `memory` and `choice`: what the loader read,
+        planned and chose, for reports."""
         self.backend = backend
         self.defaults = defaults or SamplingParams()
         self.load_ms = load_ms
         self.prefill_chunk = max(1, prefill_chunk)
         self.budget = PrefillBudget(decode_slowdown)  # sizes chunks by time while others decode; see budget.py
-        self.name = str(backend.facts.path.name)  # set by the loader to the reference used
-        self.info: object | None = None  # the GGUFInfo the loader read, if any
-        self.memory: object | None = None  # the loader's MemoryPlan, if any
+        self.name = name or backend.facts.path.name
+        self.info, self.memory, self.choice = info, memory, choice
         self.last_step = StepStats()
         self._ids = itertools.count()
-        self._free_slots = list(range(backend.facts.n_seq_max - 1, -1, -1))  # KV-cache sequence ids
-        self._slot_tokens: list[list[int]] = [[] for _ in range(backend.facts.n_seq_max)]  # what each slot's cache holds
+        self._free_slots = list(range(slots - 1, -1, -1))  # KV-cache sequence ids
+        self._slot_tokens: list[list[int]] = [[] for _ in range(slots)]  # what each slot's cache holds
         self._waiting: deque[_Sequence] = deque()
         self._running: dict[int, _Sequence] = {}
         self._inbox: deque[tuple[str, object]] = deque()  # ("submit", seq) | ("abort", request id) | ("call", (fn, future))
@@ -138,23 +148,31 @@ class Engine:
         self.broken: str | None = None  # why the model can no longer run (its file was truncated)
         self._grammar_vocab: GrammarVocab | None = None  # built when a request first asks for structured output
         self._grammar_lock = threading.Lock()
+        self.think = ThinkSyntax.detect(backend.facts.chat_template, lambda tag: backend.tokenize(tag, add_special=False, parse_special=True))
 
     @property
     def n_ctx(self) -> int:
         """Tokens one request may hold: prompt and answer together."""
-        return self.backend.facts.n_ctx_seq
+        return self.backend.facts.n_ctx
 
     # --- prompts -------------------------------------------------------------------
-    def render_chat(self, messages: list[Message], add_generation_prompt: bool = True, tools: list[dict] | None = None) -> str:
-        v = self.backend.vocab
-        return render_chat(
+    def render_chat(self, messages: list[Message], add_generation_prompt: bool = True, tools: list[dict] | None = None, think: bool = True) -> str:
+        """The prompt for a conversation. A reasoning model thinks first unless `think` is
+        False: its template's `enable_thinking` off, or where the template opens the think
+        block itself and cannot, the block closed right after it opens."""
+        v, syntax = self.backend.vocab, self.think
+        prompt = render_chat(
             self.backend.facts.chat_template,
             messages,
             add_generation_prompt=add_generation_prompt,
             bos_token=v.bos_text,
             eos_token=v.eos_text,
             tools=tools,
+            enable_thinking=think if syntax is not None else None,
         )
+        if syntax is not None and not think and add_generation_prompt and syntax.starts_open(prompt):
+            prompt += syntax.close + "\n\n"
+        return prompt
 
     def tokenize_prompt(self, text: str) -> list[int]:
         """Tokens for a prompt, with BOS where the model wants it but never twice."""
@@ -194,9 +212,17 @@ class Engine:
             history=list(prompt_tokens),
             t_submit=time.perf_counter(),
             mask=mask,
+            splitter=self._splitter(prompt_tokens) if params.reasoning else None,
         )
         self._post(("submit", seq))
         return stream
+
+    def _splitter(self, prompt_tokens: list[int]) -> ReasoningSplitter | None:
+        """A reasoning model's splitter, started inside the think block if the prompt opens it."""
+        if self.think is None:
+            return None
+        tail = b"".join(self.backend.token_bytes(t) for t in prompt_tokens[-8:]).decode("utf-8", errors="replace")
+        return ReasoningSplitter(self.think, inside=self.think.starts_open(tail))
 
     def grammar_vocab(self) -> GrammarVocab:
         """The vocabulary as the grammar engine sees it, built once (any thread)."""
@@ -223,11 +249,11 @@ class Engine:
     @property
     def cache_types(self) -> tuple[str, str]:
         """The KV cache's K and V types, as the loader planned them."""
-        return getattr(self.memory, "cache_types", ("f16", "f16"))
+        return self.memory.cache_types if self.memory is not None else ("f16", "f16")
 
     def kv_bytes_used(self) -> int | None:
         """Bytes the KV cells in use hold (None without the model's header to size a cell)."""
-        return kv_cache_bytes(self.info, self.kv_cells_used, self.cache_types) if self.info is not None else None  # type: ignore[arg-type]
+        return kv_cache_bytes(self.info, self.kv_cells_used, self.cache_types) if self.info is not None else None
 
     @property
     def kv_cells_cached(self) -> int:
@@ -479,9 +505,16 @@ class Engine:
         raw = logits.copy() if k is not None else None  # the sampler edits logits in place
         if seq.params.ignore_eos:
             logits[self._eog] = -np.inf
-        allowed = seq.mask.apply(logits) if seq.mask is not None else None  # before every other step of the sampler
+        thinking = seq.splitter is not None and seq.splitter.thinking
+        mask = None if thinking else seq.mask  # a constraint shapes the answer, not the thinking
+        allowed = mask.apply(logits) if mask is not None else None  # before every other step of the sampler
         if allowed is not None and not len(allowed):
-            return self._finish(seq, "error", error=UserError(seq.mask.error))  # type: ignore[union-attr]
+            return self._finish(seq, "error", error=UserError(mask.error))  # type: ignore[union-attr]
+        if seq.forced:  # the engine writes this token itself: the only one left to draw
+            forced = seq.forced.popleft()
+            logits.fill(-np.inf)
+            logits[forced] = 0.0
+            allowed = np.array([forced])
         token = seq.sampler.sample(logits, seq.history, seq.generated, allowed)
         seq.t_last = time.perf_counter()
         seq.n_sampled += 1
@@ -492,10 +525,12 @@ class Engine:
             return self._finish(seq, "stop")
         seq.generated.append(token)
         seq.history.append(token)
-        if seq.mask is not None and not seq.mask.advance(token):
-            return self._finish(seq, "error", error=UserError(seq.mask.error))
-        text, hit_stop = seq.stops.push(seq.detok.push(token))
-        self._emit(seq, token, text, *(token_logprobs(raw, token, k) if raw is not None else ()))
+        if mask is not None and not mask.advance(token):
+            return self._finish(seq, "error", error=UserError(mask.error))
+        reasoning, text, hit_stop = self._text(seq, seq.detok.push(token))
+        if seq.splitter is not None:
+            self._watch_thinking(seq)
+        self._emit(seq, token, text, *(token_logprobs(raw, token, k) if raw is not None else ()), reasoning=reasoning)
         if hit_stop:
             return self._finish(seq, "stop", flush=False)
         if seq.mask is not None and seq.mask.finished:  # the grammar is complete: only end of generation may follow
@@ -506,17 +541,40 @@ class Engine:
             return self._finish(seq, "length")
         seq.pending = token
 
-    def _emit(self, seq: _Sequence, token: int, text: str, logprob: float | None = None, top: list[tuple[int, float]] | None = None) -> None:
+    def _watch_thinking(self, seq: _Sequence) -> None:
+        """Note where the think block closed, and close it for the model once its budget of
+        tokens is spent (the tags count: they are the model's tokens too)."""
+        splitter, budget = seq.splitter, seq.params.think_budget
+        if splitter.closed and not seq.reasoning_end:  # type: ignore[union-attr]
+            seq.reasoning_end = len(seq.generated)
+        elif splitter.thinking and budget is not None and len(seq.generated) >= budget and not seq.forced:  # type: ignore[union-attr]
+            seq.forced.extend(self.backend.tokenize(BUDGET_CLOSE, add_special=False, parse_special=True))
+
+    @staticmethod
+    def _text(seq: _Sequence, piece: str, final: bool = False) -> tuple[str, str, bool]:
+        """New text of a sequence as (thinking, answer safe to emit, whether a stop string was
+        hit): a reasoning model's thinking is split off first, so stops apply to the answer."""
+        reasoning, answer = seq.splitter.push(piece) if seq.splitter is not None else ("", piece)
+        if final and seq.splitter is not None:
+            held_reasoning, held_answer = seq.splitter.flush()
+            reasoning, answer = reasoning + held_reasoning, answer + held_answer
+        text, hit_stop = seq.stops.push(answer)
+        if final and not hit_stop:
+            text += seq.stops.flush()
+        return reasoning, text, hit_stop
+
+    def _emit(self, seq: _Sequence, token: int, text: str, logprob: float | None = None, top: list[tuple[int, float]] | None = None, reasoning: str = "") -> None:
         if text:
             seq.text.append(text)
-        seq.stream.put(TokenEvent(seq.request_id, token, text, logprob, top))
+        if reasoning:
+            seq.reasoning.append(reasoning)
+        seq.stream.put(TokenEvent(seq.request_id, token, text, logprob, top, reasoning))
 
     def _finish(self, seq: _Sequence, reason: str, flush: bool = True, error: Exception | None = None) -> None:
         if flush and error is None:
-            tail, _ = seq.stops.push(seq.detok.flush())
-            tail += seq.stops.flush()
-            if tail:
-                self._emit(seq, -1, tail)
+            reasoning, tail, _ = self._text(seq, seq.detok.flush(), final=True)
+            if tail or reasoning:
+                self._emit(seq, -1, tail, reasoning=reasoning)
         self._running.pop(seq.request_id, None)
         self._release(seq, keep_cache=error is None)
         seq.stream.put(
@@ -531,6 +589,8 @@ class Engine:
                 seed=int(seq.params.seed or 0),
                 error=error,
                 cached_tokens=seq.cached_tokens,
+                reasoning="".join(seq.reasoning),
+                reasoning_tokens=seq.reasoning_end or (len(seq.generated) if seq.splitter is not None and seq.splitter.thinking else 0),
             )
         )
 

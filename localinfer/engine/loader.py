@@ -1,4 +1,5 @@
-"""From a MODEL reference to a ready Engine: resolve, pull if needed, check, load.
+"""From a MODEL reference to a ready Engine: resolve, pull if needed, choose the engine,
+check, load.
 
 The CLI, the TUI and the server all open models through here, so they agree on
 defaults, memory checks and errors.
@@ -10,12 +11,14 @@ import time
 from dataclasses import dataclass
 
 from localinfer import memory
-from localinfer.backends import get_backend
-from localinfer.backends.base import LoadParams
-from localinfer.engine.engine import Engine
+from localinfer.backends import BACKENDS, get_backend
+from localinfer.backends.base import Backend, Capabilities, LoadParams
+from localinfer.engine.budget import DEFAULT_SLOWDOWN
+from localinfer.engine.engine import DEFAULT_PREFILL_CHUNK, Engine
 from localinfer.engine.speculative import DraftConfig
-from localinfer.engine.types import SamplingParams
-from localinfer.modelfile import inspect
+from localinfer.engine.types import EngineChoice, SamplingParams
+from localinfer.errors import UserError
+from localinfer.modelfile import GGUFInfo, inspect
 from localinfer.store.pull import Progress, ensure_local
 from localinfer.store.refs import resolve
 
@@ -25,17 +28,19 @@ SAMPLING_KEYS = {"temperature", "top_k", "top_p", "min_p", "repeat_penalty", "re
 
 @dataclass
 class LoadOptions:
-    engine: str = "llama.cpp"
+    engine: str = "auto"  # a BACKENDS name, or "auto": the first in BACKENDS' order that runs the model
     ctx: int | None = None  # per sequence; None: the catalog's value, else min(4096, trained context)
     threads: int | None = None
     gpu_layers: int | str = "auto"
-    n_seq_max: int = 1
+    n_seq_max: int = 1  # sequences decoded at once: the engine's slots
     kernels: str | None = None  # native engine only: auto | c | numba
     verbose: bool = False  # let the backend print its own log (LOCALINFER_DEBUG=1)
     draft: DraftConfig | None = None  # prompt-lookup speculation; None: off
     # KV-cache K and V types (None: the catalog's cache_type / cache_type_k / cache_type_v,
     # else f16), or "auto": the first of f16, q8_0, q4_0 that fits
     cache: tuple[str | None, str | None] | str = (None, None)
+    prefill_chunk: int = DEFAULT_PREFILL_CHUNK  # most prompt tokens one step prefills
+    decode_slowdown: float = DEFAULT_SLOWDOWN  # how much longer than a decode step a prefilling step may take
 
 
 def cache_types(asked: tuple[str | None, str | None] | str, defaults: dict[str, object]) -> tuple[str, str] | str:
@@ -49,41 +54,67 @@ def cache_types(asked: tuple[str | None, str | None] | str, defaults: dict[str, 
     return (str(k), str(v))
 
 
+def offload_devices(caps: Capabilities) -> list:
+    """The devices an engine with these capabilities could put layers on (none without offload)."""
+    if not caps.gpu_offload:
+        return []
+    from localinfer.backends.devices import list_devices
+
+    return [d for d in list_devices() if d.kind in ("GPU", "iGPU")]
+
+
+def choose_engine(asked: str, info: GGUFInfo, gpu_layers: int | str, cache: tuple[str, str] | str = "auto") -> EngineChoice:
+    """`asked`, or for "auto" the first engine (in BACKENDS' order, fastest on a CPU first)
+    that runs the model's architecture and every tensor type, keeps the KV-cache types
+    asked for, and offloads where layers are to go to a GPU."""
+    if asked != "auto":
+        return EngineChoice(asked, "asked for with --engine")
+    passed: list[str] = []
+    for name in BACKENDS:
+        caps = get_backend(name).capabilities()
+        why_not = caps.refusal(info.architecture, info.tensor_types, auto=True)
+        lacking = sorted(set(() if cache == "auto" else cache) - set(caps.kv_types))
+        if why_not is None and lacking:
+            why_not = f"a {'/'.join(lacking)} KV cache"
+        if why_not is None and gpu_layers != 0 and not caps.gpu_offload and any(offload_devices(get_backend(other).capabilities()) for other in BACKENDS):
+            why_not = "GPU offload (layers are to go to the GPU)"
+        if why_not is None:
+            reason = f"it runs {info.architecture} and every tensor type in this file" + (f"; the {', '.join(passed)}" if passed else "")
+            return EngineChoice(name, reason)
+        passed.append(f"{name} engine does not run {why_not}")
+    raise UserError(f"no engine runs this model: {'; '.join(passed)}")
+
+
+def check_cache_types(name: str, caps: Capabilities, types: tuple[str, str] | str) -> None:
+    """Refuse a KV-cache type the engine lacks before any weights are mapped."""
+    for t in () if types == "auto" else types:
+        if t not in caps.kv_types:
+            others = [other for other in BACKENDS if other != name and t in get_backend(other).capabilities().kv_types]
+            hint = f"; a {t} cache needs --engine {others[0]}" if others else ""
+            raise UserError(f"the {name} engine's KV cache is {', '.join(caps.kv_types)}{hint}")
+
+
 def open_engine(ref: str | None, options: LoadOptions | None = None, progress: Progress | None = None) -> Engine:
     options = options or LoadOptions()
     src = resolve(ref)
     path = ensure_local(src, progress)
-    backend_cls = get_backend(options.engine)
-
     t0 = time.perf_counter()
     info = inspect(path)
+    types = cache_types(options.cache, src.defaults)
+    choice = choose_engine(options.engine, info, options.gpu_layers, types)
+    backend_cls: type[Backend] = get_backend(choice.name)
+    caps = backend_cls.capabilities()
+    check_cache_types(choice.name, caps, types)
     n_ctx = options.ctx or int(src.defaults.get("ctx", 0)) or min(DEFAULT_CTX, info.context_length or DEFAULT_CTX)
-    devices = []
-    if options.engine == "llama.cpp":
-        from localinfer.backends.devices import list_devices
-        from localinfer.backends.llamacpp import supports_gpu_offload
-
-        devices = list_devices() if supports_gpu_offload() else []
-    # n_ctx is per sequence; the cache holds one for each (llama.cpp's is one shared pool)
-    total_ctx = n_ctx * options.n_seq_max
-    plan = memory.plan_cache(info, total_ctx, options.gpu_layers if options.engine == "llama.cpp" else 0, cache_types(options.cache, src.defaults), devices)
-    backend = backend_cls.load(
-        path,
-        LoadParams(
-            n_ctx=total_ctx if options.engine == "llama.cpp" else n_ctx,
-            n_threads=options.threads,
-            n_gpu_layers=plan.n_gpu_layers,
-            n_seq_max=options.n_seq_max,
-            kernels=options.kernels,
-            verbose=options.verbose,
-            cache_types=plan.cache_types,
-        ),
-    )
+    # every sequence holds n_ctx, in one shared pool or a cache each: the same bytes
+    plan = memory.plan_cache(info, n_ctx * options.n_seq_max, options.gpu_layers, types, offload_devices(caps))
+    params = LoadParams(n_ctx=n_ctx, n_threads=options.threads, n_gpu_layers=plan.n_gpu_layers, n_seq_max=options.n_seq_max,
+                        kernels=options.kernels, verbose=options.verbose, cache_types=plan.cache_types)  # fmt: skip
+    backend = backend_cls.load(path, params)
     load_ms = (time.perf_counter() - t0) * 1e3
 
     defaults = SamplingParams().with_overrides(**{k: v for k, v in src.defaults.items() if k in SAMPLING_KEYS})
-    engine = Engine(backend, defaults, load_ms, draft=options.draft)
-    engine.name = src.name
-    engine.info = info
-    engine.memory = plan
-    return engine
+    return Engine(
+        backend, slots=options.n_seq_max, defaults=defaults, load_ms=load_ms, prefill_chunk=options.prefill_chunk, decode_slowdown=options.decode_slowdown,
+        draft=options.draft, name=src.name, info=info, memory=plan, choice=choice,
+    )  # fmt: skip

@@ -21,7 +21,7 @@ class StopMatcher:
         if hits:
             self._held = ""
             return buf[: min(hits)], True
-        hold = max((self._partial_suffix(buf, s) for s in self.stops), default=0)
+        hold = max((partial_suffix(buf, s) for s in self.stops), default=0)
         self._held = buf[len(buf) - hold :] if hold else ""
         return buf[: len(buf) - hold], False
 
@@ -29,10 +29,10 @@ class StopMatcher:
         held, self._held = self._held, ""
         return held
 
-    @staticmethod
-    def _partial_suffix(buf: str, stop: str) -> int:
-        """Length of the longest suffix of buf that is a proper prefix of stop."""
-        for n in range(min(len(stop) - 1, len(buf)), 0, -1):
-            if buf.endswith(stop[:n]):
-                return n
-        return 0
+
+def partial_suffix(buf: str, tag: str) -> int:
+    """Length of the longest suffix of buf that is a proper prefix of tag (it may still become tag)."""
+    for n in range(min(len(tag) - 1, len(buf)), 0, -1):
+        if buf.endswith(tag[:n]):
+            return n
+    return 0

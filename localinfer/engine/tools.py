@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 from localinfer.engine.constraints import Constraint
+from localinfer.engine.stops import partial_suffix
 from localinfer.errors import ConstraintError
 
 ToolFormat = Literal["hermes", "llama3", "generic"]
@@ -187,7 +188,7 @@ class CallStream:
         while True:
             start = self._buffer.find(OPEN)
             if start < 0:
-                keep = 0 if final else _partial_suffix(self._buffer, OPEN)
+                keep = 0 if final else partial_suffix(self._buffer, OPEN)
                 out.append(self._buffer[: len(self._buffer) - keep])
                 self._buffer = self._buffer[len(self._buffer) - keep :]
                 break
@@ -203,14 +204,6 @@ class CallStream:
                 calls.append(call)
             self._buffer = self._buffer[stop:]
         return "".join(out), calls
-
-
-def _partial_suffix(text: str, marker: str) -> int:
-    """Length of the longest end of `text` that is a start of `marker`."""
-    for n in range(min(len(marker) - 1, len(text)), 0, -1):
-        if text.endswith(marker[:n]):
-            return n
-    return 0
 
 
 @dataclass

@@ -8,6 +8,14 @@ from localinfer.engine.constraints import Constraint
 
 
 @dataclass(frozen=True)
+class EngineChoice:
+    """The backend that runs a model, and why: --verbose, --json, /v1/models and doctor say it."""
+
+    name: str
+    reason: str
+
+
+@dataclass(frozen=True)
 class SamplingParams:
     """How to pick each next token. Defaults are llama.cpp's; a catalog entry may override them."""
 
@@ -25,6 +33,8 @@ class SamplingParams:
     stop: tuple[str, ...] = ()
     ignore_eos: bool = False  # never end at an end-of-generation token (benchmarks: a fixed answer length)
     constraint: Constraint | None = None  # structured output: the answer must match this schema, regex or grammar
+    think_budget: int | None = None  # reasoning models: most thinking tokens before the engine closes the block itself
+    reasoning: bool = True  # split a reasoning model's thinking from its answer (a raw text completion: not)
 
     def with_overrides(self, **changes: object) -> SamplingParams:
         """A copy with the given fields replaced; None values mean "keep"."""
@@ -56,9 +66,10 @@ class TokenEvent:
 
     request_id: int
     token: int
-    text: str
+    text: str  # the answer's
     logprob: float | None = None  # log-probability of `token` under the model's own distribution
     top_logprobs: list[tuple[int, float]] | None = None  # the k most likely tokens at this position
+    reasoning: str = ""  # a reasoning model's thinking (never in `text`)
 
 
 @dataclass
@@ -75,6 +86,8 @@ class CompletionOutput:
     seed: int = 0  # the sampler's seed, the one picked for the request if none was asked for
     error: Exception | None = None  # why a request with finish_reason "error" failed
     cached_tokens: int = 0  # prompt tokens reused from the KV cache (prefix reuse), not prefilled
+    reasoning: str = ""  # a reasoning model's thinking, apart from the answer in `text`
+    reasoning_tokens: int = 0  # of completion_tokens, those that were thinking (the tags included)
 
     def raise_error(self) -> None:
         """Raise what failed this request, if anything did (clients that want an exception)."""
@@ -87,4 +100,5 @@ class CompletionOutput:
             "completion_tokens": self.completion_tokens,
             "total_tokens": self.prompt_tokens + self.completion_tokens,
             "prompt_tokens_details": {"cached_tokens": self.cached_tokens},  # as OpenAI reports it
+            "completion_tokens_details": {"reasoning_tokens": self.reasoning_tokens},
         }

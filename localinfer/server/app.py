@@ -198,7 +198,7 @@ def create_app(host: ModelHost, api_key: str | None = None, parallel: int = 4, m
     @app.get("/v1/models", dependencies=auth, response_model=p.ModelList, responses=errors(401))
     async def models() -> p.ModelList:
         names = list(dict.fromkeys([*host.models, *local_names()]))
-        return p.ModelList(data=[p.ModelCard(id=name) for name in names])
+        return p.ModelList(data=[model_card(name, host.models.get(name)) for name in names])
 
     @app.post("/v1/chat/completions", dependencies=auth, response_model=p.ChatCompletion, responses={200: {"content": STREAMED}, **SAMPLING_ERRORS})
     async def chat(body: p.ChatCompletionRequest, request: Request):  # type: ignore[no-untyped-def]
@@ -215,7 +215,7 @@ def create_app(host: ModelHost, api_key: str | None = None, parallel: int = 4, m
         fmt = plan.fmt if plan else tool_format(template)
         messages = prompt_messages([m.for_template() for m in body.messages], plan.tools if plan else [], fmt)
         try:
-            text = engine.render_chat(messages, tools=plan.template_tools() if plan else None)
+            text = engine.render_chat(messages, tools=plan.template_tools() if plan else None, think=body.thinking())
             tokens = engine.tokenize_prompt(text + (call_prefix(fmt) if plan and plan.required else ""))
         except UserError as e:
             raise ApiError(400, str(e), param="messages") from None
@@ -227,7 +227,8 @@ def create_app(host: ModelHost, api_key: str | None = None, parallel: int = 4, m
         for i, (out, tokens) in enumerate(results):
             content, calls = parse_calls(out.text, plan.fmt, plan.required) if plan else (out.text, [])
             choices.append(p.ChatChoice(
-                index=i, message=p.ResponseMessage(content=(content or None) if calls else content, tool_calls=[wire_call(c) for c in calls] or None),
+                index=i, message=p.ResponseMessage(content=(content or None) if calls else content, tool_calls=[wire_call(c) for c in calls] or None,
+                                                   reasoning_content=out.reasoning or None),
                 finish_reason="tool_calls" if calls and out.finish_reason == "stop" else out.finish_reason,
                 logprobs=chat_logprobs(engine, tokens) if body.logprobs else None,
             ))  # fmt: skip
@@ -335,7 +336,8 @@ def create_app(host: ModelHost, api_key: str | None = None, parallel: int = 4, m
             seed=body.seed + index if body.seed is not None and body.seed >= 0 else None,  # n choices, n samples
             logprobs=body.logprob_count(),  # type: ignore[attr-defined]
             presence_penalty=body.presence_penalty or None, frequency_penalty=body.frequency_penalty or None,
-            constraint=constraint, ignore_eos=body.ignore_eos,
+            constraint=constraint, ignore_eos=body.ignore_eos, think_budget=getattr(body, "thinking_budget_tokens", None),
+            reasoning=isinstance(body, p.ChatCompletionRequest),  # a text completion is the model's raw text
         )  # fmt: skip
         try:
             stream = engine.submit(tokens, params)
@@ -429,7 +431,7 @@ def create_app(host: ModelHost, api_key: str | None = None, parallel: int = 4, m
                         break
                     for chunk in make(index, None, event.finish_reason, None, None):
                         yield chunk.model_dump_json()
-                elif event.text or event.logprob is not None:  # type: ignore[attr-defined]
+                elif event.text or event.reasoning or event.logprob is not None:  # type: ignore[attr-defined]
                     for chunk in make(index, event.text, None, None, event):  # type: ignore[attr-defined]
                         yield chunk.model_dump_json()
             else:
@@ -455,11 +457,12 @@ def create_app(host: ModelHost, api_key: str | None = None, parallel: int = 4, m
             if use is not None:
                 return [p.ChatCompletionChunk(id=jobs[0].rid, model=name, choices=[], usage=use)]
             logprobs = chat_logprobs(engine, [event]) if event is not None and event.logprob is not None else None
+            thought = [chunk(index, p.Delta(reasoning_content=event.reasoning))] if event is not None and event.reasoning else []
             stream = calls[index]
             if stream is None:
-                return [chunk(index, p.Delta(content=text), finish, logprobs)]
+                return thought + ([chunk(index, p.Delta(content=text), finish, logprobs)] if text or logprobs or finish else [])
             content, found = stream.finish() if finish is not None else stream.push(text or "")
-            out = [chunk(index, p.Delta(content=content), logprobs=logprobs)] if content or logprobs else []
+            out = thought + ([chunk(index, p.Delta(content=content), logprobs=logprobs)] if content or logprobs else [])
             for call in found:
                 out.append(chunk(index, p.Delta(tool_calls=[p.DeltaToolCall(index=n_calls[index], id=call.id, function=p.FunctionCall(name=call.name, arguments=call.arguments))])))
                 n_calls[index] += 1
@@ -520,6 +523,14 @@ def create_app(host: ModelHost, api_key: str | None = None, parallel: int = 4, m
     return app
 
 
+def model_card(name: str, loaded: Loaded | None) -> p.ModelCard:
+    """A model as /v1/models lists it: with its engine, and why, once it is loaded."""
+    if loaded is None:
+        return p.ModelCard(id=name)
+    choice = loaded.engine.choice
+    return p.ModelCard(id=name, engine=loaded.engine.backend.name, engine_reason=choice.reason if choice else None)
+
+
 def wire_call(call: ToolCall) -> p.MessageToolCall:
     return p.MessageToolCall(id=call.id, function=p.FunctionCall(name=call.name, arguments=call.arguments))
 
@@ -564,5 +575,6 @@ def usage(*outs: CompletionOutput) -> p.Usage:
     return p.Usage(
         prompt_tokens=outs[0].prompt_tokens, completion_tokens=completion, total_tokens=outs[0].prompt_tokens + completion,
         prompt_tokens_details={"cached_tokens": outs[0].cached_tokens},
+        completion_tokens_details={"reasoning_tokens": sum(o.reasoning_tokens for o in outs)},
     )  # fmt: skip
 

@@ -23,12 +23,10 @@ class Loaded:
 
 
 class ModelHost:
-    def __init__(self, default_ref: str | None, options: LoadOptions, prefill_chunk: int, decode_slowdown: float, max_loaded: int = 1, keep_alive: float = 300.0, allow_paths: bool = False) -> None:
+    def __init__(self, default_ref: str | None, options: LoadOptions, max_loaded: int = 1, keep_alive: float = 300.0, allow_paths: bool = False) -> None:
         self.default_ref = default_ref
         self.allow_paths = allow_paths  # may a request's `model` name any file on this machine?
         self.options = options
-        self.prefill_chunk = prefill_chunk
-        self.decode_slowdown = decode_slowdown
         self.max_loaded = max(1, max_loaded)
         self.keep_alive = keep_alive  # seconds; < 0: forever
         self.models: dict[str, Loaded] = {}
@@ -40,8 +38,6 @@ class ModelHost:
         if local_path(src) is None:
             raise ModelNotFound(f"model '{ref}' is not downloaded; run 'localinfer pull {ref}' first")
         engine = open_engine(ref, self.options)
-        engine.prefill_chunk = self.prefill_chunk
-        engine.budget.slowdown = self.decode_slowdown
         engine.start()
         return engine
 

@@ -15,6 +15,7 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field, SerializerFunctionWrapHandler, model_serializer
 
 from localinfer.engine.constraints import Constraint
+from localinfer.engine.reasoning import CLOSE
 from localinfer.engine.tools import Tool
 from localinfer.errors import ConstraintError
 
@@ -44,6 +45,7 @@ class ChatMessage(Lenient):
     content: str | list[TextPart] | None = None
     tool_calls: list[MessageToolCall] | None = None  # an assistant's earlier calls
     tool_call_id: str | None = None  # a tool's result: the call it answers
+    reasoning_content: str | None = None  # an assistant's earlier thinking: the template decides whether it is shown
 
     def text(self) -> str:
         if isinstance(self.content, list):
@@ -51,7 +53,12 @@ class ChatMessage(Lenient):
         return self.content or ""
 
     def for_template(self) -> dict[str, object]:
-        message: dict[str, object] = {"role": "system" if self.role == "developer" else self.role, "content": self.text()}
+        content = self.text()
+        if self.role == "assistant" and CLOSE in content:  # thinking sent back inside the answer: not the model's to read again
+            content = content.split(CLOSE)[-1].lstrip()
+        message: dict[str, object] = {"role": "system" if self.role == "developer" else self.role, "content": content}
+        if self.reasoning_content is not None:
+            message["reasoning_content"] = self.reasoning_content
         if self.tool_calls:
             message["tool_calls"] = [c.model_dump() for c in self.tool_calls]
         if self.tool_call_id is not None:
@@ -148,6 +155,22 @@ class ChatCompletionRequest(SamplingFields):
     tools: list[ToolSpec] | None = None
     tool_choice: Literal["auto", "none", "required"] | NamedToolChoice | None = None
     parallel_tool_calls: bool | None = None  # taken, not honoured: a model writes as many calls as it writes
+    # Reasoning models: think first (default) or not, as OpenAI's reasoning_effort ("none": not),
+    # llama-server's and vLLM's chat_template_kwargs.enable_thinking, or Ollama's think say it;
+    # and a budget of thinking tokens, after which the engine closes the block itself.
+    reasoning_effort: Literal["none", "minimal", "low", "medium", "high"] | None = None
+    chat_template_kwargs: dict[str, object] | None = None
+    think: bool | None = None
+    thinking_budget_tokens: int | None = Field(default=None, ge=0)
+
+    def thinking(self) -> bool:
+        """Whether a reasoning model should think before it answers (the first of the fields given)."""
+        if self.think is not None:
+            return self.think
+        kwargs = self.chat_template_kwargs or {}
+        if isinstance(kwargs.get("enable_thinking"), bool):
+            return bool(kwargs["enable_thinking"])
+        return self.reasoning_effort != "none" and self.thinking_budget_tokens != 0
 
     def tool_list(self) -> list[Tool]:
         """The tools, checked (ConstraintError names the bad one)."""
@@ -193,12 +216,14 @@ class Usage(BaseModel):
     completion_tokens: int
     total_tokens: int
     prompt_tokens_details: dict[str, int] | None = None
+    completion_tokens_details: dict[str, int] | None = None  # reasoning_tokens, as OpenAI reports them
 
 
 class ResponseMessage(BaseModel):
     role: Literal["assistant"] = "assistant"
     content: str | None
     tool_calls: list[MessageToolCall] | None = None
+    reasoning_content: str | None = None  # a reasoning model's thinking, as llama-server and DeepSeek name it
 
 
 class ChatChoice(BaseModel):
@@ -233,6 +258,7 @@ class Delta(BaseModel):
 
     role: Literal["assistant"] | None = None
     content: str | None = None
+    reasoning_content: str | None = None
     tool_calls: list[DeltaToolCall] | None = None
 
     @model_serializer(mode="wrap")
@@ -302,6 +328,8 @@ class ModelCard(BaseModel):
     object: Literal["model"] = "model"
     created: int = 0
     owned_by: str = "localinfer"
+    engine: str | None = None  # a loaded model's engine (llama.cpp or native); None: not loaded
+    engine_reason: str | None = None  # why --engine chose it
 
 
 class ModelList(BaseModel):

@@ -53,6 +53,7 @@ class ChatApp(App):
         Binding("f4", "export", "Export"),
         Binding("f9", "json_mode", "JSON"),
         Binding("f8", "delete", "Delete"),
+        Binding("f5", "thinking", "Thinking"),
     ]
     # What the command palette offers: (title, help, action), one per binding's action.
     ACTIONS = [
@@ -68,6 +69,7 @@ class ChatApp(App):
         ("Export chat", "Write this chat to a Markdown or JSON file", "export"),
         ("JSON mode", "Turn this chat's JSON mode on or off: every reply a JSON object", "json_mode"),
         ("Delete chat", "Delete this chat, after asking", "delete"),
+        ("Show thinking", "Expand or collapse the focused (or last) reply's thinking", "thinking"),
     ]
 
     def __init__(self, store: ChatStore, loader: Loader, model: str | None = None, url: str | None = None, chat_id: int | None = None) -> None:
@@ -285,27 +287,32 @@ class ChatApp(App):
 
     @work(thread=True, exclusive=True, group="reply")
     def stream_reply(self, reply: Reply, position: int | None) -> None:
+        thinking: list[str] = []
         pending: list[str] = []
         last = 0.0
         error = None
         try:
-            for text in reply:
+            for thought, text in reply:
+                thinking.append(thought)
                 pending.append(text)
                 now = time.monotonic()
                 if now - last >= 1 / UPDATES_PER_S:
-                    self.call_from_thread(self.append, "".join(pending))
-                    pending, last = [], now
+                    self.call_from_thread(self.append, "".join(thinking), "".join(pending))
+                    thinking, pending, last = [], [], now
         except UserError as e:
             error = str(e)
         except Exception as e:  # never a traceback over the screen
             error = f"{type(e).__name__}: {e}"
-        self.call_from_thread(self.append, "".join(pending))
+        self.call_from_thread(self.append, "".join(thinking), "".join(pending))
         self.call_from_thread(self.finish_reply, reply, position, error)
 
-    async def append(self, text: str) -> None:
+    async def append(self, thinking: str, text: str) -> None:
+        if thinking and self._view is not None:
+            await self._view.add_thinking(thinking)
         if text and self._stream is not None:
             self._text.append(text)
             await self._stream.write(text)
+        if thinking or text:
             self.query_one("#conversation", VerticalScroll).scroll_end(animate=False)
         if self.reply is not None:
             self.show_status(self.reply.figures, streaming=True)
@@ -328,11 +335,12 @@ class ChatApp(App):
         if error:
             self.notify(error, title="The reply failed", severity="error", timeout=10)
             f.finish_reason = "error"
-        if not text and error:
+        reasoning = self._view.reasoning if self._view is not None else ""
+        if not text and not reasoning and error:
             self._view.remove()
         else:
             name, engine = self.model_label()
-            saved = self.store.add(self.chat.id, "assistant", text, position=position, model=name, engine=engine, **f.stored())
+            saved = self.store.add(self.chat.id, "assistant", text, position=position, model=name, engine=engine, reasoning=reasoning or None, **f.stored())
             self._view.set_message(saved)
             self._view.set_note(self._alternatives_note(saved))
         self._last_figures = f
@@ -480,6 +488,12 @@ class ChatApp(App):
             return
         self.copy_to_clipboard(reply.content)
         self.notify("Copied the reply to the clipboard.")
+
+    def action_thinking(self) -> None:
+        focused = self.focused
+        views = [focused] if isinstance(focused, MessageView) else list(reversed(self.query(MessageView)))
+        if not any(view.toggle_thinking() for view in views if view.role == "assistant"):
+            self.notify("No reply here has any thinking to show.")
 
     def action_export(self) -> None:
         if self.chat is None:

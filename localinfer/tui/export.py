@@ -22,7 +22,10 @@ def as_markdown(store: ChatStore, chat_id: int) -> str:
         lines += ["## System", "", str(system), ""]
     for m in store.messages(chat_id):
         note = " (stopped)" if m.finish_reason == "abort" else ""
-        lines += [f"## {ROLE_NAMES.get(m.role, m.role)}{note}", "", m.content, ""]
+        lines += [f"## {ROLE_NAMES.get(m.role, m.role)}{note}", ""]
+        if m.reasoning:
+            lines += ["<details><summary>Thinking</summary>", "", m.reasoning.strip(), "", "</details>", ""]
+        lines += [m.content, ""]
     return "\n".join(lines)
 
 

@@ -1,7 +1,8 @@
 """Where the chat app's replies come from: our own Engine, in-process (the default), or any
 OpenAI-compatible endpoint through the `openai` client (`--url`: our serve, Ollama,
-llama-server). The app sees one shape for both: a Reply to iterate for text, with live
-figures while it streams and the final ones after, and cancel() from any thread.
+llama-server). The app sees one shape for both: a Reply to iterate for (thinking, answer)
+pieces, with live figures while it streams and the final ones after, and cancel() from any
+thread.
 """
 
 from __future__ import annotations
@@ -40,20 +41,25 @@ class ReplyFigures:
     tokens_per_forward: float = 0.0
     finish_reason: str | None = None  # None while streaming
     error: str | None = None
+    reasoning_tokens: int | None = None  # a reasoning model's thinking: its tokens and how long it took
+    reasoning_ms: float | None = None
 
     def stored(self) -> dict[str, object]:
         """The columns a saved reply keeps."""
-        keys = ("ttft_ms", "tokens_per_s", "tokens", "prompt_tokens", "n_ctx", "kv_cells", "kv_cells_total", "finish_reason")
+        keys = ("ttft_ms", "tokens_per_s", "tokens", "prompt_tokens", "n_ctx", "kv_cells", "kv_cells_total", "finish_reason", "reasoning_tokens", "reasoning_ms")
         return {k: getattr(self, k) for k in keys}
 
 
+Piece = tuple[str, str]  # (thinking, answer) text, either possibly empty
+
+
 class Reply:
-    """One reply in flight. Iterate it (on a worker thread) for text pieces."""
+    """One reply in flight. Iterate it (on a worker thread) for (thinking, answer) pieces."""
 
     figures: ReplyFigures
     dropped: int = 0  # oldest messages left out so the conversation fits the context
 
-    def __iter__(self) -> Iterator[str]:
+    def __iter__(self) -> Iterator[Piece]:
         raise NotImplementedError
 
     def cancel(self) -> None:
@@ -78,14 +84,20 @@ class _Clock:
             figures.tokens_per_s = (self.n - 1) / (now - self.t_first)
         figures.tokens = self.n
 
+    def think(self, figures: ReplyFigures, thinking: bool) -> None:
+        """Time the thinking: from the reply's start to its last piece of thinking."""
+        if thinking:
+            figures.reasoning_ms = (time.perf_counter() - self.t_start) * 1e3
+
 
 class LocalModel:
     """A model loaded in this process, on the same Engine `run` and `serve` use."""
 
-    def __init__(self, engine: Engine, engine_name: str) -> None:
+    def __init__(self, engine: Engine, think: bool = True) -> None:
         self.engine = engine
+        self.think = think  # a reasoning model thinks before it answers
         self.name = engine.name
-        self.engine_name = engine_name
+        self.engine_name = engine.backend.name  # the one --engine auto chose, for the status line
         engine.start()  # an owner thread: the UI and worker threads only submit and abort
 
     @property
@@ -110,14 +122,14 @@ class LocalModel:
 class _LocalReply(Reply):
     def __init__(self, model: LocalModel, messages: list[Message], params: SamplingParams) -> None:
         engine = self.engine = model.engine
-        fitted = fit_conversation(engine, messages, answer_room(engine.n_ctx, params.max_tokens))  # ContextOverflow if it cannot
+        fitted = fit_conversation(engine, messages, answer_room(engine.n_ctx, params.max_tokens), model.think)  # ContextOverflow if it cannot
         self.dropped = fitted.dropped
         self.figures = ReplyFigures(prompt_tokens=len(fitted.tokens), n_ctx=engine.n_ctx, cache_types=engine.cache_types)
         self.clock = _Clock()  # from the submit, as the engine counts TTFT
         self.stream = engine.submit(fitted.tokens, params)
         self.request_id = self.stream.request_id
 
-    def __iter__(self) -> Iterator[str]:
+    def __iter__(self) -> Iterator[Piece]:
         clock, f = self.clock, self.figures
         while True:
             event = self.stream.get()
@@ -127,12 +139,14 @@ class _LocalReply(Reply):
                 f.tokens_per_s = t.tokens_per_s or f.tokens_per_s  # one token has no decode rate
                 f.drafted, f.accepted, f.tokens_per_forward = t.drafted, t.accepted, t.tokens_per_forward
                 f.error = str(event.error) if event.error else None
+                f.reasoning_tokens = event.reasoning_tokens or None
                 self._kv(f)
                 return
             clock.tick(f)
+            clock.think(f, bool(event.reasoning) and not event.text)
             self._kv(f)
-            if event.text:
-                yield event.text
+            if event.text or event.reasoning:
+                yield event.reasoning, event.text
 
     def _kv(self, f: ReplyFigures) -> None:
         e = self.engine
@@ -155,9 +169,10 @@ class RemoteModel:
 
     engine_name = "remote"
 
-    def __init__(self, url: str, model: str | None = None) -> None:
+    def __init__(self, url: str, model: str | None = None, think: bool = True) -> None:
         import openai
 
+        self.think = think  # asked of the endpoint as chat_template_kwargs.enable_thinking (llama-server, vLLM, ours)
         self.url = url
         self.client = openai.OpenAI(base_url=api_base(url), api_key=os.environ.get("OPENAI_API_KEY", "none"), max_retries=0, timeout=600)
         self.name = model or self._first_model()
@@ -231,15 +246,16 @@ class _RemoteReply(Reply):
                 del messages[oldest]
                 self.dropped += 1
 
-    def __iter__(self) -> Iterator[str]:
+    def __iter__(self) -> Iterator[Piece]:
         clock, f = _Clock(), self.figures
         openai_names = {"temperature", "top_p", "max_tokens", "seed", "response_format"}
         given = {k: v for k, v in self.settings.items() if v is not None and k != "json_mode"}
         if self.settings.get("json_mode"):
             given["response_format"] = {"type": "json_object"}
         extra = {k: v for k, v in given.items() if k not in openai_names}  # top_k, min_p, repeat_penalty: llama-server's and ours
+        extra["chat_template_kwargs"] = {"enable_thinking": self.model.think}
         with remote_errors(self.model.url):
-            self._response = self._create(given={k: v for k, v in given.items() if k in openai_names}, extra_body=extra or None)
+            self._response = self._create(given={k: v for k, v in given.items() if k in openai_names}, extra_body=extra)
             try:
                 for chunk in self._response:
                     if chunk.usage is not None:
@@ -247,9 +263,12 @@ class _RemoteReply(Reply):
                     for choice in chunk.choices[:1]:
                         if choice.finish_reason:
                             f.finish_reason = choice.finish_reason
-                        if choice.delta.content:
+                        delta = choice.delta
+                        thought = getattr(delta, "reasoning_content", None) or getattr(delta, "reasoning", None) or ""  # llama-server's and ours, vLLM's and Ollama's
+                        if delta.content or thought:
                             clock.tick(f)
-                            yield choice.delta.content
+                            clock.think(f, bool(thought) and not delta.content)
+                            yield thought, delta.content or ""
                     if self._cancelled.is_set():
                         break
             except Exception:

@@ -62,6 +62,11 @@ MIGRATIONS = [
         PRIMARY KEY (chat_id, key)
     );
     """,
+    """
+    ALTER TABLE messages ADD COLUMN reasoning TEXT;           -- a reasoning model's thinking, apart from its answer
+    ALTER TABLE messages ADD COLUMN reasoning_tokens INTEGER;
+    ALTER TABLE messages ADD COLUMN reasoning_ms REAL;        -- how long it thought
+    """,
 ]
 SCHEMA_VERSION = len(MIGRATIONS)
 
@@ -99,6 +104,9 @@ class ChatMessage:
     kv_cells: int | None = None
     kv_cells_total: int | None = None
     finish_reason: str | None = None
+    reasoning: str | None = None
+    reasoning_tokens: int | None = None
+    reasoning_ms: float | None = None
 
 
 FIGURES = tuple(f.name for f in fields(ChatMessage))[7:]  # what a reply stores beside its text

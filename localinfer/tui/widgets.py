@@ -8,7 +8,7 @@ from textual import events
 from textual.app import ComposeResult
 from textual.containers import Vertical
 from textual.message import Message
-from textual.widgets import Label, ListItem, Markdown, Static, TextArea
+from textual.widgets import Collapsible, Label, ListItem, Markdown, Static, TextArea
 
 from localinfer.tui.replies import ReplyFigures
 from localinfer.tui.store import Chat, ChatMessage
@@ -17,7 +17,8 @@ ROLE_TITLES = {"user": "You", "assistant": "Assistant", "system": "System"}
 
 
 class MessageView(Vertical, can_focus=True):
-    """A message: a title line and its Markdown. A reply streams into it while it is written."""
+    """A message: a title line, a reasoning model's thinking (collapsed: "Thinking", with how
+    long and how many tokens), and its Markdown. A reply streams into it while it is written."""
 
     def __init__(self, role: str, content: str = "", message: ChatMessage | None = None, note: str = "") -> None:
         super().__init__(classes=f"message {role}")
@@ -25,10 +26,41 @@ class MessageView(Vertical, can_focus=True):
         self.message = message
         self.content = content
         self.note = note
+        self.reasoning = (message.reasoning or "") if message is not None else ""
 
     def compose(self) -> ComposeResult:
         yield Label(self._title(), classes="title")
+        if self.reasoning:
+            yield self._thinking()
         yield Markdown(self.content)
+
+    def _thinking(self) -> Collapsible:
+        text = Static(self.reasoning, classes="thinking-text", markup=False)
+        return Collapsible(text, title=self._thinking_title(), collapsed=True, classes="thinking")
+
+    def _thinking_title(self) -> str:
+        m, parts = self.message, ["Thinking"]
+        if m is not None and m.reasoning_ms:
+            parts.append(f"{m.reasoning_ms / 1e3:.1f} s")
+        if m is not None and m.reasoning_tokens:
+            parts.append(f"{m.reasoning_tokens} tokens")
+        return " · ".join(parts) if m is not None else "Thinking…"
+
+    async def add_thinking(self, text: str) -> None:
+        """More thinking of the reply being written: into its (collapsed) block."""
+        self.reasoning += text
+        blocks = self.query(Collapsible)
+        if blocks:
+            blocks.first().query_one(".thinking-text", Static).update(self.reasoning)
+        else:
+            await self.mount(self._thinking(), before=self.query_one(Markdown))
+
+    def toggle_thinking(self) -> bool:
+        """Expand or collapse the thinking; False if there is none."""
+        blocks = self.query(Collapsible)
+        if blocks:
+            blocks.first().collapsed = not blocks.first().collapsed
+        return bool(blocks)
 
     def _title(self) -> str:
         m = self.message
@@ -54,6 +86,8 @@ class MessageView(Vertical, can_focus=True):
     def _retitle(self) -> None:
         if self.is_mounted:
             self.query_one(".title", Label).update(self._title())
+            for block in self.query(Collapsible):
+                block.title = self._thinking_title()
 
 
 class PromptInput(TextArea):

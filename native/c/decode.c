@@ -6,8 +6,8 @@
  * few microseconds when the forward pass runs them one by one. Here they run back to back
  * in C, through the same functions in the same order as forward.py's per-operation path,
  * so the logits are bit for bit the same (tests/native/test_decode_step.py holds them).
- * Llama-family layers only: forward.py takes this path where li_decoder describes the
- * model, and the per-operation path otherwise.
+ * Every architecture config.py knows: the differences it reads from li_layer and
+ * li_decoder are the ones forward.py reads from config.Architecture.
  */
 #include <stdint.h>
 
@@ -18,15 +18,18 @@ typedef struct {
     const li_op *qkv, *o, *gate_up, *down;
     const float *attn_norm, *ffn_norm;
     const float *q_bias, *k_bias, *v_bias; /* 0 where the model has none */
+    const float *q_norm, *k_norm;          /* per-head norms of q and k [hd] (qwen3, gemma3); 0 where none */
+    const float *post_attn_norm, *post_ffn_norm; /* norms of the attention's and FFN's outputs (gemma3); 0 where none */
+    int64_t window;                        /* a local layer's sliding window (its own RoPE tables); 0: global */
 } li_layer;
 
 /* The model's shapes, its RoPE tables, its KV cache's types and the one-row buffers. */
 typedef struct {
     int64_t n_layer, n_embd, n_head, n_head_kv, hd, n_ff, n_ctx, rope_dims;
-    int32_t neox, type_k, type_v;
+    int32_t neox, type_k, type_v, gelu; /* gelu: GeGLU feed-forward, else SwiGLU */
     int64_t rot_k, rot_v;
     float eps, scale;
-    const float *cos_t, *sin_t;
+    const float *cos_t, *sin_t, *cos_local, *sin_local; /* RoPE tables of global and local layers */
     const li_layer *layers;
     float *h, *q, *k, *v, *attn, *o, *gate, *up;
     const int32_t *nthreads;
@@ -57,19 +60,26 @@ int li_decode(const li_decoder *d, float *x, int32_t pos, uint8_t *keys, uint8_t
             add_into(d->k, w->k_bias, kv_dim);
             add_into(d->v, w->v_bias, kv_dim);
         }
-        li_rope(d->q, 1, d->n_head, d->hd, &pos, d->cos_t, d->sin_t, d->rope_dims, d->neox);
-        li_rope(d->k, 1, d->n_head_kv, d->hd, &pos, d->cos_t, d->sin_t, d->rope_dims, d->neox);
+        if (w->q_norm) {
+            li_rms_norm(d->q, w->q_norm, d->q, d->n_head, d->hd, d->eps);
+            li_rms_norm(d->k, w->k_norm, d->k, d->n_head_kv, d->hd, d->eps);
+        }
+        const float *cos_t = w->window ? d->cos_local : d->cos_t, *sin_t = w->window ? d->sin_local : d->sin_t;
+        li_rope(d->q, 1, d->n_head, d->hd, &pos, cos_t, sin_t, d->rope_dims, d->neox);
+        li_rope(d->k, 1, d->n_head_kv, d->hd, &pos, cos_t, sin_t, d->rope_dims, d->neox);
         rc = li_attention(d->q, d->k, d->v, keys + l * d->n_head_kv * d->n_ctx * kb,
                           values + l * d->n_head_kv * d->n_ctx * vb, d->type_k, d->type_v, d->rot_k, d->rot_v, &pos,
-                          d->attn, 1, d->n_head, d->n_head_kv, d->hd, d->n_ctx, d->scale, threads);
+                          d->attn, 1, d->n_head, d->n_head_kv, d->hd, d->n_ctx, d->scale, w->window, threads);
         if (rc) return rc;
         if ((rc = li_matmul_op(w->o, d->attn, 1, d->o, 0, 0, 0))) return rc;
+        if (w->post_attn_norm) li_rms_norm(d->o, w->post_attn_norm, d->o, 1, d->n_embd, d->eps);
         add_into(x, d->o, d->n_embd);
 
         li_rms_norm(x, w->ffn_norm, d->h, 1, d->n_embd, d->eps);
         if ((rc = li_matmul_op(w->gate_up, d->h, 1, d->gate, d->up, 0, 0))) return rc;
-        li_swiglu(d->gate, d->up, d->n_ff, threads);
+        (d->gelu ? li_geglu : li_swiglu)(d->gate, d->up, d->n_ff, threads);
         if ((rc = li_matmul_op(w->down, d->gate, 1, d->o, 0, 0, 0))) return rc;
+        if (w->post_ffn_norm) li_rms_norm(d->o, w->post_ffn_norm, d->o, 1, d->n_embd, d->eps);
         add_into(x, d->o, d->n_embd);
     }
     return 0;

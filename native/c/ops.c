@@ -79,6 +79,29 @@ void li_swiglu(float *gate, const float *up, int64_t n, int nthreads) {
     }
 }
 
+/* gate = gelu(gate) * up, GELU's tanh approximation as ggml's CPU build evaluates it: the
+ * input rounded to fp16, GELU of that in float, the result rounded to fp16 (ggml looks it
+ * up in a table of every fp16 value); 0 at or below -10 and the input itself from 10 up. */
+void li_geglu(float *gate, const float *up, int64_t n, int nthreads) {
+    const int64_t chunk = 4096;
+    if (n < 16 * chunk || nthreads < 1) nthreads = 1;
+#pragma omp parallel for schedule(static) num_threads(nthreads) if (nthreads > 1)
+    for (int64_t c = 0; c < n; c += chunk) {
+        const int64_t end = c + chunk < n ? c + chunk : n;
+        for (int64_t i = c; i < end; i++) {
+            const float x = gate[i];
+            float g;
+            if (x <= -10.0f) g = 0.0f;
+            else if (x >= 10.0f) g = x;
+            else {
+                const float h = li_fp16_to_fp32(li_fp32_to_fp16(x));
+                g = li_fp16_to_fp32(li_fp32_to_fp16(0.5f * h * (1.0f + tanhf(0.79788456080286535587989211986876f * h * (1.0f + 0.044715f * h * h)))));
+            }
+            gate[i] = g * up[i];
+        }
+    }
+}
+
 
 /* Attention runs tiled, as flash attention does. A task takes a tile of query rows (the g
  * query heads of one kv head in each) and walks that head's cached positions in blocks of
@@ -191,12 +214,16 @@ struct attn_job {
     int type_k, type_v;
     int64_t rot_k, rot_v, n_head, group, hd, n_ctx, kb, vb;
     int64_t qstride;               /* bytes of one query head as li_kv_query writes it */
+    int64_t window;                /* a row at p sees positions (p - window, p]; 0: all up to p */
     float scale;
 };
 
 /* floats per thread for a tile of nq query heads: their outputs and prepared queries, a
  * block of keys and one of values, the scores, the running maxima and sums */
-static size_t tile_scratch(int64_t nq, int64_t hd) { return (size_t)(2 * nq * hd + 2 * KEY_BLOCK * hd + KEY_BLOCK + 2 * nq); }
+static size_t tile_scratch(int64_t nq, int64_t hd) { return (size_t)(2 * nq * hd + 2 * KEY_BLOCK * hd + KEY_BLOCK + 8 + 2 * nq); }
+
+/* The first position a row at `pos` sees. */
+static inline int64_t first_seen(const struct attn_job *a, int64_t pos) { return a->window > 0 && pos >= a->window ? pos - a->window + 1 : 0; }
 
 /* Rows [i0, i0 + rows) of kv head kvh: every query head of the group against the blocks of
  * positions its row sees, block by block, then out = o / sum, rotated back where the values
@@ -204,27 +231,30 @@ static size_t tile_scratch(int64_t nq, int64_t hd) { return (size_t)(2 * nq * hd
 static void attend_tile(const struct attn_job *a, int64_t i0, int64_t rows, int64_t kvh, float *scratch) {
     const int64_t g = a->group, hd = a->hd, nq = rows * g;
     float *o = scratch, *kbuf = o + nq * hd, *vbuf = kbuf + KEY_BLOCK * hd, *s = vbuf + KEY_BLOCK * hd;
-    float *mx = s + KEY_BLOCK, *sum = mx + nq;
+    float *mx = s + KEY_BLOCK + 8, *sum = mx + nq; /* s: room for a window's start inside a block */
     uint8_t *qbuf = (uint8_t *)(sum + nq);
-    int64_t last = 0;
+    int64_t last = 0, first = INT64_MAX;
     for (int64_t r = 0; r < rows; r++) {
         li_kv_query(a->type_k, a->q + ((i0 + r) * a->n_head + kvh * g) * hd, g, hd, a->rot_k, qbuf + r * g * a->qstride);
         last = a->pos[i0 + r] > last ? a->pos[i0 + r] : last;
+        const int64_t f = first_seen(a, a->pos[i0 + r]);
+        first = f < first ? f : first;
     }
     for (int64_t i = 0; i < nq; i++) mx[i] = -INFINITY, sum[i] = 0.0f;
     memset(o, 0, sizeof(float) * (size_t)(nq * hd));
     const uint8_t *keys = a->keys + kvh * a->n_ctx * a->kb, *values = a->values + kvh * a->n_ctx * a->vb;
-    for (int64_t k0 = 0; k0 <= last; k0 += KEY_BLOCK) {
+    for (int64_t k0 = first / KEY_BLOCK * KEY_BLOCK; k0 <= last; k0 += KEY_BLOCK) {
         const int64_t n = last + 1 - k0 < KEY_BLOCK ? last + 1 - k0 : KEY_BLOCK;
         const void *kblk = li_kv_block_keys(a->type_k, keys + k0 * a->kb, n, hd, kbuf);
         li_kv_block_values(a->type_v, values + k0 * a->vb, n, hd, vbuf);
         for (int64_t r = 0; r < rows; r++) {
             const int64_t seen = a->pos[i0 + r] + 1 - k0; /* causal: positions up to the row's own */
-            if (seen <= 0) continue;
-            const int64_t nr = seen < KEY_BLOCK ? seen : KEY_BLOCK;
+            const int64_t skip = first_seen(a, a->pos[i0 + r]) - k0; /* a window: the block's positions before it */
+            if (seen <= 0 || skip >= KEY_BLOCK) continue;
+            const int64_t nr = seen < KEY_BLOCK ? seen : KEY_BLOCK, j0 = skip > 0 ? skip : 0;
             for (int64_t i = r * g; i < (r + 1) * g; i++) {
                 li_kv_scores(a->type_k, qbuf + i * a->qstride, kblk, nr, hd, a->scale, s);
-                attend_block(s, nr, vbuf, hd, mx + i, sum + i, o + i * hd);
+                attend_block(s + j0, nr - j0, vbuf + j0 * hd, hd, mx + i, sum + i, o + i * hd);
             }
         }
     }
@@ -241,11 +271,12 @@ static void attend_tile(const struct attn_job *a, int64_t i0, int64_t rows, int6
 /* Store m new keys/values ([m, n_head_kv, hd]) in the cache's types (kvcache.c), rotated
  * in chunks of rot_k / rot_v values where those are not 0, at their positions of one
  * sequence's cache ([n_head_kv, n_ctx] rows per layer), then causal
- * grouped-query attention of the m queries ([m, n_head, hd]) into out ([m, n_head*hd]).
+ * grouped-query attention of the m queries ([m, n_head, hd]) into out ([m, n_head*hd]):
+ * each over every position up to its own, or with a window only over the last `window`.
  * Query head h reads kv head h / (n_head / n_head_kv), as llama.cpp broadcasts. */
 int li_attention(const float *q, const float *k_new, const float *v_new, uint8_t *keys, uint8_t *values,
                  int type_k, int type_v, int64_t rot_k, int64_t rot_v, const int32_t *pos, float *out, int64_t m,
-                 int64_t n_head, int64_t n_head_kv, int64_t hd, int64_t n_ctx, float scale, int nthreads) {
+                 int64_t n_head, int64_t n_head_kv, int64_t hd, int64_t n_ctx, float scale, int64_t window, int nthreads) {
     const int64_t kb = li_kv_row_bytes(type_k, hd), vb = li_kv_row_bytes(type_v, hd);
     if (kb < 0 || vb < 0 || hd > LI_KV_MAX_HD) return 2;
     if ((rot_k && (hd % rot_k || (rot_k & (rot_k - 1)))) || (rot_v && (hd % rot_v || (rot_v & (rot_v - 1))))) return 2;
@@ -274,7 +305,7 @@ int li_attention(const float *q, const float *k_new, const float *v_new, uint8_t
     float *scratch = malloc(sizeof(float) * per_thread * (size_t)nthreads);
     if (!scratch) return 4;
     const struct attn_job job = {q, keys, values, pos, out, type_k, type_v, rot_k, rot_v, n_head, group, hd, n_ctx, kb, vb,
-                                 type_k == LI_F16 ? 4 * hd : hd / 32 * 34, scale};
+                                 type_k == LI_F16 ? 4 * hd : hd / 32 * 34, window, scale};
 #pragma omp parallel for schedule(dynamic, 1) num_threads(nthreads) if (nthreads > 1)
     for (int64_t task = 0; task < tasks; task++) {
         int thread = 0;

@@ -51,12 +51,12 @@ def backend(f32_path: Path) -> LlamaCppBackend:
 @pytest.fixture(scope="module")
 def alone(backend) -> dict[str, list[int]]:
     """Each prompt's greedy answer, run alone."""
-    engine = Engine(backend)
+    engine = Engine(backend, slots=backend.facts.n_seq_max)
     return {p: engine.complete(tokens_for(engine, p), GREEDY).tokens for p in PROMPTS}
 
 
 def test_threads_submit_and_abort_while_the_engine_runs(backend, alone) -> None:
-    engine = Engine(backend)
+    engine = Engine(backend, slots=backend.facts.n_seq_max)
     engine.start()
     results: dict[str, CompletionOutput] = {}
     failures: list[BaseException] = []
@@ -90,7 +90,7 @@ def test_threads_submit_and_abort_while_the_engine_runs(backend, alone) -> None:
 
 
 def test_a_failed_request_ends_alone_with_an_error(backend, alone) -> None:
-    engine = Engine(backend)
+    engine = Engine(backend, slots=backend.facts.n_seq_max)
     engine.start()
     good = engine.submit(tokens_for(engine, PROMPTS[0]), GREEDY)
     bad = engine.submit([1, backend.vocab.n_vocab + 10, 3], GREEDY)  # a token id the model does not have
@@ -105,12 +105,12 @@ def test_a_failed_request_ends_alone_with_an_error(backend, alone) -> None:
 
 
 def test_each_slot_gets_its_share_of_the_unified_cache(model_path: Path) -> None:
-    backend = LlamaCppBackend.load(model_path, LoadParams(n_ctx=512, n_threads=THREADS, n_seq_max=4))
+    backend = LlamaCppBackend.load(model_path, LoadParams(n_ctx=128, n_threads=THREADS, n_seq_max=4))
     try:
-        assert backend.facts.n_ctx_seq == backend.facts.n_ctx // 4
-        engine = Engine(backend)
-        with pytest.raises(ContextOverflow, match=f"holds {backend.facts.n_ctx_seq}"):
-            engine.submit(list(range(10, 10 + backend.facts.n_ctx_seq)), GREEDY)
+        assert backend.facts.n_ctx == 128  # each sequence's share of one pool of 4 x 128
+        engine = Engine(backend, slots=backend.facts.n_seq_max)
+        with pytest.raises(ContextOverflow, match=f"holds {backend.facts.n_ctx}"):
+            engine.submit(list(range(10, 10 + backend.facts.n_ctx)), GREEDY)
         # four requests that run to the end of their share at once never overflow the cache
         params = SamplingParams(temperature=0, repeat_penalty=1.0)
         streams = [engine.submit(engine.tokenize_prompt("Count from one to one thousand: one, two, three,"), params) for _ in range(4)]
@@ -119,13 +119,13 @@ def test_each_slot_gets_its_share_of_the_unified_cache(model_path: Path) -> None
         for stream in streams:
             out = [e for e in iter(stream.get_nowait, None)][-1]
             assert out.finish_reason in ("stop", "length") and out.error is None
-            assert out.prompt_tokens + out.completion_tokens <= backend.facts.n_ctx_seq
+            assert out.prompt_tokens + out.completion_tokens <= backend.facts.n_ctx
     finally:
         backend.close()
 
 
 def test_abort_ends_the_stream_and_frees_the_slot(backend) -> None:
-    engine = Engine(backend)
+    engine = Engine(backend, slots=backend.facts.n_seq_max)
     stream = engine.submit(tokens_for(engine, PROMPTS[1]), SamplingParams(temperature=0, max_tokens=100))
     engine.step()
     engine.step()
@@ -138,7 +138,7 @@ def test_abort_ends_the_stream_and_frees_the_slot(backend) -> None:
 @pytest.mark.parametrize("slowdown", [0, 2.5], ids=["fixed-chunks", "time-budget"])
 def test_chunked_prefill_interleaves_with_decoding(backend, slowdown: float) -> None:
     chunk = 16
-    engine = Engine(backend, prefill_chunk=chunk, decode_slowdown=slowdown)
+    engine = Engine(backend, slots=backend.facts.n_seq_max, prefill_chunk=chunk, decode_slowdown=slowdown)
     running = engine.submit(tokens_for(engine, PROMPTS[0]), SamplingParams(temperature=0, max_tokens=60))
     while engine.last_step.decoded == 0:
         engine.step()
@@ -161,12 +161,12 @@ def test_chunked_prefill_interleaves_with_decoding(backend, slowdown: float) -> 
     if not slowdown:  # fixed chunks; with a time budget they may be cut shorter while the other stream decodes
         assert max(prefills) == chunk and len(prefills) == -(-to_prefill // chunk)
     assert all(new_tokens == 1 for _, new_tokens in steps[:-1])  # the running stream got a token every step
-    whole = Engine(backend).complete(long_prompt, GREEDY)  # prefilled in one piece
+    whole = Engine(backend, slots=backend.facts.n_seq_max).complete(long_prompt, GREEDY)  # prefilled in one piece
     assert chunked.tokens == whole.tokens
 
 
 def test_a_reader_that_falls_behind_holds_its_request(backend) -> None:
-    engine = Engine(backend)
+    engine = Engine(backend, slots=backend.facts.n_seq_max)
     stream = engine.submit(engine.tokenize_prompt("Count from one to one thousand: one, two, three,"), SamplingParams(temperature=0, repeat_penalty=1.0))
     for _ in range(MAX_BACKLOG + 20):
         engine.step()
@@ -176,7 +176,7 @@ def test_a_reader_that_falls_behind_holds_its_request(backend) -> None:
 
 def test_a_closed_model_raises_instead_of_touching_freed_memory(model_path: Path) -> None:
     backend = LlamaCppBackend.load(model_path, LoadParams(n_ctx=256, n_threads=THREADS))
-    engine = Engine(backend)
+    engine = Engine(backend, slots=backend.facts.n_seq_max)
     prompt = engine.tokenize_prompt("Hi")
     engine.close()
     for call in (lambda: backend.forward(Batch.for_sequence(prompt, 0)), lambda: backend.kv_clear(0), lambda: backend.tokenize("Hi"), lambda: engine.submit(prompt)):
@@ -186,7 +186,7 @@ def test_a_closed_model_raises_instead_of_touching_freed_memory(model_path: Path
 
 
 def test_prefix_reuse_prefills_only_the_new_tokens(backend) -> None:
-    engine = Engine(backend)
+    engine = Engine(backend, slots=backend.facts.n_seq_max)
     turn = [{"role": "user", "content": "Name three fruits."}]
     first = engine.complete(engine.tokenize_prompt(engine.render_chat(turn)), GREEDY)
     turn += [{"role": "assistant", "content": first.text}, {"role": "user", "content": "And three vegetables?"}]
@@ -196,13 +196,13 @@ def test_prefix_reuse_prefills_only_the_new_tokens(backend) -> None:
     first_prompt = engine.tokenize_prompt(engine.render_chat(turn[:1]))
     assert second.cached_tokens >= len(first_prompt)
     assert second.usage()["prompt_tokens_details"] == {"cached_tokens": second.cached_tokens}
-    assert second.tokens == Engine(backend).complete(prompt, GREEDY).tokens  # a fresh engine recomputes it all
+    assert second.tokens == Engine(backend, slots=backend.facts.n_seq_max).complete(prompt, GREEDY).tokens  # a fresh engine recomputes it all
 
 
 def check_a_busy_slot_lends_its_prefix(backend) -> None:
     """Two requests with one long system prompt: the second copies it from the first's slot
     while the first is still running, instead of recomputing it, and answers as if alone."""
-    engine = Engine(backend, prefill_chunk=16)
+    engine = Engine(backend, slots=backend.facts.n_seq_max, prefill_chunk=16)
     system = {"role": "system", "content": "You are a careful assistant. " * 20}
     a = engine.tokenize_prompt(engine.render_chat([system, {"role": "user", "content": "Name a colour."}]))
     b = engine.tokenize_prompt(engine.render_chat([system, {"role": "user", "content": "Name an animal."}]))
@@ -214,7 +214,7 @@ def check_a_busy_slot_lends_its_prefix(backend) -> None:
         engine.step()
     out_b = [e for e in iter(second.get_nowait, None)][-1]
     assert out_b.cached_tokens == next(i for i, (x, y) in enumerate(zip(a, b)) if x != y)
-    assert out_b.tokens == Engine(backend).complete(b, GREEDY).tokens
+    assert out_b.tokens == Engine(backend, slots=backend.facts.n_seq_max).complete(b, GREEDY).tokens
     assert [e for e in iter(first.get_nowait, None)][-1].error is None
 
 
@@ -240,8 +240,8 @@ def test_embedding_while_streams_decode(backend) -> None:
     import numpy as np
 
     text = backend.tokenize("The cat sat on the mat.", add_special=True)
-    alone = Engine(backend).embed(text)
-    engine = Engine(backend)
+    alone = Engine(backend, slots=backend.facts.n_seq_max).embed(text)
+    engine = Engine(backend, slots=backend.facts.n_seq_max)
     engine.start()
     streams = [engine.submit(tokens_for(engine, q), GREEDY) for q in PROMPTS[:2]]
     vectors = []

@@ -49,9 +49,9 @@ def engines(backend) -> tuple[Engine, Engine]:
     """(plain, speculative) on one backend. The speculative one gets a fixed, cheap verify-cost
     curve instead of the one it timed at load, so that its draft lengths, and the rollback
     paths a test walks, do not depend on how busy the machine was."""
-    spec = Fresh(backend, draft=DraftConfig())
+    spec = Fresh(backend, slots=2, draft=DraftConfig())
     spec.verify_cost = np.linspace(1.0, 1.5, spec.draft.max_draft + 1)
-    return Fresh(backend), spec
+    return Fresh(backend, slots=2), spec
 
 
 def chat(engine: Engine, prompt: str) -> list[int]:
@@ -207,7 +207,7 @@ def test_the_verify_cost_is_measured_by_the_thread_that_runs_the_engine(backend,
         return real(*args, **kwargs)
 
     monkeypatch.setattr(engine_module, "measure_verify_cost", spy)
-    engine = Engine(backend, draft=DraftConfig())
+    engine = Engine(backend, slots=2, draft=DraftConfig())
     assert engine.verify_cost is None  # not at construction, on the caller's thread
     engine.start()
     deadline = time.monotonic() + 60

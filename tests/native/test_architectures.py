@@ -1,8 +1,16 @@
 """The architecture variants the embedded model does not exercise, checked against
-llama.cpp on tiny random-weight models written here with gguf-py's GGUFWriter:
+llama.cpp on tiny random-weight models written here with gguf-py's GGUFWriter, in each
+architecture's tensor names and metadata:
 
   qwen2   NeoX RoPE, q/k/v biases, an untied output matrix, 4 query heads over 2 kv heads
   llama   linear RoPE scaling (factor 2) and 3 kv heads for 6 query heads
+  qwen3   per-head RMSNorm of q and k before RoPE, heads of 32 (4 x 32 = 128 query
+          values from a 64-wide embedding, as Qwen3's 128-wide heads outgrow its width)
+  gemma3  embeddings times sqrt(n_embd), norms after attention and FFN, GeGLU, q/k norms,
+          a local layer with a 16-position window and its own RoPE base beside a global
+          one with linear scaling, and a final logit softcap; 200 tokens go past the window
+  phi3    fused q/k/v and gate/up tensors, RoPE on 12 of 16 dims, and long-context
+          factors with an attention factor (long ones: the context passes the original)
 
 Weights are F32, so neither engine quantizes an activation and the logits must agree
 closely; the vocabulary is the embedded model's, so llama.cpp can load the files.
@@ -10,11 +18,12 @@ closely; the vocabulary is the embedded model's, so llama.cpp can load the files
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 
 import numpy as np
 import pytest
-from gguf import GGUFReader, GGUFWriter
+from gguf import GGUFReader, GGUFWriter, RopeScalingType
 
 from localinfer.backends.base import Batch, LoadParams
 from localinfer.backends.llamacpp import LlamaCppBackend
@@ -22,7 +31,10 @@ from localinfer.backends.native import NativeBackend
 
 from ..conftest import THREADS
 
-N_EMBD, N_FF, N_LAYER = 64, 128, 2
+N_EMBD, N_FF, N_LAYER, N_CTX = 64, 128, 2, 256
+HEAD_DIM = {"qwen3": 32, "gemma3": 32}  # where the head size is not n_embd / n_head
+WINDOW = 16  # gemma3's local layer
+PHI3_ROPE_DIMS, PHI3_ORIG_CTX = 12, 128
 
 
 @pytest.fixture(scope="module")
@@ -31,10 +43,7 @@ def vocabulary(model_path: Path) -> dict[str, object]:
     return {key: fields[key].contents() for key in ("tokenizer.ggml.tokens", "tokenizer.ggml.token_type", "tokenizer.ggml.merges")}
 
 
-def tiny_model(path: Path, arch: str, vocab: dict[str, object], n_head: int, n_head_kv: int, rng: np.random.Generator) -> Path:
-    tokens = vocab["tokenizer.ggml.tokens"]
-    head_dim = N_EMBD // n_head
-    w = GGUFWriter(str(path), arch)
+def write_metadata(w: GGUFWriter, arch: str, n_head: int, n_head_kv: int, head_dim: int) -> None:
     w.add_block_count(N_LAYER)
     w.add_context_length(512)
     w.add_embedding_length(N_EMBD)
@@ -43,43 +52,83 @@ def tiny_model(path: Path, arch: str, vocab: dict[str, object], n_head: int, n_h
     w.add_head_count_kv(n_head_kv)
     w.add_rope_freq_base(10000.0)
     w.add_layer_norm_rms_eps(1e-6)
-    if arch == "llama":
-        w.add_rope_dimension_count(head_dim)
-        w.add_rope_scaling_type(__import__("gguf").RopeScalingType.LINEAR)
-        w.add_rope_scaling_factor(2.0)
+    if arch in HEAD_DIM:
+        w.add_key_length(head_dim)
+        w.add_value_length(head_dim)
+    if arch in ("llama", "gemma3"):
+        w.add_rope_scaling_type(RopeScalingType.LINEAR)
+        w.add_rope_scaling_factor(2.0 if arch == "llama" else 8.0)
+    if arch == "gemma3":
+        w.add_rope_freq_base(1e6)
+        w.add_rope_freq_base_swa(1e4)
+        w.add_sliding_window(WINDOW)
+        w.add_sliding_window_pattern(2)  # layer 0 local, layer 1 global
+        w.add_final_logit_softcapping(30.0)
+    if arch == "phi3":
+        w.add_rope_dimension_count(PHI3_ROPE_DIMS)
+        w.add_rope_scaling_orig_ctx_len(PHI3_ORIG_CTX)
+        w.add_rope_scaling_attn_factors(math.sqrt(1 + math.log(512 / PHI3_ORIG_CTX) / math.log(PHI3_ORIG_CTX)))
+
+
+def write_vocabulary(w: GGUFWriter, vocab: dict[str, object]) -> None:
     w.add_tokenizer_model("gpt2")
     w.add_tokenizer_pre("smollm")
-    w.add_token_list(tokens)
+    w.add_token_list(vocab["tokenizer.ggml.tokens"])
     w.add_token_types(vocab["tokenizer.ggml.token_type"])
     w.add_token_merges(vocab["tokenizer.ggml.merges"])
     w.add_bos_token_id(1)
     w.add_eos_token_id(2)
 
+
+def tiny_model(path: Path, arch: str, vocab: dict[str, object], n_head: int, n_head_kv: int, rng: np.random.Generator) -> Path:
+    n_vocab = len(vocab["tokenizer.ggml.tokens"])
+    head_dim = HEAD_DIM.get(arch, N_EMBD // n_head)
+    q_dim, kv_dim = n_head * head_dim, n_head_kv * head_dim
+    w = GGUFWriter(str(path), arch)
+    write_metadata(w, arch, n_head, n_head_kv, head_dim)
+    write_vocabulary(w, vocab)
+
     def weight(rows: int, cols: int) -> np.ndarray:
         return (rng.standard_normal((rows, cols)) / np.sqrt(cols)).astype(np.float32)
 
-    def norm() -> np.ndarray:
-        return (1.0 + 0.1 * rng.standard_normal(N_EMBD)).astype(np.float32)
+    def norm(n: int = N_EMBD) -> np.ndarray:
+        return (1.0 + 0.1 * rng.standard_normal(n)).astype(np.float32)
 
-    w.add_tensor("token_embd.weight", weight(len(tokens), N_EMBD) * 4)
+    w.add_tensor("token_embd.weight", weight(n_vocab, N_EMBD) * (0.5 if arch == "gemma3" else 4))  # gemma3 scales it by 8
     w.add_tensor("output_norm.weight", norm())
     if arch == "qwen2":
-        w.add_tensor("output.weight", weight(len(tokens), N_EMBD))
+        w.add_tensor("output.weight", weight(n_vocab, N_EMBD))
+    if arch == "phi3":
+        half = PHI3_ROPE_DIMS // 2
+        w.add_tensor("rope_factors_long.weight", (1 + 3 * rng.random(half)).astype(np.float32))
+        w.add_tensor("rope_factors_short.weight", (1 + 0.5 * rng.random(half)).astype(np.float32))
     for i in range(N_LAYER):
         p = f"blk.{i}."
         w.add_tensor(p + "attn_norm.weight", norm())
-        w.add_tensor(p + "attn_q.weight", weight(n_head * head_dim, N_EMBD))
-        w.add_tensor(p + "attn_k.weight", weight(n_head_kv * head_dim, N_EMBD))
-        w.add_tensor(p + "attn_v.weight", weight(n_head_kv * head_dim, N_EMBD))
+        if arch == "phi3":
+            w.add_tensor(p + "attn_qkv.weight", weight(q_dim + 2 * kv_dim, N_EMBD))
+        else:
+            w.add_tensor(p + "attn_q.weight", weight(q_dim, N_EMBD))
+            w.add_tensor(p + "attn_k.weight", weight(kv_dim, N_EMBD))
+            w.add_tensor(p + "attn_v.weight", weight(kv_dim, N_EMBD))
         if arch == "qwen2":
-            w.add_tensor(p + "attn_q.bias", (0.5 * rng.standard_normal(n_head * head_dim)).astype(np.float32))
-            w.add_tensor(p + "attn_k.bias", (0.5 * rng.standard_normal(n_head_kv * head_dim)).astype(np.float32))
-            w.add_tensor(p + "attn_v.bias", (0.5 * rng.standard_normal(n_head_kv * head_dim)).astype(np.float32))
-        w.add_tensor(p + "attn_output.weight", weight(N_EMBD, n_head * head_dim))
+            w.add_tensor(p + "attn_q.bias", (0.5 * rng.standard_normal(q_dim)).astype(np.float32))
+            w.add_tensor(p + "attn_k.bias", (0.5 * rng.standard_normal(kv_dim)).astype(np.float32))
+            w.add_tensor(p + "attn_v.bias", (0.5 * rng.standard_normal(kv_dim)).astype(np.float32))
+        if arch in ("qwen3", "gemma3"):
+            w.add_tensor(p + "attn_q_norm.weight", norm(head_dim))
+            w.add_tensor(p + "attn_k_norm.weight", norm(head_dim))
+        w.add_tensor(p + "attn_output.weight", weight(N_EMBD, q_dim))
         w.add_tensor(p + "ffn_norm.weight", norm())
-        w.add_tensor(p + "ffn_gate.weight", weight(N_FF, N_EMBD))
-        w.add_tensor(p + "ffn_up.weight", weight(N_FF, N_EMBD))
+        if arch == "phi3":
+            w.add_tensor(p + "ffn_up.weight", weight(2 * N_FF, N_EMBD))  # the gate's rows, then the up's
+        else:
+            w.add_tensor(p + "ffn_gate.weight", weight(N_FF, N_EMBD))
+            w.add_tensor(p + "ffn_up.weight", weight(N_FF, N_EMBD))
         w.add_tensor(p + "ffn_down.weight", weight(N_EMBD, N_FF))
+        if arch == "gemma3":
+            w.add_tensor(p + "post_attention_norm.weight", norm())
+            w.add_tensor(p + "post_ffw_norm.weight", norm())
     w.write_header_to_file()
     w.write_kv_data_to_file()
     w.write_tensors_to_file()
@@ -87,18 +136,21 @@ def tiny_model(path: Path, arch: str, vocab: dict[str, object], n_head: int, n_h
     return path
 
 
-@pytest.mark.parametrize("arch, n_head, n_head_kv", [("qwen2", 4, 2), ("llama", 6, 3)])
+ARCHS = [("qwen2", 4, 2), ("llama", 6, 3), ("qwen3", 4, 2), ("gemma3", 4, 2), ("phi3", 4, 2)]
+
+
+@pytest.mark.parametrize("arch, n_head, n_head_kv", ARCHS)
 @pytest.mark.parametrize("kernels", ["c", "numba"])
 def test_tiny_model_matches_llama_cpp(arch: str, n_head: int, n_head_kv: int, kernels: str, vocabulary, tmp_path: Path) -> None:
     rng = np.random.default_rng(7)
     path = tiny_model(tmp_path / f"tiny-{arch}.gguf", arch, vocabulary, n_head, n_head_kv, rng)
-    tokens = rng.integers(100, 40000, size=200).tolist()  # deep enough for RoPE to matter
+    tokens = rng.integers(100, 40000, size=200).tolist()  # deep enough for RoPE to matter, and past gemma3's window
     batch = Batch.for_sequence(tokens, 0, all_logits=True)
-    reference = LlamaCppBackend.load(path, LoadParams(n_ctx=256, n_threads=THREADS))
+    reference = LlamaCppBackend.load(path, LoadParams(n_ctx=N_CTX, n_threads=THREADS))
     theirs = reference.forward(batch)
     reference.close()
-    native = NativeBackend.load(path, LoadParams(n_ctx=256, n_threads=THREADS, kernels=kernels))
-    assert native.config.rope_layout == ("neox" if arch == "qwen2" else "normal")
+    native = NativeBackend.load(path, LoadParams(n_ctx=N_CTX, n_threads=THREADS, kernels=kernels))
+    assert native.config.kind.rope_layout == ("normal" if arch == "llama" else "neox")
     ours = native.forward(batch)
     native.close()
     diff = np.abs(ours - theirs)

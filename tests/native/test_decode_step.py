@@ -1,7 +1,9 @@
 """The C set's fused decode step (native/c/decode.c) against the forward's own
 one-operation-at-a-time path, on the same weights: the logits of every decode token must be
-the same bit for bit, for the embedded llama model (f16 and quantized KV caches) and for a
-tiny qwen2 (q/k/v biases, NeoX RoPE, grouped kv heads)."""
+the same bit for bit, for the embedded llama model (f16 and quantized KV caches) and for
+tiny models of the other architectures (test_architectures.py's): qwen2's biases, qwen3's
+q/k norms, gemma3's post-norms, GeGLU, local layers' RoPE and window (decoding past it),
+phi3's fused tensors and long-context RoPE."""
 
 from __future__ import annotations
 
@@ -52,10 +54,10 @@ def greedy_logits(path: Path, kernels: CKernels, cache_types: tuple[str, str], p
         weights.close()
 
 
-def assert_same_decode(path: Path, cache_types: tuple[str, str]) -> None:
+def assert_same_decode(path: Path, cache_types: tuple[str, str], steps: int = 8) -> None:
     prompt = [1, 504, 3458, 282, 4649, 314, 253, 1789, 28, 1041]
-    fused, ran_fused = greedy_logits(path, CKernels(THREADS), cache_types, prompt, 8)
-    per_op, ran_per_op = greedy_logits(path, PerOperation(THREADS), cache_types, prompt, 8)
+    fused, ran_fused = greedy_logits(path, CKernels(THREADS), cache_types, prompt, steps)
+    per_op, ran_per_op = greedy_logits(path, PerOperation(THREADS), cache_types, prompt, steps)
     assert ran_fused and not ran_per_op
     for step, (a, b) in enumerate(zip(fused, per_op)):
         assert np.array_equal(a, b), f"decode token {step}: the fused step's logits differ by up to {np.abs(a - b).max()}"
@@ -66,6 +68,7 @@ def test_fused_decode_equals_the_operations_on_the_embedded_model(model_path: Pa
     assert_same_decode(model_path, cache_types)
 
 
-def test_fused_decode_equals_the_operations_on_qwen2_with_biases(vocabulary, tmp_path: Path) -> None:
-    path = tiny_model(tmp_path / "qwen2.gguf", "qwen2", vocabulary, 4, 2, np.random.default_rng(3))
-    assert_same_decode(path, ("f16", "f16"))
+@pytest.mark.parametrize("arch", ["qwen2", "qwen3", "gemma3", "phi3"])
+def test_fused_decode_equals_the_operations_on_each_architecture(arch: str, vocabulary, tmp_path: Path) -> None:
+    path = tiny_model(tmp_path / f"{arch}.gguf", arch, vocabulary, 4, 2, np.random.default_rng(3))
+    assert_same_decode(path, ("f16", "f16"), steps=16)  # to position 26: past gemma3's window of 16

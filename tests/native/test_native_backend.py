@@ -13,7 +13,7 @@ from gguf import GGUFWriter
 
 from localinfer.backends.base import Batch, LoadParams
 from localinfer.backends.native import NativeBackend
-from localinfer.backends.native.config import UnsupportedModel
+from localinfer.backends.native.config import ARCHITECTURES, UnsupportedModel
 
 from ..conftest import THREADS, check_batched_sequences_match_single_runs, run_cli
 
@@ -118,13 +118,13 @@ def write_gguf(path: Path, arch: str) -> Path:
 
 
 def test_unsupported_architecture_names_it_and_points_to_llama_cpp(tmp_path: Path) -> None:
-    path = write_gguf(tmp_path / "tiny-gemma3.gguf", "gemma3")
-    with pytest.raises(UnsupportedModel, match=r"'gemma3'.*--engine llama\.cpp"):
+    path = write_gguf(tmp_path / "tiny-gemma2.gguf", "gemma2")
+    with pytest.raises(UnsupportedModel, match=r"'gemma2'.*--engine llama\.cpp"):
         NativeBackend.load(path, LoadParams(n_ctx=64))
     result = run_cli("run", "--engine", "native", str(path), "hi")
     assert result.returncode == 1
     assert result.stderr.strip().splitlines() == [
-        "error: the native engine does not run the 'gemma3' architecture (it runs llama, qwen2); use --engine llama.cpp"
+        f"error: the native engine does not run the 'gemma2' architecture (it runs {', '.join(ARCHITECTURES)}); use --engine llama.cpp"
     ]
 
 

@@ -111,7 +111,7 @@ def test_a_repeated_vocabulary_token_is_refused_before_llama_cpp_aborts(seed, tm
 def test_nan_and_nested_metadata(seed, tmp_path: Path) -> None:
     nan = struct.pack("<f", float("nan"))
     one_line_refusal(edited(seed, tmp_path / "eps.gguf", llama__attention__layer_norm_rms_epsilon=nan), "RMS epsilon nan")
-    one_line_refusal(edited(seed, tmp_path / "base.gguf", llama__rope__freq_base=struct.pack("<f", float("inf"))), "RoPE base inf")
+    one_line_refusal(edited(seed, tmp_path / "base.gguf", llama__rope__freq_base=struct.pack("<f", float("inf"))), "rope.freq_base = inf")
     # an integer size stored as a NaN float32 (type 6) reads as absent, not as a ValueError
     ctx = edited(seed, tmp_path / "ctx.gguf", llama__context_length__type=6, llama__context_length=nan)
     assert inspect(ctx).context_length is None

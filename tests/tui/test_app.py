@@ -106,14 +106,14 @@ def test_a_reply_is_the_engines_greedy_answer_with_the_engines_figures(tmp_path:
             views = list(app.query(MessageView))
             assert [v.role for v in views] == ["user", "assistant"]
             status = str(app.query_one("#status").render())
-            assert "smollm2:135m · llama.cpp" in status and "TTFT" in status and "tok/s" in status and "ctx" in status and "KV" in status
+            assert "smollm2:135m · native" in status and "TTFT" in status and "tok/s" in status and "ctx" in status and "KV" in status
 
     run(test)
     want = reference([{"role": "user", "content": question}])
     user, reply = store.messages(chat_id)
     assert user.content == question
     assert reply.content == want.text and reply.tokens == want.completion_tokens
-    assert (reply.prompt_tokens, reply.n_ctx, reply.finish_reason, reply.model, reply.engine) == (want.prompt_tokens, 1024, "length", "smollm2:135m", "llama.cpp")
+    assert (reply.prompt_tokens, reply.n_ctx, reply.finish_reason, reply.model, reply.engine) == (want.prompt_tokens, 1024, "length", "smollm2:135m", "native")
     [engine_done] = [e for e in finished if e.text == reply.content]  # the app's request, as the engine ended it
     assert (reply.ttft_ms, reply.tokens_per_s) == (engine_done.timings.ttft_ms, engine_done.timings.tokens_per_s)
     assert reply.kv_cells_total == 1024 and reply.kv_cells == want.prompt_tokens + want.completion_tokens - 1  # the last token is sampled, never fed
@@ -553,3 +553,35 @@ def test_opening_a_chat_on_another_model_closes_the_one_loaded(tmp_path: Path, m
             assert app.model.engine is not engine and engine._closed
 
     run(test)
+
+
+def test_a_reasoning_models_thinking_is_a_collapsed_block_saved_and_exported(tmp_path: Path, r1_model_path: Path) -> None:
+    """DeepSeek-R1's template opens a think block; 16 tokens end the reply inside it."""
+    from textual.widgets import Collapsible
+
+    from localinfer.tui.export import as_markdown
+
+    store, chat_id = greedy_store(tmp_path, {"max_tokens": 16})
+    store.set_model(chat_id, str(r1_model_path), None)
+    question = "What is the capital of France?"
+
+    async def test() -> None:
+        app = new_app(store, chat_id=chat_id)
+        async with app.run_test(size=SIZE) as pilot:
+            await send(pilot, app, question)
+            reply = list(app.query(MessageView))[-1]
+            block = reply.query_one(Collapsible)
+            assert block.collapsed and block.title.startswith("Thinking · ") and "16 tokens" in block.title
+            await pilot.press("f5")
+            assert not block.collapsed
+
+    run(test)
+    engine = open_engine(str(r1_model_path), OPTIONS)
+    try:
+        want = engine.complete(engine.tokenize_prompt(engine.render_chat([{"role": "user", "content": question}])), engine.defaults.with_overrides(**{**GREEDY, "max_tokens": 16}))
+    finally:
+        engine.close()
+    _, reply = store.messages(chat_id)
+    assert want.reasoning and want.text == "" and want.reasoning_tokens == 16
+    assert (reply.content, reply.reasoning, reply.reasoning_tokens, reply.finish_reason) == ("", want.reasoning, 16, "length")
+    assert f"<details><summary>Thinking</summary>\n\n{want.reasoning.strip()}\n\n</details>" in as_markdown(store, chat_id)

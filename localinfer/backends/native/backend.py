@@ -10,16 +10,16 @@ from pathlib import Path
 
 import numpy as np
 
-from localinfer.backends.base import Backend, Batch, LoadParams, ModelFacts
+from localinfer.backends.base import Backend, Batch, Capabilities, LoadParams, ModelFacts
 from localinfer.backends.llamacpp import LlamaTokenized, Tokenizer, default_threads
-from localinfer.backends.native.config import ModelConfig
+from localinfer.backends.native.config import ARCHITECTURES, ModelConfig
 from localinfer.backends.native.forward import Transformer
 from localinfer.backends.native.kvcache import KVCache
 from localinfer.backends.native.memory import anon_rss_bytes
 from localinfer.backends.native.weights import Weights
 from localinfer.errors import BackendError, UserError
 from localinfer.modelfile import inspect
-from localinfer_native import KernelsUnavailable, load_kernels
+from localinfer_native import KERNEL_SETS, KernelsUnavailable, kernel_types, load_kernels
 from localinfer_native.types import KV_TYPES, kv_row_bytes
 
 
@@ -35,6 +35,11 @@ def native_cache_types(types: tuple[str, str], head_dim: int) -> tuple[str, str]
     return types
 
 
+# Where llama.cpp measured faster (docs/benchmarks.md, "Today's models"): BF16 prefill (its
+# vdpbf16ps against our float FMA); and the architectures not measured yet.
+SLOWER = frozenset({"BF16", "qwen3", "gemma3", "phi3"})
+
+
 class NativeBackend(LlamaTokenized, Backend):
     name = "native"
 
@@ -42,6 +47,7 @@ class NativeBackend(LlamaTokenized, Backend):
         rss_before = anon_rss_bytes()
         info = inspect(path)
         self.config = config = ModelConfig.from_gguf(info)
+        cache_types = native_cache_types(params.cache_types, config.head_dim)
         threads = params.n_threads or default_threads()
         try:
             self.kernels = load_kernels(params.kernels, threads)
@@ -53,7 +59,7 @@ class NativeBackend(LlamaTokenized, Backend):
         except BaseException:
             self.weights.close()
             raise
-        self.cache = KVCache(config, params.n_ctx, params.n_seq_max, native_cache_types(params.cache_types, config.head_dim))
+        self.cache = KVCache(config, params.n_ctx, params.n_seq_max, cache_types)
         self.model = Transformer(config, self.weights, self.kernels, self.cache)  # compiles or loads kernels
         # Code, vocabulary and compiled kernels are fixed costs; from here on, what the
         # model's use adds: KV cache pages and activations.
@@ -72,6 +78,13 @@ class NativeBackend(LlamaTokenized, Backend):
             chat_template=self._tok.chat_template,
             extra={"threads": str(threads), "kernels": self.kernels.describe()},
         )
+
+    @classmethod
+    def capabilities(cls) -> Capabilities:
+        return Capabilities(
+            architectures=frozenset(ARCHITECTURES), weight_types=frozenset(t.name for t in kernel_types()), kv_types=tuple(KV_TYPES), gpu_offload=False, kv_layout="per-sequence",
+            kernel_sets=KERNEL_SETS, slower=SLOWER,
+        )  # fmt: skip
 
     @classmethod
     def load(cls, path: Path, params: LoadParams) -> NativeBackend:

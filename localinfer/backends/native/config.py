@@ -1,6 +1,8 @@
-"""The hyperparameters of a llama-family model, read from GGUF metadata.
+"""The hyperparameters of a model the native engine runs, read from GGUF metadata.
 
-One place decides what the native engine can run; everything else trusts this.
+One place decides what the native engine can run; everything else trusts this. What
+sets one architecture apart from the llama layer is data (`Architecture`), read by the
+weights' loader and the forward pass, so forward.py stays one straight pass.
 """
 
 from __future__ import annotations
@@ -11,10 +13,30 @@ from dataclasses import dataclass
 from localinfer.errors import InvalidModelFile, UserError
 from localinfer.modelfile import GGUFInfo
 
-# GGUF architecture -> RoPE layout. llama.cpp's converter permutes q/k for "llama"-style
-# models so that rotated pairs are adjacent (ggml's NORM mode); qwen2 keeps NeoX halves.
-# SmolLM, SmolLM2 and Mistral GGUFs are all written as "llama".
-ROPE_LAYOUT = {"llama": "normal", "qwen2": "neox"}
+
+@dataclass(frozen=True)
+class Architecture:
+    """How one GGUF architecture differs from the llama layer (as llama.cpp builds each)."""
+
+    # llama.cpp's converter permutes q/k for "llama"-style models so that rotated pairs
+    # are adjacent (ggml's NORM mode); the others keep NeoX halves.
+    rope_layout: str
+    qk_norm: bool = False  # an RMSNorm over each head of q and of k, before RoPE (attn_q_norm, attn_k_norm)
+    post_norms: bool = False  # RMSNorm of the attention's and the FFN's outputs before each residual add (gemma)
+    embed_scale: bool = False  # token embeddings times sqrt(n_embd) (gemma)
+    activation: str = "silu"  # the gated FFN's: silu (SwiGLU) or gelu (GeGLU, tanh approximation)
+    fused_gate_up: bool = False  # ffn_up holds the gate's rows, then the up's (phi3)
+    sliding_window: bool = False  # local layers attend to the last n_swa positions (gemma3)
+
+
+# What the native engine runs. SmolLM, SmolLM2 and Mistral GGUFs are all written as "llama".
+ARCHITECTURES = {
+    "llama": Architecture("normal"),
+    "qwen2": Architecture("neox"),
+    "qwen3": Architecture("neox", qk_norm=True),
+    "gemma3": Architecture("neox", qk_norm=True, post_norms=True, embed_scale=True, activation="gelu", sliding_window=True),
+    "phi3": Architecture("neox", fused_gate_up=True),
+}
 
 
 class UnsupportedModel(UserError):
@@ -22,8 +44,20 @@ class UnsupportedModel(UserError):
 
 
 @dataclass(frozen=True)
+class Rope:
+    """One RoPE: its base, how many leading dims of a head rotate, positions divided by
+    `linear_scale`, cos and sin multiplied by `attn_factor` (phi3's long-context mscale)."""
+
+    base: float
+    dims: int
+    linear_scale: float = 1.0
+    attn_factor: float = 1.0
+
+
+@dataclass(frozen=True)
 class ModelConfig:
     architecture: str
+    kind: Architecture
     n_layer: int
     n_embd: int
     n_ff: int
@@ -33,69 +67,102 @@ class ModelConfig:
     n_vocab: int
     n_ctx_train: int
     norm_eps: float
-    rope_layout: str  # "normal" (adjacent pairs) or "neox" (first/second half)
-    rope_dims: int  # leading dims of each head that rotate
-    rope_base: float
-    rope_linear_scale: float  # positions are divided by this (1.0: no scaling)
+    rope: Rope  # every layer's, or the global layers' where some are local
+    rope_local: Rope  # the sliding-window layers' (gemma3: its own base, no scaling)
+    n_ctx_orig: int  # the context the short RoPE factors are for (phi3's long-context files)
+    attn_scale: float  # what q·k is multiplied by before the softmax
+    window: int  # n_swa: a local layer's query sees this many positions, its own included (0: none)
+    local_layers: tuple[bool, ...]  # per layer: does it attend within the window?
+    logit_softcap: float  # logits = cap * tanh(logits / cap) where not 0
 
     @classmethod
     def from_gguf(cls, info: GGUFInfo) -> ModelConfig:
         arch = info.architecture
-        if arch not in ROPE_LAYOUT:
-            raise UnsupportedModel(
-                f"the native engine does not run the '{arch}' architecture (it runs {', '.join(ROPE_LAYOUT)}); use --engine llama.cpp"
-            )
-        meta = info.metadata
-
-        def get(key: str, default: object = None, kind: type = float) -> object:
-            """A metadata value as `kind`; a missing key without a default, or a value of
-            the wrong type, is a file the engine cannot run: one line says which key."""
-            value = meta.get(f"{arch}.{key}", default)
-            if isinstance(value, list):
-                if len(set(value)) > 1:
-                    raise UnsupportedModel(f"{key} differs between layers, which the native engine does not run; use --engine llama.cpp")
-                value = value[0] if value else default
-            if value is None:
-                raise InvalidModelFile(f"{info.path.name} has no {arch}.{key}, which the native engine needs; is the file complete?")
-            if kind is str:
-                return str(value)
-            if isinstance(value, bool) or not isinstance(value, (int, float)) or (kind is int and not (isinstance(value, int) or (math.isfinite(value) and value.is_integer()))):
-                raise InvalidModelFile(f"{info.path.name} has {arch}.{key} = {value!r}, not a number")
-            return kind(value)
-
-        for key, value in (("block_count", info.n_layer), ("embedding_length", info.n_embd), ("attention.head_count", meta.get(f"{arch}.attention.head_count"))):
+        if arch not in ARCHITECTURES:
+            raise UnsupportedModel(f"the native engine does not run the '{arch}' architecture (it runs {', '.join(ARCHITECTURES)}); use --engine llama.cpp")
+        kind, meta = ARCHITECTURES[arch], Metadata(info)
+        for key, value in (("block_count", info.n_layer), ("embedding_length", info.n_embd), ("attention.head_count", meta.get("attention.head_count", 0))):
             if not value:
                 raise InvalidModelFile(f"{info.path.name} has no usable {arch}.{key}, which the native engine needs")
-        scaling = get("rope.scaling.type", "none", str)
-        factor = get("rope.scaling.factor", 1.0) or 1.0
-        if scaling not in ("none", "linear") and factor != 1.0:
-            raise UnsupportedModel(f"the native engine does not do '{scaling}' RoPE scaling; use --engine llama.cpp")
-        head_dim = get("attention.key_length", info.n_embd // info.n_head, int)
-        if get("attention.value_length", head_dim, int) != head_dim:
+        head_dim = meta.get("attention.key_length", info.n_embd // info.n_head, int)
+        if meta.get("attention.value_length", head_dim, int) != head_dim:
             raise UnsupportedModel("keys and values of different sizes are not run by the native engine; use --engine llama.cpp")
-        n_ff = get("feed_forward_length", None, int)
-        rope_dims = get("rope.dimension_count", head_dim, int)
-        if n_ff <= 0 or head_dim <= 0 or head_dim % 2 or info.n_head % info.n_head_kv or not 0 < rope_dims <= head_dim or rope_dims % 2 or info.n_vocab <= 0:
+        n_ff = meta.get("feed_forward_length", None, int)
+        rope = meta.rope(head_dim)
+        if n_ff <= 0 or head_dim <= 0 or head_dim % 2 or info.n_head % info.n_head_kv or not 0 < rope.dims <= head_dim or rope.dims % 2 or info.n_vocab <= 0:
             raise InvalidModelFile(
                 f"{info.path.name} has inconsistent sizes (heads {info.n_head}/{info.n_head_kv}, head size {head_dim}, "
-                f"rotated dims {rope_dims}, feed-forward {n_ff}, vocabulary {info.n_vocab})"
+                f"rotated dims {rope.dims}, feed-forward {n_ff}, vocabulary {info.n_vocab})"
             )
-        norm_eps, rope_base = get("attention.layer_norm_rms_epsilon", 1e-5), get("rope.freq_base", 10000.0)
-        if not (math.isfinite(norm_eps) and norm_eps >= 0 and math.isfinite(rope_base) and rope_base > 0 and math.isfinite(factor) and factor > 0):
-            raise InvalidModelFile(f"{info.path.name} has unusable numbers (RMS epsilon {norm_eps}, RoPE base {rope_base}, scaling factor {factor})")
+        norm_eps, softcap = meta.get("attention.layer_norm_rms_epsilon", 1e-5), meta.get("final_logit_softcapping", 0.0)
+        if not (math.isfinite(norm_eps) and norm_eps >= 0 and math.isfinite(softcap) and softcap >= 0):
+            raise InvalidModelFile(f"{info.path.name} has unusable numbers (RMS epsilon {norm_eps}, logit softcap {softcap})")
+        window, local = meta.sliding_window(info.n_layer) if kind.sliding_window else (0, (False,) * info.n_layer)
+        # gemma3's 27B (62 layers) scales queries by its width per head, the rest by the head size (llama.cpp)
+        scale_dim = info.n_embd // info.n_head if arch == "gemma3" and info.n_layer == 62 else head_dim
         return cls(
-            architecture=arch,
-            n_layer=info.n_layer,
-            n_embd=info.n_embd,
-            n_ff=n_ff,
-            n_head=info.n_head,
-            n_head_kv=info.n_head_kv,
-            head_dim=head_dim,
-            n_vocab=info.n_vocab,
-            n_ctx_train=info.context_length or 0,
-            norm_eps=norm_eps,
-            rope_layout=ROPE_LAYOUT[arch],
-            rope_dims=rope_dims,
-            rope_base=rope_base,
-            rope_linear_scale=factor if scaling == "linear" else 1.0,
+            architecture=arch, kind=kind, n_layer=info.n_layer, n_embd=info.n_embd, n_ff=n_ff, n_head=info.n_head, n_head_kv=info.n_head_kv,
+            head_dim=head_dim, n_vocab=info.n_vocab, n_ctx_train=info.context_length or 0, norm_eps=norm_eps,
+            rope=rope, rope_local=Rope(meta.positive("rope.freq_base_swa", 10000.0), rope.dims) if window else rope,
+            n_ctx_orig=meta.get("rope.scaling.original_context_length", info.context_length or 0, int),
+            attn_scale=1.0 / math.sqrt(scale_dim), window=window, local_layers=local, logit_softcap=softcap,
+        )  # fmt: skip
+
+
+class Metadata:
+    """A model's `{arch}.*` metadata, each value checked as it is read: a missing key without
+    a default, or a value of the wrong type, is a file the engine cannot run, and one line
+    says which key."""
+
+    def __init__(self, info: GGUFInfo) -> None:
+        self.info, self.arch = info, info.architecture
+
+    def raw(self, key: str, default: object = None) -> object:
+        return self.info.metadata.get(f"{self.arch}.{key}", default)
+
+    def get(self, key: str, default: object = None, kind: type = float) -> object:
+        value = self.raw(key, default)
+        if isinstance(value, list):
+            if len(set(value)) > 1:
+                raise UnsupportedModel(f"{key} differs between layers, which the native engine does not run; use --engine llama.cpp")
+            value = value[0] if value else default
+        if value is None:
+            raise InvalidModelFile(f"{self.info.path.name} has no {self.arch}.{key}, which the native engine needs; is the file complete?")
+        if kind is str:
+            return str(value)
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or (kind is int and not (isinstance(value, int) or (math.isfinite(value) and value.is_integer()))):
+            raise InvalidModelFile(f"{self.info.path.name} has {self.arch}.{key} = {value!r}, not a number")
+        return kind(value)
+
+    def positive(self, key: str, default: float) -> float:
+        value = self.get(key, default)
+        if not (math.isfinite(value) and value > 0):
+            raise InvalidModelFile(f"{self.info.path.name} has {self.arch}.{key} = {value}, not a positive number")
+        return value
+
+    def rope(self, head_dim: int) -> Rope:
+        scaling = self.get("rope.scaling.type", "linear", str)  # llama.cpp's default: a factor alone scales linearly
+        factor = self.positive("rope.scaling.factor", 1.0) if self.raw("rope.scaling.factor") else 1.0
+        if scaling not in ("none", "linear") and factor != 1.0:
+            raise UnsupportedModel(f"the native engine does not do '{scaling}' RoPE scaling; use --engine llama.cpp")
+        return Rope(
+            base=self.positive("rope.freq_base", 10000.0),
+            dims=self.get("rope.dimension_count", head_dim, int),
+            linear_scale=factor if scaling == "linear" else 1.0,
+            attn_factor=self.positive("rope.scaling.attn_factor", 1.0),
         )
+
+    def sliding_window(self, n_layer: int) -> tuple[int, tuple[bool, ...]]:
+        """(n_swa, which layers are local), as llama.cpp reads them: without a window every
+        layer is global; a scalar pattern n makes layer il local unless il % n == n - 1
+        (default 6: five local, one global); a per-layer array says it layer by layer."""
+        window = self.get("attention.sliding_window", 0, int)
+        if window <= 0:
+            return 0, (False,) * n_layer
+        pattern = self.raw("attention.sliding_window_pattern", 6)
+        if isinstance(pattern, list):
+            if len(pattern) != n_layer:
+                raise InvalidModelFile(f"{self.info.path.name} has a sliding-window pattern of {len(pattern)} layers for {n_layer}")
+            return window, tuple(bool(p) for p in pattern)
+        n = self.get("attention.sliding_window_pattern", 6, int)
+        return window, tuple(n == 0 or il % n < n - 1 for il in range(n_layer))

@@ -14,29 +14,38 @@ from __future__ import annotations
 import numpy as np
 from gguf.quants import dequantize
 
-from localinfer.backends.native.config import ModelConfig
+from localinfer.backends.native.config import ModelConfig, Rope
 from localinfer.backends.native.kvcache import KVCache
 from localinfer.backends.native.weights import Weights
 from localinfer_native import Kernels
 from localinfer_native.types import DecodeLayer, DecodePlan
 
 
-class Rope:
+class RopeTables:
     """Rotary position embedding: cos/sin tables per position, applied by the kernels."""
 
-    def __init__(self, config: ModelConfig, n_ctx: int, freq_factors: np.ndarray | None) -> None:
+    def __init__(self, rope: Rope, neox: bool, n_ctx: int, freq_factors: np.ndarray | None) -> None:
         # The angles are built as ggml builds them, in float32: theta_i = p * base^(-2i/d),
         # one multiplication by base^(-2/d) per pair. In float64 they would be a hair more
         # exact, and a hair away from llama.cpp's.
-        half = config.rope_dims // 2
-        theta_scale = np.float32(config.rope_base) ** np.float32(-2.0 / config.rope_dims)
+        half = rope.dims // 2
+        theta_scale = np.float32(rope.base) ** np.float32(-2.0 / rope.dims)
         steps = np.full((n_ctx, half), theta_scale, dtype=np.float32)
-        steps[:, 0] = np.arange(n_ctx, dtype=np.float32) / np.float32(config.rope_linear_scale)
+        steps[:, 0] = np.arange(n_ctx, dtype=np.float32) / np.float32(rope.linear_scale)
         angles = np.cumprod(steps, axis=1, dtype=np.float32)
         if freq_factors is not None:
             angles /= freq_factors.astype(np.float32)
-        self.cos, self.sin = np.cos(angles), np.sin(angles)
-        self.neox = config.rope_layout == "neox"
+        mscale = np.float32(rope.attn_factor)
+        self.cos, self.sin = np.cos(angles) * mscale, np.sin(angles) * mscale
+        self.neox = neox
+
+
+def rope_factors(config: ModelConfig, weights: Weights, n_ctx: int) -> np.ndarray | None:
+    """The frequency divisors for a context of n_ctx: phi3's long ones where the context,
+    padded to 256 as llama.cpp pads it, passes the original one; else the file's others."""
+    if weights.rope_factors_long is not None and -(-n_ctx // 256) * 256 > config.n_ctx_orig:
+        return weights.rope_factors_long
+    return weights.rope_freq_factors
 
 
 class Workspace:
@@ -53,6 +62,8 @@ class Workspace:
         self.v = np.empty((n, c.n_head_kv * c.head_dim), f32)
         self.q3 = self.q.reshape(n, c.n_head, c.head_dim)
         self.k3 = self.k.reshape(n, c.n_head_kv, c.head_dim)
+        self.q_heads = self.q.reshape(n * c.n_head, c.head_dim)  # one row a head, for per-head norms
+        self.k_heads = self.k.reshape(n * c.n_head_kv, c.head_dim)
         self.v3 = self.v.reshape(n, c.n_head_kv, c.head_dim)
         self.attn = np.empty((n, c.n_head * c.head_dim), f32)
         self.o = np.empty((n, c.n_embd), f32)
@@ -66,14 +77,17 @@ class Workspace:
 class Transformer:
     def __init__(self, config: ModelConfig, weights: Weights, kernels: Kernels, cache: KVCache) -> None:
         self.config, self.weights, self.kernels, self.cache = config, weights, kernels, cache
-        self.rope = Rope(config, cache.n_ctx, weights.rope_freq_factors)
+        neox = config.kind.rope_layout == "neox"
+        self.rope = RopeTables(config.rope, neox, cache.n_ctx, rope_factors(config, weights, cache.n_ctx))
+        self.rope_local = RopeTables(config.rope_local, neox, cache.n_ctx, None) if config.window else self.rope
+        self.windows = [config.window if local else 0 for local in config.local_layers]  # per layer; 0: global
         # Bind every product once: q/k/v and gate/up each run as one fused kernel call.
         self.qkv = [kernels.matmul_op([lw.wq, lw.wk, lw.wv]) for lw in weights.layers]
         self.attn_out = [kernels.matmul_op([lw.wo]) for lw in weights.layers]
         self.gate_up = [kernels.matmul_op([lw.w_gate, lw.w_up]) for lw in weights.layers]
         self.down = [kernels.matmul_op([lw.w_down]) for lw in weights.layers]
         self.lm_head = kernels.matmul_op([weights.output])
-        self.scale = 1.0 / np.sqrt(config.head_dim)
+        self.scale = config.attn_scale
         self.peak_activation_bytes = 0  # the largest working set of one forward call so far
         self._workspaces: dict[int, Workspace] = {}
         self.decode_step = kernels.decode_step(self._decode_plan())  # None: the operations one by one
@@ -82,11 +96,13 @@ class Transformer:
         """Every layer and shape a fused decode step binds, with buffers of its own."""
         c, rope, ws = self.config, self.rope, Workspace(self.config, 1)
         layers = [
-            DecodeLayer(self.qkv[i], self.attn_out[i], self.gate_up[i], self.down[i], lw.attn_norm, lw.ffn_norm, lw.q_bias, lw.k_bias, lw.v_bias)
+            DecodeLayer(self.qkv[i], self.attn_out[i], self.gate_up[i], self.down[i], lw.attn_norm, lw.ffn_norm, lw.q_bias, lw.k_bias, lw.v_bias,
+                        lw.q_norm, lw.k_norm, lw.post_attn_norm, lw.post_ffn_norm, self.windows[i])
             for i, lw in enumerate(self.weights.layers)
         ]  # fmt: skip
         buffers = {name: getattr(ws, name) for name in ("h", "q", "k", "v", "attn", "o", "gate", "up")}
-        return DecodePlan(layers, c.n_head, c.n_head_kv, c.head_dim, c.norm_eps, self.scale, rope.cos, rope.sin, rope.neox, self.cache.types, self.cache.n_ctx, buffers)
+        return DecodePlan(layers, c.n_head, c.n_head_kv, c.head_dim, c.norm_eps, self.scale, rope.cos, rope.sin, rope.neox, self.cache.types, self.cache.n_ctx, buffers,
+                          self.rope_local.cos, self.rope_local.sin, c.kind.activation == "gelu")  # fmt: skip
 
     def workspace(self, n: int) -> Workspace:
         ws = self._workspaces.get(n)
@@ -104,7 +120,10 @@ class Transformer:
 
     def embed(self, tokens: np.ndarray) -> np.ndarray:
         emb = self.weights.token_embd
-        return dequantize(emb.data[tokens], emb.type).reshape(len(tokens), emb.cols).astype(np.float32, copy=False)
+        x = dequantize(emb.data[tokens], emb.type).reshape(len(tokens), emb.cols).astype(np.float32, copy=False)
+        if self.config.kind.embed_scale:
+            x *= np.float32(np.sqrt(np.float32(self.config.n_embd)))  # gemma: ggml_scale by sqrtf(n_embd)
+        return x
 
     def forward(self, tokens: np.ndarray, positions: np.ndarray, seq_ids: np.ndarray, want: np.ndarray, hidden: bool = False) -> np.ndarray:
         """Run n tokens through every layer; returns logits [n_wanted, n_vocab], or with
@@ -120,6 +139,9 @@ class Transformer:
         logits = np.empty((len(out), self.weights.output.rows), np.float32)
         if len(out):
             self.lm_head(out, (logits,))
+        cap = np.float32(self.config.logit_softcap)
+        if cap:
+            np.multiply(np.tanh(logits * (np.float32(1) / cap)), cap, out=logits)  # as ggml: scale, tanh, scale
         return logits
 
     def _decode(self, token: int, position: int, seq: int) -> np.ndarray:
@@ -152,7 +174,8 @@ class Transformer:
         q_dim = c.n_head * c.head_dim
         self._note_activations(n, int(positions.max()) + 1, int(np.count_nonzero(want)))
 
-        k_ops, rope, eps = self.kernels, self.rope, c.norm_eps
+        k_ops, eps = self.kernels, c.norm_eps
+        activation = k_ops.geglu if c.kind.activation == "gelu" else k_ops.swiglu
         ws = self.workspace(n)
         h, q3, k3, v3, attn = ws.h, ws.q3, ws.k3, ws.v3, ws.attn
         x = self.embed(tokens)
@@ -164,23 +187,32 @@ class Transformer:
                 ws.q += lw.q_bias
                 ws.k += lw.k_bias
                 ws.v += lw.v_bias
+            if lw.q_norm is not None:
+                k_ops.rms_norm(ws.q_heads, lw.q_norm, eps, ws.q_heads)
+                k_ops.rms_norm(ws.k_heads, lw.k_norm, eps, ws.k_heads)
+            window = self.windows[layer]
+            rope = self.rope_local if window else self.rope
             k_ops.rope(q3, positions, rope.cos, rope.sin, rope.neox)
             k_ops.rope(k3, positions, rope.cos, rope.sin, rope.neox)
             for seq, rows in groups:
                 keys, values = cache.layers(seq)
                 if rows is None:  # the whole batch is one sequence
-                    k_ops.attention(q3, k3, v3, keys[layer], values[layer], positions, attn, self.scale, cache.types)
+                    k_ops.attention(q3, k3, v3, keys[layer], values[layer], positions, attn, self.scale, cache.types, window)
                 else:
                     part = np.empty((len(rows), q_dim), np.float32)
-                    k_ops.attention(q3[rows], k3[rows], v3[rows], keys[layer], values[layer], positions[rows], part, self.scale, cache.types)
+                    k_ops.attention(q3[rows], k3[rows], v3[rows], keys[layer], values[layer], positions[rows], part, self.scale, cache.types, window)
                     attn[rows] = part
             self.attn_out[layer](attn, ws.o_out, n_fast)
+            if lw.post_attn_norm is not None:
+                k_ops.rms_norm(ws.o, lw.post_attn_norm, eps, ws.o)
             x += ws.o
 
             # Feed-forward block.
             k_ops.rms_norm(x, lw.ffn_norm, eps, h)
             self.gate_up[layer](h, ws.gate_up_out, n_fast)
-            k_ops.swiglu(ws.gate, ws.up)
+            activation(ws.gate, ws.up)
             self.down[layer](ws.gate, ws.o_out, n_fast)
+            if lw.post_ffn_norm is not None:
+                k_ops.rms_norm(ws.o, lw.post_ffn_norm, eps, ws.o)
             x += ws.o
         return x if want.all() else np.ascontiguousarray(x[want])

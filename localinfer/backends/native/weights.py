@@ -28,11 +28,15 @@ class LayerWeights:
     q_bias: np.ndarray | None  # qwen2
     k_bias: np.ndarray | None
     v_bias: np.ndarray | None
+    q_norm: np.ndarray | None  # qwen3, gemma3: float32 [head_dim], each head of q RMS-normed before RoPE
+    k_norm: np.ndarray | None
     wo: QMatrix
+    post_attn_norm: np.ndarray | None  # gemma3: the attention's output RMS-normed before the residual add
     ffn_norm: np.ndarray
     w_gate: QMatrix
     w_up: QMatrix
     w_down: QMatrix
+    post_ffn_norm: np.ndarray | None  # gemma3: likewise the FFN's
 
 
 @dataclass
@@ -41,7 +45,8 @@ class Weights:
     layers: list[LayerWeights]
     output_norm: np.ndarray
     output: QMatrix  # token_embd itself when the model ties them
-    rope_freq_factors: np.ndarray | None  # llama 3's per-frequency RoPE divisors
+    rope_freq_factors: np.ndarray | None  # per-frequency RoPE divisors: llama 3's, or phi3's short ones
+    rope_factors_long: np.ndarray | None  # phi3's for contexts past the original one
     mapped_bytes: int
     _map: mmap.mmap
 
@@ -54,66 +59,17 @@ class Weights:
             mm = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
         if len(mm) < info.file_size:  # the file shrank since it was inspected
             raise InvalidModelFile(f"{path.name} changed while it was being loaded")
-        tensors = {t.name: t for t in info.tensors}
-        c = config
-        q_dim, kv_dim = c.n_head * c.head_dim, c.n_head_kv * c.head_dim
-
-        def raw(t: TensorInfo, shape: tuple[int, ...]) -> np.ndarray:
-            got = t.shape
-            while len(got) > len(shape) and got[-1] == 1:
-                got = got[:-1]
-            if got != shape:
-                raise InvalidModelFile(f"{path.name} has tensor {t.name} of shape {list(t.shape)} where this model's sizes need {list(shape)}")
-            return np.frombuffer(mm, dtype=np.uint8, count=t.nbytes, offset=t.offset)
-
-        def matrix(name: str, cols: int, rows: int) -> QMatrix:
-            t = tensors.get(name)
-            if t is None:
-                raise UnsupportedModel(f"{path.name} has no tensor '{name}', which a {config.architecture} model needs; use --engine llama.cpp")
-            qtype = GGMLQuantizationType(t.type)
-            if qtype not in kernels.supported_types:
-                raise UnsupportedModel(f"type {qtype.name} (tensor {name}) is not supported by the native engine's {kernels.name} kernels; use --engine llama.cpp")
-            return QMatrix.from_array(qtype, raw(t, (cols, rows)), cols)
-
-        def vector(name: str, length: int, required: bool = True) -> np.ndarray | None:
-            t = tensors.get(name)
-            if t is None:
-                if required:
-                    raise UnsupportedModel(f"{path.name} has no tensor '{name}'; use --engine llama.cpp")
-                return None
-            if t.type != GGMLQuantizationType.F32:
-                raise UnsupportedModel(f"tensor {name} is {GGMLQuantizationType(t.type).name}, the native engine expects F32; use --engine llama.cpp")
-            return raw(t, (length,)).view(np.float32)
-
-        layers = []
-        for i in range(config.n_layer):
-            p = f"blk.{i}."
-            layers.append(
-                LayerWeights(
-                    attn_norm=vector(p + "attn_norm.weight", c.n_embd),
-                    wq=matrix(p + "attn_q.weight", c.n_embd, q_dim),
-                    wk=matrix(p + "attn_k.weight", c.n_embd, kv_dim),
-                    wv=matrix(p + "attn_v.weight", c.n_embd, kv_dim),
-                    q_bias=vector(p + "attn_q.bias", q_dim, required=False),
-                    k_bias=vector(p + "attn_k.bias", kv_dim, required=False),
-                    v_bias=vector(p + "attn_v.bias", kv_dim, required=False),
-                    wo=matrix(p + "attn_output.weight", q_dim, c.n_embd),
-                    ffn_norm=vector(p + "ffn_norm.weight", c.n_embd),
-                    w_gate=matrix(p + "ffn_gate.weight", c.n_embd, c.n_ff),
-                    w_up=matrix(p + "ffn_up.weight", c.n_embd, c.n_ff),
-                    w_down=matrix(p + "ffn_down.weight", c.n_ff, c.n_embd),
-                )
-            )
-            lw = layers[-1]
-            if len({lw.q_bias is None, lw.k_bias is None, lw.v_bias is None}) > 1:
-                raise InvalidModelFile(f"{path.name} has some of layer {i}'s q/k/v biases but not all three")
-        token_embd = matrix("token_embd.weight", c.n_embd, c.n_vocab)
+        c, read = config, TensorReader(path, mm, info, config, kernels)
+        layers = [read.layer(i) for i in range(c.n_layer)]
+        token_embd = read.matrix("token_embd.weight", c.n_embd, c.n_vocab)
+        half, has = c.rope.dims // 2, read.tensors.__contains__
         return cls(
             token_embd=token_embd,
             layers=layers,
-            output_norm=vector("output_norm.weight", c.n_embd),
-            output=matrix("output.weight", c.n_embd, c.n_vocab) if "output.weight" in tensors else token_embd,
-            rope_freq_factors=vector("rope_freqs.weight", c.rope_dims // 2, required=False),
+            output_norm=read.vector("output_norm.weight", c.n_embd),
+            output=read.matrix("output.weight", c.n_embd, c.n_vocab) if has("output.weight") else token_embd,
+            rope_freq_factors=read.vector("rope_freqs.weight" if has("rope_freqs.weight") else "rope_factors_short.weight", half, required=False),
+            rope_factors_long=read.vector("rope_factors_long.weight", half, required=False),
             mapped_bytes=len(mm),
             _map=mm,
         )
@@ -125,3 +81,77 @@ class Weights:
             self._map.close()
         except BufferError:
             pass
+
+
+class TensorReader:
+    """Checked views of one mapped GGUF's tensors, by their GGUF names."""
+
+    def __init__(self, path: Path, mm: mmap.mmap, info: GGUFInfo, config: ModelConfig, kernels: Kernels) -> None:
+        self.path, self.mm, self.config, self.kernels = path, mm, config, kernels
+        self.tensors = {t.name: t for t in info.tensors}
+
+    def raw(self, t: TensorInfo, shape: tuple[int, ...]) -> np.ndarray:
+        got = t.shape
+        while len(got) > len(shape) and got[-1] == 1:
+            got = got[:-1]
+        if got != shape:
+            raise InvalidModelFile(f"{self.path.name} has tensor {t.name} of shape {list(t.shape)} where this model's sizes need {list(shape)}")
+        return np.frombuffer(self.mm, dtype=np.uint8, count=t.nbytes, offset=t.offset)
+
+    def matrix(self, name: str, cols: int, rows: int) -> QMatrix:
+        t = self.tensors.get(name)
+        if t is None:
+            raise UnsupportedModel(f"{self.path.name} has no tensor '{name}', which a {self.config.architecture} model needs; use --engine llama.cpp")
+        qtype = GGMLQuantizationType(t.type)
+        if qtype not in self.kernels.supported_types:
+            raise UnsupportedModel(f"type {qtype.name} (tensor {name}) is not supported by the native engine's {self.kernels.name} kernels; use --engine llama.cpp")
+        return QMatrix.from_array(qtype, self.raw(t, (cols, rows)), cols)
+
+    def vector(self, name: str, length: int, required: bool = True) -> np.ndarray | None:
+        t = self.tensors.get(name)
+        if t is None:
+            if required:
+                raise UnsupportedModel(f"{self.path.name} has no tensor '{name}'; use --engine llama.cpp")
+            return None
+        if t.type != GGMLQuantizationType.F32:
+            raise UnsupportedModel(f"tensor {name} is {GGMLQuantizationType(t.type).name}, the native engine expects F32; use --engine llama.cpp")
+        return self.raw(t, (length,)).view(np.float32)
+
+    def split(self, name: str, cols: int, sizes: tuple[int, ...]) -> list[QMatrix]:
+        """A fused tensor's consecutive row ranges, each a matrix of its own (views, no copy)."""
+        m, start, parts = self.matrix(name, cols, sum(sizes)), 0, []
+        for rows in sizes:
+            parts.append(QMatrix(m.type, m.data[start : start + rows], rows, cols))
+            start += rows
+        return parts
+
+    def layer(self, i: int) -> LayerWeights:
+        c, p, matrix, vector = self.config, f"blk.{i}.", self.matrix, self.vector
+        q_dim, kv_dim = c.n_head * c.head_dim, c.n_head_kv * c.head_dim
+        if p + "attn_qkv.weight" in self.tensors:  # phi3's fused q/k/v (llama.cpp takes it for any architecture)
+            wq, wk, wv = self.split(p + "attn_qkv.weight", c.n_embd, (q_dim, kv_dim, kv_dim))
+        else:
+            wq, wk, wv = (matrix(p + f"attn_{x}.weight", c.n_embd, rows) for x, rows in (("q", q_dim), ("k", kv_dim), ("v", kv_dim)))
+        if c.kind.fused_gate_up:  # phi3: the gate's rows, then the up's
+            w_gate, w_up = self.split(p + "ffn_up.weight", c.n_embd, (c.n_ff, c.n_ff))
+        else:
+            w_gate, w_up = matrix(p + "ffn_gate.weight", c.n_embd, c.n_ff), matrix(p + "ffn_up.weight", c.n_embd, c.n_ff)
+        qk_norm, post = c.kind.qk_norm, c.kind.post_norms
+        lw = LayerWeights(
+            attn_norm=vector(p + "attn_norm.weight", c.n_embd),
+            wq=wq, wk=wk, wv=wv,
+            q_bias=vector(p + "attn_q.bias", q_dim, required=False),
+            k_bias=vector(p + "attn_k.bias", kv_dim, required=False),
+            v_bias=vector(p + "attn_v.bias", kv_dim, required=False),
+            q_norm=vector(p + "attn_q_norm.weight", c.head_dim) if qk_norm else None,
+            k_norm=vector(p + "attn_k_norm.weight", c.head_dim) if qk_norm else None,
+            wo=matrix(p + "attn_output.weight", q_dim, c.n_embd),
+            post_attn_norm=vector(p + "post_attention_norm.weight", c.n_embd) if post else None,
+            ffn_norm=vector(p + "ffn_norm.weight", c.n_embd),
+            w_gate=w_gate, w_up=w_up,
+            w_down=matrix(p + "ffn_down.weight", c.n_ff, c.n_embd),
+            post_ffn_norm=vector(p + "post_ffw_norm.weight", c.n_embd) if post else None,
+        )  # fmt: skip
+        if len({lw.q_bias is None, lw.k_bias is None, lw.v_bias is None}) > 1:
+            raise InvalidModelFile(f"{self.path.name} has some of layer {i}'s q/k/v biases but not all three")
+        return lw

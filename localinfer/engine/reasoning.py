@@ -1,0 +1,102 @@
+"""Reasoning models: the thinking a model writes between `<think>` and `</think>`, split
+from its answer as the tokens stream, above every backend.
+
+A model thinks in this syntax when its chat template mentions the closing tag (Qwen3,
+SmolLM3, the DeepSeek-R1 distills, which cut earlier turns at it) or its vocabulary holds
+both tags as single tokens. A request starts inside the block when its prompt already
+ends with the opening tag (templates that open it in the generation prompt, as the R1
+distills do); otherwise the answer may open one as its first text. Thinking and answer go
+out as separate event fields; stop strings and structured output apply to the answer.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from localinfer.engine.stops import partial_suffix
+
+OPEN, CLOSE = "<think>", "</think>"
+# What the engine writes itself when a thinking budget runs out: the block's close and the
+# blank line models put before their answer.
+BUDGET_CLOSE = "\n" + CLOSE + "\n\n"
+
+
+@dataclass(frozen=True)
+class ThinkSyntax:
+    """How one model marks its thinking, and whether its template can turn it off."""
+
+    open: str = OPEN
+    close: str = CLOSE
+    switchable: bool = False  # the template reads `enable_thinking`
+
+    @classmethod
+    def detect(cls, template: str | None, tokenize: Callable[[str], list[int]]) -> ThinkSyntax | None:
+        """The model's syntax from its template and vocabulary, or None if it does not think."""
+        single = all(len(tokenize(tag)) == 1 for tag in (OPEN, CLOSE))
+        if not (template and CLOSE in template) and not single:
+            return None
+        return cls(switchable=bool(template) and "enable_thinking" in template)
+
+    def starts_open(self, prompt_text: str) -> bool:
+        """Whether a prompt ending like this leaves the model inside a think block."""
+        tail = prompt_text.rstrip()
+        return tail.endswith(self.open)
+
+
+class ReasoningSplitter:
+    """One request's text, split into (reasoning, answer) as it streams. A tag may arrive
+    in pieces; text that could still become one is held until it is clear."""
+
+    def __init__(self, syntax: ThinkSyntax, inside: bool) -> None:
+        self.syntax = syntax
+        self.thinking = inside  # inside a think block now
+        self.undecided = not inside  # at the answer's start, where a block may still open
+        self.closed = False  # a block has ended: the answer has begun
+        self._trim = inside  # drop the whitespace that opens the thinking, and the answer after it
+        self._held = ""
+
+    def push(self, text: str) -> tuple[str, str]:
+        """New text in; (reasoning, answer) that is safe to emit out."""
+        buf, reasoning, answer = self._held + text, "", ""
+        self._held = ""
+        while buf:
+            if self.undecided:
+                stripped = buf.lstrip()
+                if stripped.startswith(self.syntax.open):
+                    self.undecided, self.thinking, self._trim = False, True, True
+                    buf = stripped[len(self.syntax.open) :]
+                elif self.syntax.open.startswith(stripped):  # whitespace, or the tag's start: wait
+                    self._held = buf
+                    return reasoning, answer
+                else:
+                    self.undecided = False
+            elif self.thinking:
+                if self._trim:
+                    buf = buf.lstrip()
+                    if not buf:
+                        return reasoning, answer
+                    self._trim = False
+                at = buf.find(self.syntax.close)
+                if at < 0:
+                    keep = partial_suffix(buf, self.syntax.close)
+                    reasoning += buf[: len(buf) - keep]
+                    self._held = buf[len(buf) - keep :]
+                    return reasoning, answer
+                reasoning += buf[:at]
+                self.thinking, self.closed, self._trim = False, True, True
+                buf = buf[at + len(self.syntax.close) :]
+            else:
+                if self._trim:
+                    buf = buf.lstrip()
+                    if not buf:
+                        return reasoning, answer
+                    self._trim = False
+                answer += buf
+                buf = ""
+        return reasoning, answer
+
+    def flush(self) -> tuple[str, str]:
+        """What is held at the end: unfinished thinking stays thinking, the rest is answer."""
+        held, self._held = self._held, ""
+        return (held, "") if self.thinking else ("", held)
