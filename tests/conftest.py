@@ -144,14 +144,16 @@ def f32_path(model_path: Path, tmp_path_factory: pytest.TempPathFactory) -> Path
     return path
 
 
-def with_template(model_path: Path, out: Path, template: str) -> Path:
-    """A copy of a GGUF whose chat template is `template` (gguf-py's own metadata copier)."""
+def with_template(model_path: Path, out: Path, template: str | None) -> Path:
+    """A copy of a GGUF whose chat template is `template`, or that has none (gguf-py's own metadata copier)."""
     import gguf
     from gguf.scripts.gguf_new_metadata import MetadataDetails, copy_with_new_metadata
 
     reader = gguf.GGUFReader(model_path)
     writer = gguf.GGUFWriter(out, arch=reader.fields["general.architecture"].contents(), endianess=reader.endianess)
-    copy_with_new_metadata(reader, writer, {gguf.Keys.Tokenizer.CHAT_TEMPLATE: MetadataDetails(gguf.GGUFValueType.STRING, template)}, [])
+    key = gguf.Keys.Tokenizer.CHAT_TEMPLATE
+    new = {key: MetadataDetails(gguf.GGUFValueType.STRING, template)} if template is not None else {}
+    copy_with_new_metadata(reader, writer, new, [] if template is not None else [key])
     return out
 
 

@@ -1,12 +1,13 @@
 """`run` on a reasoning model: the answer on stdout without the thinking (a pipe), the
-thinking as its own `reasoning` field under --json, --think-budget, --think off, -n."""
+thinking as its own `reasoning` field under --json, --think-budget, --think off, -n; and on
+a base model without a chat template, the one line that says what it does instead."""
 
 from __future__ import annotations
 
 import json
 from pathlib import Path
 
-from ..conftest import THREADS, run_cli
+from ..conftest import THREADS, run_cli, with_template
 
 ASK = ("--temperature", "0", "--threads", str(THREADS), "--draft", "none", "-n", "40", "What is the capital of France?")
 
@@ -27,3 +28,14 @@ def test_think_off_closes_the_block_the_template_opens(r1_model_path: Path) -> N
     out = json.loads(r.stdout)
     assert out["reasoning"] == "" and out["text"] and out["usage"]["completion_tokens_details"]["reasoning_tokens"] == 0
     assert run_cli("run", "--think", "maybe", "hi").returncode == 2
+
+
+def test_a_model_without_a_chat_template_says_so_once(model_path: Path, tmp_path: Path) -> None:
+    base = with_template(model_path, tmp_path / "base.gguf", None)
+    r = run_cli("run", str(base), *ASK)
+    assert r.returncode == 0 and r.stdout.strip()
+    assert [line for line in r.stderr.splitlines() if line.strip()] == [
+        "note: this model has no chat template (a base model?); prompts are wrapped in ChatML. Use --raw to send them as they are."
+    ]
+    raw = run_cli("run", str(base), "--raw", *ASK)
+    assert raw.returncode == 0 and raw.stderr.strip() == ""
