@@ -17,7 +17,7 @@ from localinfer.engine.budget import DEFAULT_SLOWDOWN
 from localinfer.engine.engine import DEFAULT_PREFILL_CHUNK, Engine
 from localinfer.engine.speculative import DraftConfig
 from localinfer.engine.types import EngineChoice, SamplingParams
-from localinfer.errors import UserError
+from localinfer.errors import BackendError, UserError
 from localinfer.modelfile import GGUFInfo, inspect
 from localinfer.store.pull import Progress, ensure_local
 from localinfer.store.refs import resolve
@@ -69,14 +69,23 @@ def choose_engine(asked: str, info: GGUFInfo, gpu_layers: int | str, cache: tupl
     asked for, and offloads where layers are to go to a GPU."""
     if asked != "auto":
         return EngineChoice(asked, "asked for with --engine")
-    passed: list[str] = []
+    engines: dict[str, Capabilities | BackendError] = {}
     for name in BACKENDS:
-        caps = get_backend(name).capabilities()
+        try:
+            engines[name] = get_backend(name).capabilities()
+        except BackendError as e:  # an engine that cannot start here leaves the model to the next
+            engines[name] = e
+    to_gpu = gpu_layers != 0 and any(offload_devices(c) for c in engines.values() if isinstance(c, Capabilities))
+    passed: list[str] = []
+    for name, caps in engines.items():
+        if isinstance(caps, BackendError):
+            passed.append(f"{name} engine cannot start ({caps})")
+            continue
         why_not = caps.refusal(info.architecture, info.tensor_types, auto=True)
         lacking = sorted(set(() if cache == "auto" else cache) - set(caps.kv_types))
         if why_not is None and lacking:
             why_not = f"a {'/'.join(lacking)} KV cache"
-        if why_not is None and gpu_layers != 0 and not caps.gpu_offload and any(offload_devices(get_backend(other).capabilities()) for other in BACKENDS):
+        if why_not is None and to_gpu and not caps.gpu_offload:
             why_not = "GPU offload (layers are to go to the GPU)"
         if why_not is None:
             reason = f"it runs {info.architecture} and every tensor type in this file" + (f"; the {', '.join(passed)}" if passed else "")
@@ -85,11 +94,19 @@ def choose_engine(asked: str, info: GGUFInfo, gpu_layers: int | str, cache: tupl
     raise UserError(f"no engine runs this model: {'; '.join(passed)}")
 
 
+def kv_types_of(name: str) -> tuple[str, ...]:
+    """An engine's KV-cache types; none where it cannot start here."""
+    try:
+        return get_backend(name).capabilities().kv_types
+    except BackendError:
+        return ()
+
+
 def check_cache_types(name: str, caps: Capabilities, types: tuple[str, str] | str) -> None:
     """Refuse a KV-cache type the engine lacks before any weights are mapped."""
     for t in () if types == "auto" else types:
         if t not in caps.kv_types:
-            others = [other for other in BACKENDS if other != name and t in get_backend(other).capabilities().kv_types]
+            others = [other for other in BACKENDS if other != name and t in kv_types_of(other)]
             hint = f"; a {t} cache needs --engine {others[0]}" if others else ""
             raise UserError(f"the {name} engine's KV cache is {', '.join(caps.kv_types)}{hint}")
 
