@@ -116,6 +116,19 @@ def stream_answer(engine: Engine, tokens: list[int], params: SamplingParams, sho
     return None
 
 
+def tell_about(engine: Engine, verbose: bool, raw: bool) -> None:
+    """Before the answer, on stderr: with --verbose, the engine chosen and why and the memory
+    plan; always, the plan's warnings and a base model's lack of a chat template."""
+    if verbose and engine.choice is not None:
+        err.print(f"[dim]engine: {engine.choice.name} ({engine.choice.reason})[/dim]", soft_wrap=True)
+    if verbose and engine.memory is not None:
+        err.print(f"[dim]{engine.name}: {engine.memory.describe()}, {engine.memory.n_gpu_layers} layers on GPU[/dim]", soft_wrap=True)
+    for warning in engine.memory.warnings if engine.memory is not None else []:
+        err.print(f"[yellow]warning:[/yellow] {warning}", soft_wrap=True)
+    if not raw and engine.backend.facts.chat_template is None:
+        err.print("[yellow]note:[/yellow] this model has no chat template (a base model?); prompts are wrapped in ChatML. Use --raw to send them as they are.", soft_wrap=True)
+
+
 def print_timings(engine: Engine, result: CompletionOutput) -> None:
     t = result.timings
     err.print(
@@ -303,19 +316,12 @@ def run(
 
     with progress_bar(enabled=not json_out) as progress:
         engine = open_engine(model, load, progress)
-    if verbose and engine.choice is not None:
-        err.print(f"[dim]engine: {engine.choice.name} ({engine.choice.reason})[/dim]", soft_wrap=True)
-    if verbose and engine.memory is not None:
-        err.print(f"[dim]{engine.name}: {engine.memory.describe()}, {engine.memory.n_gpu_layers} layers on GPU[/dim]", soft_wrap=True)
-    for warning in engine.memory.warnings if engine.memory is not None else []:
-        err.print(f"[yellow]warning:[/yellow] {warning}", soft_wrap=True)
+    tell_about(engine, verbose, raw)
     params = engine.defaults.with_overrides(
         temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p,
         repeat_penalty=repeat_penalty, seed=seed, max_tokens=max_tokens, constraint=constraint, think_budget=think_budget,
     )
     thinks = think == "on" and think_budget != 0
-    if not raw and engine.backend.facts.chat_template is None:
-        err.print("[yellow]note:[/yellow] this model has no chat template (a base model?); prompts are wrapped in ChatML. Use --raw to send them as they are.", soft_wrap=True)
     try:
         if prompt is None:
             interactive(engine, system, params, verbose, thinks, not hide_thinking)

@@ -66,41 +66,40 @@ static inline float exp_nonpositive(float x) {
 
 /* gate = silu(gate) * up = g / (1 + e^-g) * up, with e^-|g| from exp_nonpositive (the loop
  * vectorises; libm's expf is a call per value): for g < 0, g e^g / (1 + e^g). */
-void li_swiglu(float *gate, const float *up, int64_t n, int nthreads) {
-    const int64_t chunk = 4096;
-    if (n < 16 * chunk || nthreads < 1) nthreads = 1;
-#pragma omp parallel for schedule(static) num_threads(nthreads) if (nthreads > 1)
-    for (int64_t c = 0; c < n; c += chunk) {
-        const int64_t end = c + chunk < n ? c + chunk : n;
-        for (int64_t i = c; i < end; i++) {
-            const float g = gate[i], t = exp_nonpositive(-fabsf(g));
-            gate[i] = (g >= 0.0f ? g : g * t) / (1.0f + t) * up[i];
-        }
+static void swiglu_run(float *gate, const float *up, int64_t n) {
+    for (int64_t i = 0; i < n; i++) {
+        const float g = gate[i], t = exp_nonpositive(-fabsf(g));
+        gate[i] = (g >= 0.0f ? g : g * t) / (1.0f + t) * up[i];
     }
 }
 
 /* gate = gelu(gate) * up, GELU's tanh approximation as ggml's CPU build evaluates it: the
  * input rounded to fp16, GELU of that in float, the result rounded to fp16 (ggml looks it
  * up in a table of every fp16 value); 0 at or below -10 and the input itself from 10 up. */
-void li_geglu(float *gate, const float *up, int64_t n, int nthreads) {
+static void geglu_run(float *gate, const float *up, int64_t n) {
+    for (int64_t i = 0; i < n; i++) {
+        const float x = gate[i];
+        float g;
+        if (x <= -10.0f) g = 0.0f;
+        else if (x >= 10.0f) g = x;
+        else {
+            const float h = li_fp16_to_fp32(li_fp32_to_fp16(x));
+            g = li_fp16_to_fp32(li_fp32_to_fp16(0.5f * h * (1.0f + tanhf(0.79788456080286535587989211986876f * h * (1.0f + 0.044715f * h * h)))));
+        }
+        gate[i] = g * up[i];
+    }
+}
+
+/* A gated activation over n values, in chunks shared by the threads where n is large. */
+static void gated(void (*run)(float *, const float *, int64_t), float *gate, const float *up, int64_t n, int nthreads) {
     const int64_t chunk = 4096;
     if (n < 16 * chunk || nthreads < 1) nthreads = 1;
 #pragma omp parallel for schedule(static) num_threads(nthreads) if (nthreads > 1)
-    for (int64_t c = 0; c < n; c += chunk) {
-        const int64_t end = c + chunk < n ? c + chunk : n;
-        for (int64_t i = c; i < end; i++) {
-            const float x = gate[i];
-            float g;
-            if (x <= -10.0f) g = 0.0f;
-            else if (x >= 10.0f) g = x;
-            else {
-                const float h = li_fp16_to_fp32(li_fp32_to_fp16(x));
-                g = li_fp16_to_fp32(li_fp32_to_fp16(0.5f * h * (1.0f + tanhf(0.79788456080286535587989211986876f * h * (1.0f + 0.044715f * h * h)))));
-            }
-            gate[i] = g * up[i];
-        }
-    }
+    for (int64_t c = 0; c < n; c += chunk) run(gate + c, up + c, c + chunk < n ? chunk : n - c);
 }
+
+void li_swiglu(float *gate, const float *up, int64_t n, int nthreads) { gated(swiglu_run, gate, up, n, nthreads); }
+void li_geglu(float *gate, const float *up, int64_t n, int nthreads) { gated(geglu_run, gate, up, n, nthreads); }
 
 
 /* Attention runs tiled, as flash attention does. A task takes a tile of query rows (the g
