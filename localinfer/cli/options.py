@@ -90,7 +90,7 @@ def kernel_set(value: str | None) -> str | None:
 
 # The options of every command that loads a model (run, chat, serve, eval): one definition
 # each, so their --help agrees, and one place (load_options) that turns them into LoadOptions.
-Engine = Annotated[str, typer.Option("--engine", help="Inference engine: auto (native where it runs the model's architecture and tensor types and no layer goes to a GPU, else llama.cpp), native (localinfer's own, CPU) or llama.cpp.", callback=engine_name)]
+Engine = Annotated[str, typer.Option("--engine", help="Inference engine: auto (native where it runs the model's architecture and tensor types, no layer goes to a GPU and llama.cpp was not measured faster; else llama.cpp; --verbose says which and why), native (localinfer's own, CPU) or llama.cpp.", callback=engine_name)]
 Kernels = Annotated[Optional[str], typer.Option("--kernels", envvar="LOCALINFER_KERNELS", help="Native engine kernels: auto (C where it compiled, else Numba), c, or numba. [default: auto]", callback=kernel_set, show_default=False)]
 Threads = Annotated[Optional[int], typer.Option("--threads", help="CPU threads. [default: physical cores]", callback=threads)]
 Ctx = Annotated[Optional[int], typer.Option("--ctx", help="Context of each sequence in tokens, prompt and answer together. [default: the model's, at most 4096]", callback=at_least(16))]
