@@ -157,11 +157,19 @@ def with_template(model_path: Path, out: Path, template: str | None) -> Path:
     return out
 
 
+R1_TEMPLATE = Path(__file__).parent / "engine" / "templates" / "deepseek-r1-distill-qwen.jinja"
+
+
 @pytest.fixture(scope="session")
-def r1_model_path(f32_path: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """The embedded model (F32: greedy answers do not depend on what shares a batch) under
-    DeepSeek-R1-Distill-Qwen's chat template, whose generation prompt opens a think block:
-    a real model that thinks until it closes the block, or until a thinking budget makes
-    the engine close it."""
-    template = (Path(__file__).parent / "engine" / "templates" / "deepseek-r1-distill-qwen.jinja").read_text()
-    return with_template(f32_path, tmp_path_factory.mktemp("r1") / "smollm2-135m-r1.gguf", template)
+def r1_model_path(model_path: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The embedded model under DeepSeek-R1-Distill-Qwen's chat template, whose generation
+    prompt opens a think block: a real model that thinks until it closes the block, or until
+    a thinking budget makes the engine close it."""
+    return with_template(model_path, tmp_path_factory.mktemp("r1") / "smollm2-135m-r1.gguf", R1_TEMPLATE.read_text())
+
+
+@pytest.fixture(scope="session")
+def r1_f32_path(f32_path: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The same in F32, where greedy answers do not depend on what shares a batch (a
+    server's second request reuses the first's cached prefix)."""
+    return with_template(f32_path, tmp_path_factory.mktemp("r1f32") / "smollm2-135m-r1-f32.gguf", R1_TEMPLATE.read_text())

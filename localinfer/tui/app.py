@@ -166,7 +166,9 @@ class ChatApp(App):
 
     def show_status(self, figures: ReplyFigures | None = None, streaming: bool = False) -> None:
         name, engine = self.model_label()
-        self.query_one(StatusLine).show(name, engine, figures or self._last_figures, streaming)
+        status = self.query_one(StatusLine)
+        status.show(name, engine, figures or self._last_figures, streaming)
+        status.tooltip = self.model.engine_reason if self.model is not None else None  # which engine runs the model, and why
 
     # --- chats -------------------------------------------------------------------------
     def refresh_chats(self) -> None:

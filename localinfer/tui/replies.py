@@ -98,6 +98,7 @@ class LocalModel:
         self.think = think  # a reasoning model thinks before it answers
         self.name = engine.name
         self.engine_name = engine.backend.name  # the one --engine auto chose, for the status line
+        self.engine_reason = f"{engine.choice.name}: {engine.choice.reason}" if engine.choice else ""  # its tooltip
         engine.start()  # an owner thread: the UI and worker threads only submit and abort
 
     @property
@@ -168,6 +169,7 @@ class RemoteModel:
     """A model behind an OpenAI-compatible endpoint."""
 
     engine_name = "remote"
+    engine_reason = "an OpenAI-compatible endpoint (--url)"
 
     def __init__(self, url: str, model: str | None = None, think: bool = True) -> None:
         import openai

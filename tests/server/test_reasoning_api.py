@@ -11,11 +11,11 @@ from .test_serve import Server
 QUESTION = [{"role": "user", "content": "What is the capital of France?"}]
 
 
-def test_thinking_comes_apart_from_the_answer(r1_model_path: Path) -> None:
-    server = Server(str(r1_model_path), "--parallel", "1", "--ctx", "512", "--draft", "none")
+def test_thinking_comes_apart_from_the_answer(r1_f32_path: Path) -> None:
+    server = Server(str(r1_f32_path), "--parallel", "1", "--ctx", "512", "--draft", "none")
     try:
         client = server.client()
-        ask = {"model": str(r1_model_path), "messages": QUESTION, "max_tokens": 40, "temperature": 0, "extra_body": {"thinking_budget_tokens": 8}}
+        ask = {"model": str(r1_f32_path), "messages": QUESTION, "max_tokens": 40, "temperature": 0, "extra_body": {"thinking_budget_tokens": 8}}
         whole = client.chat.completions.create(**ask)
         message, usage = whole.choices[0].message, whole.usage
         thinking = message.model_extra["reasoning_content"]

@@ -107,6 +107,7 @@ def test_a_reply_is_the_engines_greedy_answer_with_the_engines_figures(tmp_path:
             assert [v.role for v in views] == ["user", "assistant"]
             status = str(app.query_one("#status").render())
             assert "smollm2:135m · native" in status and "TTFT" in status and "tok/s" in status and "ctx" in status and "KV" in status
+            assert app.query_one("#status").tooltip == "native: it runs llama and every tensor type in this file"  # and why
 
     run(test)
     want = reference([{"role": "user", "content": question}])
