@@ -196,3 +196,41 @@ def test_logits_agree_on_quantized_weights(arch: str, n_head: int, n_head_kv: in
     # difference of llama.cpp's best (random weights make near ties common).
     picked = theirs[np.arange(len(theirs)), ours.argmax(axis=1)]
     assert (picked >= theirs.max(axis=1) - 2 * diff.max()).all()
+
+
+@pytest.mark.parametrize("arch, n_head, n_head_kv", ARCHS[2:])
+def test_the_engines_features_on_each_new_architecture(arch: str, n_head: int, n_head_kv: int, vocabulary, tmp_path: Path) -> None:
+    """What the runtime does above the forward, on the native engine: KV truncate and copy
+    (a sequence copied from one taken back decodes as it does), prompt lookup (it drafts,
+    and the greedy tokens are the same), a quantized KV cache (q8_0 where the head size
+    allows it, beside llama.cpp's own) and structured output."""
+    from localinfer.engine.constraints import Constraint
+    from localinfer.engine.speculative import DraftConfig
+
+    path = tiny_model(tmp_path / f"tiny-{arch}.gguf", arch, vocabulary, n_head, n_head_kv, np.random.default_rng(13))
+    greedy = SamplingParams(temperature=0, repeat_penalty=1.0, max_tokens=24, ignore_eos=True)
+    prompt = np.random.default_rng(2).integers(100, 40000, size=16).tolist() * 2  # repeats, for prompt lookup to draft from
+    native = NativeBackend.load(path, LoadParams(n_ctx=N_CTX, n_threads=THREADS, n_seq_max=2))
+    try:
+        plain = Engine(native, slots=2).complete(prompt, greedy).tokens
+        drafted = Engine(native, slots=2, draft=DraftConfig()).complete(prompt, greedy)
+        assert drafted.tokens == plain and drafted.timings.drafted > 0
+        first = native.forward(Batch.for_sequence(prompt, 0, seq_id=0))
+        native.forward(Batch.for_sequence([plain[0]] * 5, len(prompt), seq_id=0))  # then taken back
+        native.kv_truncate(0, len(prompt))
+        native.kv_copy(0, 1, len(prompt))
+        again = [native.forward(Batch.for_sequence([plain[0]], len(prompt), seq_id=s)) for s in (0, 1)]
+        assert np.array_equal(again[0], again[1]) and first.argmax() == plain[0]
+        answer = Engine(native, slots=2).complete(prompt, SamplingParams(temperature=0, max_tokens=4, constraint=Constraint("regex", "(yes|no)")))
+        assert answer.text in ("yes", "no")
+    finally:
+        native.close()
+    kv = ("q8_0", "q8_0") if HEAD_DIM.get(arch, N_EMBD // n_head) % 32 == 0 else ("f16", "f16")
+    batch = Batch.for_sequence(prompt, 0, all_logits=True)
+    results = []
+    for cls in (LlamaCppBackend, NativeBackend):
+        backend = cls.load(path, LoadParams(n_ctx=N_CTX, n_threads=THREADS, cache_types=kv))
+        results.append(backend.forward(batch))
+        backend.close()
+    theirs, ours = results
+    assert np.abs(ours - theirs).mean() < 0.02 * np.abs(theirs).mean(), kv
