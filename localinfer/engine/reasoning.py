@@ -61,6 +61,11 @@ class ReasoningSplitter:
         buf, reasoning, answer = self._held + text, "", ""
         self._held = ""
         while buf:
+            if self._trim:  # the whitespace that opens the thinking, or the answer after it
+                buf = buf.lstrip()
+                if not buf:
+                    return reasoning, answer
+                self._trim = False
             if self.undecided:
                 stripped = buf.lstrip()
                 if stripped.startswith(self.syntax.open):
@@ -72,11 +77,6 @@ class ReasoningSplitter:
                 else:
                     self.undecided = False
             elif self.thinking:
-                if self._trim:
-                    buf = buf.lstrip()
-                    if not buf:
-                        return reasoning, answer
-                    self._trim = False
                 at = buf.find(self.syntax.close)
                 if at < 0:
                     keep = partial_suffix(buf, self.syntax.close)
@@ -87,11 +87,6 @@ class ReasoningSplitter:
                 self.thinking, self.closed, self._trim = False, True, True
                 buf = buf[at + len(self.syntax.close) :]
             else:
-                if self._trim:
-                    buf = buf.lstrip()
-                    if not buf:
-                        return reasoning, answer
-                    self._trim = False
                 answer += buf
                 buf = ""
         return reasoning, answer

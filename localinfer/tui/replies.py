@@ -174,7 +174,7 @@ class RemoteModel:
     def __init__(self, url: str, model: str | None = None, think: bool = True) -> None:
         import openai
 
-        self.think = think  # asked of the endpoint as chat_template_kwargs.enable_thinking (llama-server, vLLM, ours)
+        self.think = think  # off: asked of the endpoint as chat_template_kwargs.enable_thinking (llama-server, vLLM, ours)
         self.url = url
         self.client = openai.OpenAI(base_url=api_base(url), api_key=os.environ.get("OPENAI_API_KEY", "none"), max_retries=0, timeout=600)
         self.name = model or self._first_model()
@@ -255,9 +255,10 @@ class _RemoteReply(Reply):
         if self.settings.get("json_mode"):
             given["response_format"] = {"type": "json_object"}
         extra = {k: v for k, v in given.items() if k not in openai_names}  # top_k, min_p, repeat_penalty: llama-server's and ours
-        extra["chat_template_kwargs"] = {"enable_thinking": self.model.think}
+        if not self.model.think:  # only then: an endpoint that knows no such field (OpenAI's) may refuse it
+            extra["chat_template_kwargs"] = {"enable_thinking": False}
         with remote_errors(self.model.url):
-            self._response = self._create(given={k: v for k, v in given.items() if k in openai_names}, extra_body=extra)
+            self._response = self._create(given={k: v for k, v in given.items() if k in openai_names}, extra_body=extra or None)
             try:
                 for chunk in self._response:
                     if chunk.usage is not None:
