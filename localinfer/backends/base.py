@@ -167,12 +167,15 @@ class Backend(ABC):
         """Forget everything cached for a sequence."""
 
     @abstractmethod
-    def kv_truncate(self, seq_id: int, n_keep: int) -> None:
-        """Keep positions [0, n_keep) of a sequence and drop the rest (speculative rollback)."""
+    def kv_truncate(self, seq_id: int, n_keep: int) -> int:
+        """Keep positions [0, n_keep) of a sequence and drop the rest (speculative rollback,
+        prefix reuse). Returns n_keep, or 0 where the cache no longer holds what that prefix
+        needs (a sliding-window layer that let old positions go): the sequence is then empty."""
 
     @abstractmethod
-    def kv_copy(self, src_seq: int, dst_seq: int, n_tokens: int) -> None:
-        """Share positions [0, n_tokens) of `src_seq` with `dst_seq` (prefix reuse)."""
+    def kv_copy(self, src_seq: int, dst_seq: int, n_tokens: int) -> int:
+        """Share positions [0, n_tokens) of `src_seq` with an empty `dst_seq` (prefix reuse).
+        Returns how many it shared: n_tokens, or 0 as kv_truncate."""
 
     def runtime_report(self) -> dict[str, object]:
         """Engine-specific facts for --verbose (kernels, memory); empty when there are none."""

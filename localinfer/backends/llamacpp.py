@@ -267,13 +267,17 @@ class LlamaCppBackend(LlamaTokenized, Backend):
         self._live()
         C.llama_memory_seq_rm(self._mem, seq_id, -1, -1)
 
-    def kv_truncate(self, seq_id: int, n_keep: int) -> None:
+    def kv_truncate(self, seq_id: int, n_keep: int) -> int:
         self._live()
-        C.llama_memory_seq_rm(self._mem, seq_id, n_keep, -1)
+        if C.llama_memory_seq_rm(self._mem, seq_id, n_keep, -1):
+            return n_keep
+        C.llama_memory_seq_rm(self._mem, seq_id, -1, -1)  # a cache that cannot cut a sequence short (recurrent state)
+        return 0
 
-    def kv_copy(self, src_seq: int, dst_seq: int, n_tokens: int) -> None:
+    def kv_copy(self, src_seq: int, dst_seq: int, n_tokens: int) -> int:
         self._live()
         C.llama_memory_seq_cp(self._mem, src_seq, dst_seq, 0, n_tokens)
+        return n_tokens
 
     def close(self) -> None:
         """Free llama.cpp's memory; every later call raises BackendError instead of reaching it."""

@@ -389,11 +389,10 @@ class Engine:
         shared = prefix[donor] if donor is not None else 0
         if shared > reuse:
             self.backend.kv_clear(slot)
-            self.backend.kv_copy(donor, slot, shared)  # type: ignore[arg-type]
-            self._slot_tokens[slot] = seq.prompt[:shared]
-            reuse = shared
+            reuse = self.backend.kv_copy(donor, slot, shared)  # type: ignore[arg-type]
+            self._slot_tokens[slot] = seq.prompt[:reuse]
         else:
-            self.backend.kv_truncate(slot, reuse)
+            reuse = self.backend.kv_truncate(slot, reuse)
             del self._slot_tokens[slot][reuse:]
         seq.seq_id, seq.n_past, seq.cached_tokens = slot, reuse, reuse
 

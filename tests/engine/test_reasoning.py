@@ -68,11 +68,11 @@ class Scripted(Backend):
     def kv_clear(self, seq_id: int) -> None:
         pass
 
-    def kv_truncate(self, seq_id: int, n_keep: int) -> None:
-        pass
+    def kv_truncate(self, seq_id: int, n_keep: int) -> int:
+        return n_keep
 
-    def kv_copy(self, src_seq: int, dst_seq: int, n_tokens: int) -> None:
-        pass
+    def kv_copy(self, src_seq: int, dst_seq: int, n_tokens: int) -> int:
+        return n_tokens
 
 
 def answer(backend: Backend, template: str, script: str, params: SamplingParams = GREEDY, think: bool = True):

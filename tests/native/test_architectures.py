@@ -19,6 +19,7 @@ closely; the vocabulary is the embedded model's, so llama.cpp can load the files
 from __future__ import annotations
 
 import math
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -234,3 +235,50 @@ def test_the_engines_features_on_each_new_architecture(arch: str, n_head: int, n
         backend.close()
     theirs, ours = results
     assert np.abs(ours - theirs).mean() < 0.02 * np.abs(theirs).mean(), kv
+
+
+def resident_bytes(array: np.ndarray) -> int:
+    """How many bytes of the pages under `array` are resident, from mincore(2)."""
+    import ctypes
+    import mmap
+
+    libc = ctypes.CDLL(None, use_errno=True)
+    start = array.ctypes.data // mmap.PAGESIZE * mmap.PAGESIZE
+    n_pages = -(-(array.ctypes.data + array.nbytes - start) // mmap.PAGESIZE)
+    vec = (ctypes.c_ubyte * n_pages)()
+    assert libc.mincore(ctypes.c_void_p(start), ctypes.c_size_t(n_pages * mmap.PAGESIZE), vec) == 0, ctypes.get_errno()
+    return sum(v & 1 for v in vec) * mmap.PAGESIZE
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="counts the cache's resident pages with mincore(2)")
+def test_gemma3_cache_lets_a_local_layers_old_positions_go(vocabulary, tmp_path: Path) -> None:
+    """Past a few windows, the local layer holds only its last two windows (its pages given
+    back to the OS), the greedy tokens still equal llama.cpp's, a rollback within the held
+    positions reuses them, and one further back keeps nothing, so the engine prefills again."""
+    path = tiny_model(tmp_path / "tiny-gemma3.gguf", "gemma3", vocabulary, 4, 2, np.random.default_rng(11))
+    n_ctx, rng = 1024, np.random.default_rng(5)
+    prompt = rng.integers(100, 40000, size=24).tolist()
+    long, short = (SamplingParams(temperature=0, repeat_penalty=1.0, max_tokens=n, ignore_eos=True) for n in (400, 8))
+    reference = Engine(LlamaCppBackend.load(path, LoadParams(n_ctx=n_ctx, n_threads=THREADS)))
+    native = NativeBackend.load(path, LoadParams(n_ctx=n_ctx, n_threads=THREADS))
+    try:
+        engine = Engine(native)
+        first = engine.complete(prompt, long)
+        assert first.tokens == reference.complete(prompt, long).tokens
+        cache, history = native.cache, prompt + first.tokens
+        length, floor = cache.length[0], cache.floor[0]
+        assert length == len(history) - 1 and length - 2.5 * WINDOW <= floor <= length - 2 * WINDOW
+        row = cache.keys[0].shape[3]
+        held = cache.keys[0].shape[1] * (length + (length - floor)) * row  # the global layer's every position, the local one's from floor
+        assert resident_bytes(cache.keys[0]) <= held + 2 * 4096 * N_LAYER * cache.keys[0].shape[1]
+        assert resident_bytes(cache.keys[0]) < 0.8 * N_LAYER * cache.keys[0].shape[1] * length * row
+        near = history[:-3] + rng.integers(100, 40000, size=2).tolist()
+        again = engine.complete(near, short)
+        assert again.cached_tokens == len(history) - 3 and again.tokens == reference.complete(near, short).tokens
+        far = history[:40] + rng.integers(100, 40000, size=2).tolist()
+        anew = engine.complete(far, short)
+        assert anew.cached_tokens == 0 and anew.tokens == reference.complete(far, short).tokens
+        assert native.kv_truncate(0, 10) == 0 and cache.floor[0] == 0
+    finally:
+        native.close()
+        reference.backend.close()

@@ -118,13 +118,13 @@ class NativeBackend(LlamaTokenized, Backend):
         self._live()
         self.cache.clear(seq_id)
 
-    def kv_truncate(self, seq_id: int, n_keep: int) -> None:
+    def kv_truncate(self, seq_id: int, n_keep: int) -> int:
         self._live()
-        self.cache.truncate(seq_id, n_keep)
+        return self.cache.truncate(seq_id, n_keep)
 
-    def kv_copy(self, src_seq: int, dst_seq: int, n_tokens: int) -> None:
+    def kv_copy(self, src_seq: int, dst_seq: int, n_tokens: int) -> int:
         self._live()
-        self.cache.copy(src_seq, dst_seq, n_tokens)
+        return self.cache.copy(src_seq, dst_seq, n_tokens)
 
     def runtime_report(self) -> dict[str, object]:
         """Which kernels ran, and the resident memory this engine added beyond the mapped weights."""

@@ -7,6 +7,14 @@ A row (one position of one kv head) is stored in the cache's type, as llama.cpp 
 f16 halves (the default: half the memory of floats, and both engines attend over the same
 numbers), or ggml's q8_0 / q4_0 blocks of 32 values (kv_row_bytes), for more context and
 slots in the same memory.
+
+A sliding-window layer (gemma3's local layers) only ever reads a sequence's last `window`
+positions, so the cache gives the older ones' pages back to the OS as a sequence grows: it
+keeps the last HELD_WINDOWS windows of those layers (the extra one so that a rollback of up
+to a window, such as regenerating a reply, still finds what it needs) and every position of
+the global layers. `floor` is a sequence's first position the local layers still hold; a
+truncate or copy that would need a position below it keeps nothing instead (kv_truncate's
+contract), and the runtime prefills again.
 """
 
 from __future__ import annotations
@@ -19,17 +27,19 @@ from localinfer.backends.native.config import ModelConfig
 from localinfer.errors import BackendError, ContextOverflow
 from localinfer_native.types import kv_row_bytes
 
+HELD_WINDOWS = 2  # of a local layer's positions kept behind a sequence's newest
+PAGE = mmap.PAGESIZE
 
-def lazy_zeros(shape: tuple[int, ...], dtype: type = np.uint8) -> np.ndarray:
+
+def lazy_zeros(size: int) -> mmap.mmap:
     """Zeros that take RAM only where written. Not np.zeros: numpy asks for 2 MiB
     huge pages on big arrays, and one write per layer and head would then make 2 MiB each
     resident (hundreds of MB for a cache that holds a few tokens)."""
-    size = int(np.prod(shape)) * np.dtype(dtype).itemsize
     # Private, so the pages count as the process's own (RssAnon), not as shared memory.
     buf = mmap.mmap(-1, size, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS) if hasattr(mmap, "MAP_PRIVATE") else mmap.mmap(-1, size)
     if hasattr(mmap, "MADV_NOHUGEPAGE"):
         buf.madvise(mmap.MADV_NOHUGEPAGE)
-    return np.frombuffer(buf, dtype=dtype).reshape(shape)
+    return buf
 
 
 class KVCache:
@@ -37,10 +47,16 @@ class KVCache:
         self.n_ctx, self.n_seq_max, self.types = n_ctx, n_seq_max, types
         rows = (config.n_layer, config.n_head_kv, n_ctx)
         self._shapes = tuple((*rows, kv_row_bytes(t, config.head_dim)) for t in types)  # K, V
-        self._bytes_per_position = config.n_layer * config.n_head_kv * sum(shape[3] for shape in self._shapes)
+        self.window = config.window if any(config.local_layers) and config.window < n_ctx else 0
+        self._local = np.array(config.local_layers, dtype=bool) if self.window else np.zeros(config.n_layer, dtype=bool)
+        per_layer = config.n_head_kv * sum(shape[3] for shape in self._shapes)
+        self._bytes_local = int(self._local.sum()) * per_layer  # per position held
+        self._bytes_global = (config.n_layer - int(self._local.sum())) * per_layer
         self.keys: dict[int, np.ndarray] = {}
         self.values: dict[int, np.ndarray] = {}
+        self._buffers: dict[int, tuple[mmap.mmap, mmap.mmap]] = {}
         self.length: dict[int, int] = {}
+        self.floor: dict[int, int] = {}  # the first position the local layers still hold
         self._layers: dict[int, tuple[list[np.ndarray], list[np.ndarray]]] = {}
         self.peak_bytes = 0  # the most the cache has held at once
 
@@ -48,9 +64,10 @@ class KVCache:
         if seq_id not in self.keys:
             if not 0 <= seq_id < self.n_seq_max:
                 raise BackendError(f"sequence id {seq_id} is out of range (n_seq_max {self.n_seq_max})")
-            self.keys[seq_id] = lazy_zeros(self._shapes[0])
-            self.values[seq_id] = lazy_zeros(self._shapes[1])
-            self.length[seq_id] = 0
+            buffers = tuple(lazy_zeros(int(np.prod(shape))) for shape in self._shapes)
+            self._buffers[seq_id] = buffers  # type: ignore[assignment]
+            self.keys[seq_id], self.values[seq_id] = (np.frombuffer(b, np.uint8).reshape(s) for b, s in zip(buffers, self._shapes))
+            self.length[seq_id] = self.floor[seq_id] = 0
         return self.keys[seq_id], self.values[seq_id]
 
     def layers(self, seq_id: int) -> tuple[list[np.ndarray], list[np.ndarray]]:
@@ -62,30 +79,68 @@ class KVCache:
         return views
 
     def reserve(self, seq_id: int, positions: np.ndarray) -> None:
-        """Check that a batch's positions fit, and note how far the sequence now reaches."""
-        end = int(positions.max()) + 1
+        """Check that a batch's positions fit, note how far the sequence now reaches, and let
+        the local layers' positions no query of this batch or later can see go."""
+        end, first = int(positions.max()) + 1, int(positions.min())
         if end > self.n_ctx:
             raise ContextOverflow(f"the KV cache is full (context {self.n_ctx} tokens); raise --ctx")
         self.sequence(seq_id)
+        if not self._resumable(seq_id, first):
+            raise BackendError(f"sequence {seq_id}'s positions before {self.floor[seq_id] + self.window - 1} are no longer cached")
         self.length[seq_id] = max(self.length[seq_id], end)
+        floor = first - HELD_WINDOWS * self.window
+        if self.window and floor - self.floor[seq_id] >= max(1, self.window // 2):  # in steps, not a syscall a token
+            self._release(seq_id, floor)
         self.peak_bytes = max(self.peak_bytes, self.used_bytes())
 
-    def clear(self, seq_id: int) -> None:
-        self.length[seq_id] = 0
+    def _resumable(self, seq_id: int, n: int) -> bool:
+        """Do the local layers hold what a query at position n sees (positions n - window + 1 on)?"""
+        floor = self.floor.get(seq_id, 0)
+        return floor == 0 or n >= floor + self.window - 1
 
-    def truncate(self, seq_id: int, n_keep: int) -> None:
-        if seq_id in self.length:
-            self.length[seq_id] = min(self.length[seq_id], n_keep)
-
-    def copy(self, src: int, dst: int, n_tokens: int) -> None:
-        if src == dst:
+    def _release(self, seq_id: int, floor: int) -> None:
+        """Give back the pages of the local layers' positions before `floor`."""
+        self.floor[seq_id] = floor
+        if not hasattr(mmap, "MADV_DONTNEED"):
             return
-        n = min(n_tokens, self.length.get(src, 0))
+        n_head = self._shapes[0][1]
+        for buf, shape in zip(self._buffers[seq_id], self._shapes):
+            row_bytes = shape[3]
+            for layer in np.flatnonzero(self._local):
+                for head in range(n_head):
+                    region = (int(layer) * n_head + head) * self.n_ctx * row_bytes
+                    start, stop = -(-region // PAGE) * PAGE, (region + floor * row_bytes) // PAGE * PAGE
+                    if stop > start:
+                        buf.madvise(mmap.MADV_DONTNEED, start, stop - start)
+
+    def clear(self, seq_id: int) -> None:
+        self.length[seq_id] = self.floor[seq_id] = 0
+
+    def truncate(self, seq_id: int, n_keep: int) -> int:
+        if seq_id not in self.length:
+            return 0
+        if not self._resumable(seq_id, n_keep):
+            self.clear(seq_id)
+            return 0
+        self.length[seq_id] = min(self.length[seq_id], n_keep)
+        return n_keep
+
+    def copy(self, src: int, dst: int, n_tokens: int) -> int:
+        if src == dst:
+            return min(n_tokens, self.length.get(src, 0))
         sk, sv = self.sequence(src)
         dk, dv = self.sequence(dst)
-        dk[:, :, :n] = sk[:, :, :n]
-        dv[:, :, :n] = sv[:, :, :n]
-        self.length[dst] = max(self.length[dst], n)
+        n, floor = min(n_tokens, self.length[src]), self.floor[src]
+        if not self._resumable(src, n):
+            return 0
+        glob = ~self._local
+        for source, target in ((sk, dk), (sv, dv)):
+            target[glob, :, :n] = source[glob, :, :n]
+            target[self._local, :, floor:n] = source[self._local, :, floor:n]  # below floor: pages given back
+        self.length[dst], self.floor[dst] = max(self.length[dst], n), max(self.floor[dst], floor)
+        return n
 
     def used_bytes(self) -> int:
-        return sum(self.length.values()) * self._bytes_per_position
+        """What the sequences' positions take: every layer's up to their length, less the
+        local layers' positions already given back."""
+        return sum(n * self._bytes_global + (n - self.floor[s]) * self._bytes_local for s, n in self.length.items())
