@@ -6,13 +6,13 @@ The estimate is the same arithmetic the seeds give for the KV cache:
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 import psutil
 
 from localinfer.backends.devices import Device
-from localinfer.backends.kvtypes import AUTO_CACHE, bytes_per_value
+from localinfer.backends.kvtypes import AUTO_CACHE, position_bytes
 from localinfer.errors import OutOfMemory
 from localinfer.modelfile import GGUFInfo
 
@@ -43,24 +43,30 @@ class MemoryPlan:
 
 
 def kv_cache_bytes(info: GGUFInfo, n_ctx: int, cache_types: tuple[str, str] = ("f16", "f16")) -> int:
-    elements = info.n_layer * n_ctx * info.n_head_kv * info.head_dim  # of K, and as many of V
-    return int(elements * (bytes_per_value(cache_types[0]) + bytes_per_value(cache_types[1])))
+    """Every layer's every position: what a cache that keeps them all takes."""
+    return int(info.n_layer * n_ctx * position_bytes(info.n_head_kv, info.head_dim, cache_types))
 
 
-def plan_cache(info: GGUFInfo, n_ctx: int, gpu_layers: int | str, cache: tuple[str, str] | str, devices: Sequence[Device] = (), ram_free: int | None = None) -> MemoryPlan:
+KVBytes = Callable[[tuple[str, str]], int]  # a cache's bytes for its K/V types (the engine's Backend.kv_cache_bytes)
+
+
+def plan_cache(info: GGUFInfo, n_ctx: int, gpu_layers: int | str, cache: tuple[str, str] | str, devices: Sequence[Device] = (), ram_free: int | None = None,
+               kv_bytes: KVBytes | None = None) -> MemoryPlan:  # fmt: skip
     """plan() with the KV-cache types given, or for cache "auto" the first of f16, q8_0, q4_0
-    that fits (saying why), before refusing."""
+    that fits (saying why), before refusing. `kv_bytes`: what the chosen engine's cache takes
+    (default: every position of every layer, n_ctx in all)."""
+    kv_bytes = kv_bytes or (lambda types: kv_cache_bytes(info, n_ctx, types))
     if cache != "auto":
-        return plan(info, n_ctx, gpu_layers, devices, ram_free, cache)  # type: ignore[arg-type]
+        return plan(info, n_ctx, gpu_layers, devices, ram_free, cache, kv_bytes)  # type: ignore[arg-type]
     refused: OutOfMemory | None = None
     for types in AUTO_CACHE:
         try:
-            result = plan(info, n_ctx, gpu_layers, devices, ram_free, types)
+            result = plan(info, n_ctx, gpu_layers, devices, ram_free, types, kv_bytes)
         except OutOfMemory as e:
             refused = e  # the last: the smallest cache tried
             continue
         if types != AUTO_CACHE[0]:
-            f16 = kv_cache_bytes(info, n_ctx)
+            f16 = kv_bytes(AUTO_CACHE[0])
             result.cache_note = f"KV cache {'/'.join(types)}: an f16 cache ({f16 / GiB:.2f} GiB) would not fit in {result.ram_free / GiB:.2f} GiB free"
         else:
             result.cache_note = "KV cache f16/f16: it fits"
@@ -76,7 +82,7 @@ def compute_bytes(info: GGUFInfo, n_ctx: int, n_ubatch: int = 512) -> int:
 
 
 def plan(info: GGUFInfo, n_ctx: int, gpu_layers: int | str, devices: Sequence[Device] = (), ram_free: int | None = None,
-         cache_types: tuple[str, str] = ("f16", "f16")) -> MemoryPlan:  # fmt: skip
+         cache_types: tuple[str, str] = ("f16", "f16"), kv_bytes: KVBytes | None = None) -> MemoryPlan:  # fmt: skip
     """Choose GPU layers (for "auto") and check that the rest fits in RAM; raises OutOfMemory.
 
     `devices` are the ones the chosen engine can offload to (none on a CPU-only build).
@@ -84,7 +90,8 @@ def plan(info: GGUFInfo, n_ctx: int, gpu_layers: int | str, devices: Sequence[De
     integrated GPU's memory is the system's RAM, so its layers still count against RAM.
     llama.cpp counts the output layer as one more, so "all layers" is n_layer + 1.
     """
-    weights, kv, compute = info.tensor_bytes, kv_cache_bytes(info, n_ctx, cache_types), compute_bytes(info, n_ctx)
+    kv = kv_bytes(cache_types) if kv_bytes else kv_cache_bytes(info, n_ctx, cache_types)
+    weights, compute = info.tensor_bytes, compute_bytes(info, n_ctx)
     ram_free = psutil.virtual_memory().available if ram_free is None else ram_free
     n_layer = max(1, info.n_layer)
     discrete = [d for d in devices if d.kind == "GPU"]

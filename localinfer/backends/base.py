@@ -11,9 +11,14 @@ from abc import ABC, abstractmethod
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import ClassVar
+from typing import TYPE_CHECKING, ClassVar
 
 import numpy as np
+
+from localinfer.backends.kvtypes import position_bytes
+
+if TYPE_CHECKING:
+    from localinfer.modelfile import GGUFInfo
 
 
 @dataclass
@@ -128,6 +133,12 @@ class Backend(ABC):
     @abstractmethod
     def capabilities(cls) -> Capabilities:
         """What this backend runs, on this machine and build."""
+
+    @classmethod
+    def kv_cache_bytes(cls, info: GGUFInfo, n_ctx: int, n_seq: int, cache_types: tuple[str, str]) -> int:
+        """The most its KV cache takes for n_seq sequences of n_ctx tokens of this model (the
+        memory check before loading): here every layer's every position."""
+        return int(info.n_layer * n_ctx * n_seq * position_bytes(info.n_head_kv, info.head_dim, cache_types))
 
     @classmethod
     @abstractmethod

@@ -22,6 +22,11 @@ def bytes_per_value(name: str) -> float:
     return size / block
 
 
+def position_bytes(n_head_kv: int, head_dim: int, types: tuple[str, str]) -> float:
+    """Bytes one position of one layer takes in the cache, its K and its V."""
+    return n_head_kv * head_dim * (bytes_per_value(types[0]) + bytes_per_value(types[1]))
+
+
 def ggml_id(name: str) -> int:
     """ggml's enum value for the type (what llama.cpp's context parameters take)."""
     return int(KV_TYPES[name])

@@ -29,6 +29,7 @@ def chat(
     draft_ngram_min: opt.DraftNgramMin = 2,
     draft_ngram_max: opt.DraftNgramMax = 4,
     think: opt.Think = "on",
+    think_budget: opt.ThinkBudget = None,
     list_chats: Annotated[bool, typer.Option("--list", help="Print the saved chats, newest first, and exit.")] = False,
     json_out: Annotated[bool, typer.Option("--json", help="With --list: print JSON.")] = False,
     export: Annotated[Optional[tuple[int, Path]], typer.Option("--export", metavar="ID FILE", help="Write chat ID to FILE (Markdown, or JSON for a .json name) and exit.", show_default=False)] = None,
@@ -57,23 +58,23 @@ def chat(
         from localinfer.tui.app import ChatApp
 
         options = opt.load_options(engine_name, ctx, threads, kernels, (cache_type, cache_type_k, cache_type_v), (draft, draft_max, draft_ngram_min, draft_ngram_max), gpu_layers)
-        ChatApp(store, model_loader(options, think == "on"), model=model, url=url).run()
+        ChatApp(store, model_loader(options, think == "on" and think_budget != 0, think_budget), model=model, url=url).run()
     finally:
         store.close()
 
 
-def model_loader(options, think: bool = True):  # (LoadOptions) -> Loader
+def model_loader(options, think: bool = True, think_budget: int | None = None):  # (LoadOptions) -> Loader
     """How the app opens a chat's model: in-process with these options, or at its URL
-    (`think`: a reasoning model thinks before it answers)."""
+    (`think`: a reasoning model thinks before it answers, at most `think_budget` tokens)."""
 
     def load(ref: str | None, url: str | None):
         from localinfer.tui.replies import LocalModel, RemoteModel
 
         if url:
-            return RemoteModel(url, ref, think)
+            return RemoteModel(url, ref, think, think_budget)
         from localinfer.engine.loader import open_engine
 
-        return LocalModel(open_engine(ref, options), think)
+        return LocalModel(open_engine(ref, options), think, think_budget)
 
     return load
 

@@ -123,8 +123,9 @@ def open_engine(ref: str | None, options: LoadOptions | None = None, progress: P
     caps = backend_cls.capabilities()
     check_cache_types(choice.name, caps, types)
     n_ctx = options.ctx or int(src.defaults.get("ctx", 0)) or min(DEFAULT_CTX, info.context_length or DEFAULT_CTX)
-    # every sequence holds n_ctx, in one shared pool or a cache each: the same bytes
-    plan = memory.plan_cache(info, n_ctx * options.n_seq_max, options.gpu_layers, types, offload_devices(caps))
+    # every sequence holds n_ctx, in one shared pool or a cache each
+    plan = memory.plan_cache(info, n_ctx * options.n_seq_max, options.gpu_layers, types, offload_devices(caps),
+                             kv_bytes=lambda kv: backend_cls.kv_cache_bytes(info, n_ctx, options.n_seq_max, kv))  # fmt: skip
     params = LoadParams(n_ctx=n_ctx, n_threads=options.threads, n_gpu_layers=plan.n_gpu_layers, n_seq_max=options.n_seq_max,
                         kernels=options.kernels, verbose=options.verbose, cache_types=plan.cache_types)  # fmt: skip
     backend = backend_cls.load(path, params)

@@ -93,9 +93,9 @@ class _Clock:
 class LocalModel:
     """A model loaded in this process, on the same Engine `run` and `serve` use."""
 
-    def __init__(self, engine: Engine, think: bool = True) -> None:
+    def __init__(self, engine: Engine, think: bool = True, think_budget: int | None = None) -> None:
         self.engine = engine
-        self.think = think  # a reasoning model thinks before it answers
+        self.think, self.think_budget = think, think_budget  # a reasoning model thinks before it answers, at most this many tokens
         self.name = engine.name
         self.engine_name = engine.backend.name  # the one --engine auto chose, for the status line
         self.engine_reason = f"{engine.choice.name}: {engine.choice.reason}" if engine.choice else ""  # its tooltip
@@ -114,7 +114,7 @@ class LocalModel:
         (`json_mode`: the reply is a JSON object, under the engine's structured output)."""
         settings = dict(settings)
         constraint = Constraint("json_object") if settings.pop("json_mode", None) else None
-        return _LocalReply(self, messages, self.engine.defaults.with_overrides(**settings, constraint=constraint))
+        return _LocalReply(self, messages, self.engine.defaults.with_overrides(**settings, constraint=constraint, think_budget=self.think_budget))
 
     def close(self) -> None:
         self.engine.close()
@@ -171,10 +171,11 @@ class RemoteModel:
     engine_name = "remote"
     engine_reason = "an OpenAI-compatible endpoint (--url)"
 
-    def __init__(self, url: str, model: str | None = None, think: bool = True) -> None:
+    def __init__(self, url: str, model: str | None = None, think: bool = True, think_budget: int | None = None) -> None:
         import openai
 
         self.think = think  # off: asked of the endpoint as chat_template_kwargs.enable_thinking (llama-server, vLLM, ours)
+        self.think_budget = think_budget  # asked as thinking_budget_tokens (ours), only when set
         self.url = url
         self.client = openai.OpenAI(base_url=api_base(url), api_key=os.environ.get("OPENAI_API_KEY", "none"), max_retries=0, timeout=600)
         self.name = model or self._first_model()
@@ -257,6 +258,8 @@ class _RemoteReply(Reply):
         extra = {k: v for k, v in given.items() if k not in openai_names}  # top_k, min_p, repeat_penalty: llama-server's and ours
         if not self.model.think:  # only then: an endpoint that knows no such field (OpenAI's) may refuse it
             extra["chat_template_kwargs"] = {"enable_thinking": False}
+        if self.model.think_budget is not None:
+            extra["thinking_budget_tokens"] = self.model.think_budget
         with remote_errors(self.model.url):
             self._response = self._create(given={k: v for k, v in given.items() if k in openai_names}, extra_body=extra or None)
             try:

@@ -31,6 +31,7 @@ from localinfer.backends.llamacpp import LlamaCppBackend
 from localinfer.backends.native import NativeBackend
 from localinfer.engine.engine import Engine
 from localinfer.engine.types import SamplingParams
+from localinfer.modelfile import inspect
 
 from ..conftest import THREADS, llama_quantize
 
@@ -272,6 +273,8 @@ def test_gemma3_cache_lets_a_local_layers_old_positions_go(vocabulary, tmp_path:
         held = cache.keys[0].shape[1] * (length + (length - floor)) * row  # the global layer's every position, the local one's from floor
         assert resident_bytes(cache.keys[0]) <= held + 2 * 4096 * N_LAYER * cache.keys[0].shape[1]
         assert resident_bytes(cache.keys[0]) < 0.8 * N_LAYER * cache.keys[0].shape[1] * length * row
+        every = LlamaCppBackend.kv_cache_bytes(inspect(path), n_ctx, 1, ("f16", "f16"))  # what the memory check assumes
+        assert cache.peak_bytes <= NativeBackend.kv_cache_bytes(inspect(path), n_ctx, 1, ("f16", "f16")) < every
         near = history[:-3] + rng.integers(100, 40000, size=2).tolist()
         again = engine.complete(near, short)
         assert again.cached_tokens == len(history) - 3 and again.tokens == reference.complete(near, short).tokens

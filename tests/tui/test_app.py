@@ -586,3 +586,27 @@ def test_a_reasoning_models_thinking_is_a_collapsed_block_saved_and_exported(tmp
     assert want.reasoning and want.text == "" and want.reasoning_tokens == 16
     assert (reply.content, reply.reasoning, reply.reasoning_tokens, reply.finish_reason) == ("", want.reasoning, 16, "length")
     assert f"<details><summary>Thinking</summary>\n\n{want.reasoning.strip()}\n\n</details>" in as_markdown(store, chat_id)
+
+
+def test_a_thinking_budget_closes_the_think_block_and_the_model_answers(tmp_path: Path, r1_model_path: Path) -> None:
+    """`chat --think-budget 4`: the engine closes the think block after 4 tokens of thinking,
+    as `run` does; the saved reply is what the engine gives for the same request."""
+    store, chat_id = greedy_store(tmp_path, {"max_tokens": 24})
+    store.set_model(chat_id, str(r1_model_path), None)
+    question = "What is the capital of France?"
+
+    async def test() -> None:
+        app = ChatApp(store, model_loader(OPTIONS, think=True, think_budget=4), chat_id=chat_id)
+        async with app.run_test(size=SIZE) as pilot:
+            await send(pilot, app, question)
+
+    run(test)
+    engine = open_engine(str(r1_model_path), OPTIONS)
+    try:
+        params = engine.defaults.with_overrides(**{**GREEDY, "max_tokens": 24}, think_budget=4)
+        want = engine.complete(engine.tokenize_prompt(engine.render_chat([{"role": "user", "content": question}])), params)
+    finally:
+        engine.close()
+    _, reply = store.messages(chat_id)
+    assert want.reasoning and want.text and want.reasoning_tokens < 24
+    assert (reply.reasoning, reply.content, reply.reasoning_tokens) == (want.reasoning, want.text, want.reasoning_tokens)

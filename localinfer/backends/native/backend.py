@@ -14,20 +14,23 @@ from localinfer.backends.base import Backend, Batch, Capabilities, LoadParams, M
 from localinfer.backends.llamacpp import LlamaTokenized, Tokenizer, default_threads
 from localinfer.backends.native.config import ARCHITECTURES, ModelConfig
 from localinfer.backends.native.forward import Transformer
-from localinfer.backends.native.kvcache import KVCache
+from localinfer.backends.native.kvcache import KVCache, local_positions_held
 from localinfer.backends.native.memory import anon_rss_bytes
 from localinfer.backends.native.weights import Weights
 from localinfer.errors import BackendError, UserError
-from localinfer.modelfile import inspect
+from localinfer.backends.kvtypes import position_bytes
+from localinfer.modelfile import GGUFInfo, inspect
 from localinfer_native import KERNEL_SETS, KernelsUnavailable, kernel_types, load_kernels
 from localinfer_native.types import KV_TYPES, kv_row_bytes
 
 
 def native_cache_types(types: tuple[str, str], head_dim: int) -> tuple[str, str]:
-    """The KV-cache types asked for, if the native engine keeps them; else a UserError that says what to do."""
+    """The KV-cache types asked for, if the native engine keeps them at this head size; else a
+    UserError. The loader refuses a type no engine's capabilities list first; this is for a
+    backend loaded directly (tests, bench) and for the head size, which only the file knows."""
     for t in types:
         if t not in KV_TYPES:
-            raise UserError(f"the native engine's KV cache is f16, q8_0 or q4_0; a {t} cache needs --engine llama.cpp")
+            raise UserError(f"the native engine's KV cache is {', '.join(KV_TYPES)}, not {t}; 'localinfer doctor' lists each engine's")
         try:
             kv_row_bytes(t, head_dim)
         except ValueError as e:
@@ -85,6 +88,17 @@ class NativeBackend(LlamaTokenized, Backend):
             architectures=frozenset(ARCHITECTURES), weight_types=frozenset(t.name for t in kernel_types()), kv_types=tuple(KV_TYPES), gpu_offload=False, kv_layout="per-sequence",
             kernel_sets=KERNEL_SETS, slower=SLOWER,
         )  # fmt: skip
+
+    @classmethod
+    def kv_cache_bytes(cls, info: GGUFInfo, n_ctx: int, n_seq: int, cache_types: tuple[str, str]) -> int:
+        """Its sliding-window layers hold a few windows, not the whole context (kvcache.py)."""
+        try:
+            config = ModelConfig.from_gguf(info)
+        except UserError:  # a file it will refuse in one line at load
+            return super().kv_cache_bytes(info, n_ctx, n_seq, cache_types)
+        n_local = sum(config.local_layers) if config.window else 0
+        held = (config.n_layer - n_local) * n_ctx + n_local * local_positions_held(config.window, n_ctx, LoadParams.n_batch)
+        return int(held * n_seq * position_bytes(config.n_head_kv, config.head_dim, cache_types))
 
     @classmethod
     def load(cls, path: Path, params: LoadParams) -> NativeBackend:

@@ -31,6 +31,12 @@ HELD_WINDOWS = 2  # of a local layer's positions kept behind a sequence's newest
 PAGE = mmap.PAGESIZE
 
 
+def local_positions_held(window: int, n_ctx: int, n_batch: int) -> int:
+    """The most positions a local layer holds at once: HELD_WINDOWS windows behind a batch's
+    first row, up to half a window not yet given back (it goes in steps), and the batch."""
+    return min(n_ctx, HELD_WINDOWS * window + window // 2 + n_batch)
+
+
 def lazy_zeros(size: int) -> mmap.mmap:
     """Zeros that take RAM only where written. Not np.zeros: numpy asks for 2 MiB
     huge pages on big arrays, and one write per layer and head would then make 2 MiB each
