@@ -1,0 +1,34 @@
+"""What a route reaches through FastAPI's dependencies: the app's state, set once by
+create_app, and the API-key check."""
+
+from __future__ import annotations
+
+import hmac
+
+from fastapi import Depends, Request
+
+from localinfer.server.bridge import Bridge
+from localinfer.server.errors import ApiError
+from localinfer.server.host import ModelHost
+from localinfer.server.metrics import Metrics
+
+
+def bridge(request: Request) -> Bridge:
+    return request.app.state.bridge
+
+
+def host(request: Request) -> ModelHost:
+    return request.app.state.bridge.host
+
+
+def metrics(request: Request) -> Metrics:
+    return request.app.state.bridge.metrics
+
+
+async def authorized(request: Request) -> None:
+    key = request.app.state.api_key
+    if key and not hmac.compare_digest(request.headers.get("authorization", "").encode(), f"Bearer {key}".encode()):  # constant time
+        raise ApiError(401, "a valid API key is needed: Authorization: Bearer KEY", "authentication_error")
+
+
+AUTH = [Depends(authorized)]
