@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import ctypes
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -173,3 +174,19 @@ def r1_f32_path(f32_path: Path, tmp_path_factory: pytest.TempPathFactory) -> Pat
     """The same in F32, where greedy answers do not depend on what shares a batch (a
     server's second request reuses the first's cached prefix)."""
     return with_template(f32_path, tmp_path_factory.mktemp("r1f32") / "smollm2-135m-r1-f32.gguf", R1_TEMPLATE.read_text())
+
+
+def parse_metrics(text: str) -> dict[str, float]:
+    """Prometheus text as {series: value}. Requests are counted by route and status; their
+    sum by status alone is added as `localinfer_requests_total{status="..."}`."""
+    out: dict[str, float] = {}
+    for line in text.splitlines():
+        if not line or line.startswith("#"):
+            continue
+        series, value = line.rsplit(" ", 1)
+        out[series] = float(value)
+        by_route = re.fullmatch(r'localinfer_requests_total\{route="[^"]*",status="([^"]*)"\}', series)
+        if by_route:
+            key = f'localinfer_requests_total{{status="{by_route[1]}"}}'
+            out[key] = out.get(key, 0.0) + float(value)
+    return out

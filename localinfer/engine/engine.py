@@ -590,6 +590,7 @@ class Engine:
                 cached_tokens=seq.cached_tokens,
                 reasoning="".join(seq.reasoning),
                 reasoning_tokens=seq.reasoning_end or (len(seq.generated) if seq.splitter is not None and seq.splitter.thinking else 0),
+                stop_sequence=seq.stops.hit,
             )
         )
 

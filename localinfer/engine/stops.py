@@ -11,16 +11,18 @@ class StopMatcher:
     def __init__(self, stops: tuple[str, ...] | list[str]) -> None:
         self.stops = [s for s in stops if s]
         self._held = ""
+        self.hit: str | None = None  # the stop string that ended the text (Anthropic's stop_sequence says which)
 
     def push(self, text: str) -> tuple[str, bool]:
         """Feed new text; returns (text safe to emit, whether a stop string was hit)."""
         if not self.stops:
             return text, False
         buf = self._held + text
-        hits = [i for i in (buf.find(s) for s in self.stops) if i >= 0]
+        hits = [(i, s) for s, i in ((s, buf.find(s)) for s in self.stops) if i >= 0]
         if hits:
+            at, self.hit = min(hits, key=lambda h: h[0])
             self._held = ""
-            return buf[: min(hits)], True
+            return buf[:at], True
         hold = max((partial_suffix(buf, s) for s in self.stops), default=0)
         self._held = buf[len(buf) - hold :] if hold else ""
         return buf[: len(buf) - hold], False

@@ -88,6 +88,7 @@ class CompletionOutput:
     cached_tokens: int = 0  # prompt tokens reused from the KV cache (prefix reuse), not prefilled
     reasoning: str = ""  # a reasoning model's thinking, apart from the answer in `text`
     reasoning_tokens: int = 0  # of completion_tokens, those that were thinking (the tags included)
+    stop_sequence: str | None = None  # the stop string that ended the answer, if one did
 
     def raise_error(self) -> None:
         """Raise what failed this request, if anything did (clients that want an exception)."""

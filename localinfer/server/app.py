@@ -15,10 +15,10 @@ from localinfer.server.bridge import Bridge
 from localinfer.server.host import ModelHost
 from localinfer.server.metrics import Metrics
 from localinfer.server.middleware import BodyLimit
-from localinfer.server.routes import health, openai
+from localinfer.server.routes import anthropic, health, ollama, openai, responses
 
 
-def create_app(host: ModelHost, api_key: str | None = None, parallel: int = 4, max_queue: int = 32, reap_every: float = 5.0) -> FastAPI:
+def create_app(host: ModelHost, api_key: str | None = None, parallel: int = 4, max_queue: int = 32, reap_every: float = 5.0, allow_pull: bool = False) -> FastAPI:
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         await host.start()
@@ -33,12 +33,14 @@ def create_app(host: ModelHost, api_key: str | None = None, parallel: int = 4, m
         task.cancel()
         await asyncio.to_thread(host.close)  # each engine finishes what is in flight, then stops
 
-    app = FastAPI(title="localinfer", summary="An OpenAI-compatible endpoint for local GGUF models", lifespan=lifespan)
+    app = FastAPI(title="localinfer", summary="OpenAI (chat, completions, responses), Anthropic (messages) and Ollama (/api) endpoints for local GGUF models", lifespan=lifespan)
     app.state.bridge = Bridge(host, engine_metrics(host), parallel, max_queue)
     app.state.api_key = api_key
+    app.state.allow_pull = allow_pull  # may Ollama's /api/pull and /api/delete change the model store?
+    app.state.responses = responses.ResponseLog()  # for previous_response_id
     errors.install(app)
     app.add_middleware(BodyLimit)
-    for router in (health.router, openai.router):
+    for router in (health.router, openai.router, anthropic.router, responses.router, ollama.router):
         app.include_router(router)
     app.openapi = lambda: openapi(app)  # type: ignore[method-assign]
     return app

@@ -11,7 +11,9 @@ import logging
 import time
 from collections.abc import AsyncIterator
 from contextlib import aclosing
+from dataclasses import dataclass
 
+import numpy as np
 from fastapi import Request
 
 from localinfer.engine.engine import Engine
@@ -33,13 +35,24 @@ async def disconnected(request: Request) -> None:
         pass
 
 
+@dataclass(frozen=True)
+class Route:
+    """Where a request came in: its metrics label, its id's prefix, and the names its
+    dialect gives the fields an error may point at."""
+
+    path: str
+    id_prefix: str
+    constraint_field: str | None = None  # what shaped the answer (response_format, tools, format...)
+    max_field: str = "max_tokens"
+
+
 class Job:
     """One request in flight. `done()` ends it exactly once, whichever layer gets there
     first: it frees the queue place, aborts the request if it has not finished (the client
     went away), and records the metrics and the log line."""
 
-    def __init__(self, loaded: Loaded, stream: RequestStream, rid: str, on_done) -> None:  # type: ignore[no-untyped-def]
-        self.loaded, self.stream, self.rid = loaded, stream, rid
+    def __init__(self, loaded: Loaded, stream: RequestStream, route: Route, on_done) -> None:  # type: ignore[no-untyped-def]
+        self.loaded, self.stream, self.route, self.rid = loaded, stream, route, p.new_id(route.id_prefix)
         self.started = time.perf_counter()
         self.out: CompletionOutput | None = None
         self._on_done = on_done
@@ -81,16 +94,16 @@ class Bridge:
             raise ApiError(503, f"the server is busy ({self.parallel} running, {self.max_queue} waiting); retry shortly", "server_busy", headers={"Retry-After": "1"})
         return loaded
 
-    async def start(self, loaded: Loaded, tokens: list[int], params: list[SamplingParams], id_prefix: str, field: str | None = None) -> list[Job]:
+    async def start(self, loaded: Loaded, tokens: list[int], params: list[SamplingParams], route: Route) -> list[Job]:
         """One request's choices, a SamplingParams each. The first goes alone; once its
         prompt is in the cache (its first event has come), the others are submitted, and the
         scheduler copies the prompt's cache to their slots with kv_copy instead of prefilling
-        it n times. `field`: the request field a constraint error names."""
-        jobs = [self.submit(loaded, tokens, params[0], id_prefix, field)]
+        it n times."""
+        jobs = [self.submit(loaded, tokens, params[0], route)]
         if len(params) > 1:
             try:
                 await self.first_event(jobs[0])
-                jobs += [self.submit(loaded, tokens, more, id_prefix, field) for more in params[1:]]
+                jobs += [self.submit(loaded, tokens, more, route) for more in params[1:]]
             except BaseException:
                 for job in jobs:
                     job.done()
@@ -106,20 +119,20 @@ class Bridge:
             await ready.wait()
             ready.clear()
 
-    def submit(self, loaded: Loaded, tokens: list[int], params: SamplingParams, id_prefix: str, field: str | None = None, max_field: str = "max_tokens") -> Job:
-        engine = loaded.engine
+    def submit(self, loaded: Loaded, tokens: list[int], params: SamplingParams, route: Route) -> Job:
+        engine, most = loaded.engine, route.max_field
         if len(tokens) + (params.max_tokens or 1) > engine.n_ctx:
-            raise ApiError(400, f"the prompt is {len(tokens)} tokens and {max_field} {params.max_tokens or 1}, but a request's context holds {engine.n_ctx}", param=max_field)
+            raise ApiError(400, f"the prompt is {len(tokens)} tokens and {most} {params.max_tokens or 1}, but a request's context holds {engine.n_ctx}", param=most)
         try:
             stream = engine.submit(tokens, params)
         except ConstraintError as e:
-            raise ApiError(400, str(e), param=field) from None
+            raise ApiError(400, str(e), param=route.constraint_field) from None
         except BackendError as e:  # the engine cannot run at all now (closed, or its file truncated)
             raise ApiError(503, str(e), "server_error") from None
         except UserError as e:
             raise ApiError(400, str(e)) from None
         loaded.in_flight += 1
-        return Job(loaded, stream, p.new_id(id_prefix), self.record)
+        return Job(loaded, stream, route, self.record)
 
     async def events(self, job: Job) -> AsyncIterator[TokenEvent | CompletionOutput]:
         """The request's events in asyncio, woken by the engine's thread."""
@@ -145,6 +158,23 @@ class Bridge:
                 yield event
         finally:
             job.done()
+
+    def count_embedding(self, route: str, tokens: int) -> None:
+        self.metrics.prompt_tokens.inc(tokens)
+        self.metrics.requests.labels(route=route, status="embedding").inc()
+
+    async def embed(self, loaded: Loaded, tokens: list[int], field: str = "input") -> np.ndarray:
+        """One input's embedding, computed on a worker thread while it counts as in flight."""
+        if any(not 0 <= t < loaded.engine.backend.vocab.n_vocab for t in tokens):
+            raise ApiError(400, "the input has a token id outside this model's vocabulary", param=field)
+        loaded.in_flight += 1
+        try:
+            return await asyncio.to_thread(loaded.engine.embed, tokens)
+        except UserError as e:
+            raise ApiError(400, str(e), param=field) from None
+        finally:
+            loaded.in_flight -= 1
+            loaded.last_used = time.monotonic()
 
     async def results(self, request: Request, jobs: list[Job]) -> list[Result]:
         """Every job's result; if the client disconnects first (a timeout, Ctrl-C), the jobs
@@ -204,7 +234,7 @@ class Bridge:
     def record(self, job: Job) -> None:
         engine, out, metrics = job.engine, job.out, self.metrics
         status = "disconnected" if out is None else ("error" if out.error is not None else out.finish_reason)
-        metrics.requests.labels(status=status).inc()
+        metrics.requests.labels(route=job.route.path, status=status).inc()
         if out is None:
             log.info("request %s model=%s status=disconnected", job.rid, engine.name)
             return

@@ -26,9 +26,15 @@ def metrics(request: Request) -> Metrics:
 
 
 async def authorized(request: Request) -> None:
+    """With --api-key: `Authorization: Bearer KEY` (OpenAI's clients) or `x-api-key: KEY`
+    (Anthropic's), compared in constant time."""
     key = request.app.state.api_key
-    if key and not hmac.compare_digest(request.headers.get("authorization", "").encode(), f"Bearer {key}".encode()):  # constant time
-        raise ApiError(401, "a valid API key is needed: Authorization: Bearer KEY", "authentication_error")
+    if not key:
+        return
+    bearer = hmac.compare_digest(request.headers.get("authorization", "").encode(), f"Bearer {key}".encode())
+    header = hmac.compare_digest(request.headers.get("x-api-key", "").encode(), key.encode())
+    if not (bearer or header):
+        raise ApiError(401, "a valid API key is needed: Authorization: Bearer KEY (or x-api-key: KEY)", "authentication_error")
 
 
 AUTH = [Depends(authorized)]

@@ -8,6 +8,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
 from starlette.exceptions import HTTPException
 
+from localinfer.server import anthropic_wire
 from localinfer.server import protocol as p
 
 
@@ -32,16 +33,26 @@ def errors(*statuses: int) -> dict[int | str, dict[str, object]]:
 SAMPLING_ERRORS = errors(400, 401, 403, 404, 500)
 
 
+def error_body(path: str, message: str, kind: str = "invalid_request_error", param: str | None = None) -> dict[str, object]:
+    """An error in the shape of the dialect whose route `path` is: Anthropic's under
+    /v1/messages, Ollama's under /api/, OpenAI's elsewhere."""
+    if path.startswith("/v1/messages"):
+        return anthropic_wire.error_body(message, kind)
+    if path.startswith("/api/"):
+        return {"error": message}
+    return p.error_body(message, kind, param)
+
+
 async def api_error(request: Request, e: ApiError) -> JSONResponse:
-    return JSONResponse(p.error_body(e.message, e.kind, e.param), status_code=e.status, headers=e.headers)
+    return JSONResponse(error_body(request.url.path, e.message, e.kind, e.param), status_code=e.status, headers=e.headers)
 
 
 async def invalid(request: Request, e: RequestValidationError) -> JSONResponse:
     first = e.errors()[0] if e.errors() else {"loc": (), "msg": "invalid request"}
     if first.get("type") == "json_invalid":
-        return JSONResponse(p.error_body(f"the body is not valid JSON ({first.get('ctx', {}).get('error', 'decode error')})"), status_code=400)
+        return JSONResponse(error_body(request.url.path, f"the body is not valid JSON ({first.get('ctx', {}).get('error', 'decode error')})"), status_code=400)
     where = ".".join(str(x) for x in first.get("loc", ()) if x != "body")
-    return JSONResponse(p.error_body(f"{where}: {first['msg']}" if where else first["msg"], param=where or None), status_code=400)
+    return JSONResponse(error_body(request.url.path, f"{where}: {first['msg']}" if where else first["msg"], param=where or None), status_code=400)
 
 
 async def client_gone(request: Request, e: ClientGone) -> Response:
@@ -49,8 +60,8 @@ async def client_gone(request: Request, e: ClientGone) -> Response:
 
 
 async def http_error(request: Request, e: HTTPException) -> JSONResponse:
-    kind = "not_found_error" if e.status_code == 404 else "invalid_request_error"
-    return JSONResponse(p.error_body(str(e.detail), kind), status_code=e.status_code, headers=getattr(e, "headers", None))
+    kind = {404: "not_found_error", 413: "request_too_large"}.get(e.status_code, "invalid_request_error")
+    return JSONResponse(error_body(request.url.path, str(e.detail), kind), status_code=e.status_code, headers=getattr(e, "headers", None))
 
 
 def install(app: FastAPI) -> None:

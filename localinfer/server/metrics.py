@@ -28,7 +28,7 @@ class Metrics:
         self.accepted = Counter("localinfer_draft_accepted_tokens", "Drafted tokens the model agreed with (acceptance rate: this over drafted)", registry=r)
         self.tokens_per_forward = Histogram("localinfer_tokens_per_forward", "Tokens a request got per decode forward (1 without speculation)", registry=r,
                                             buckets=(1, 1.25, 1.5, 2, 3, 4, 6, 8, 12))  # fmt: skip
-        self.requests = Counter("localinfer_requests", "Requests by final status", ["status"], registry=r)
+        self.requests = Counter("localinfer_requests", "Requests by route and final status", ["route", "status"], registry=r)
         Gauge("localinfer_requests_running", "Requests holding a slot", registry=r).set_function(running)
         Gauge("localinfer_requests_waiting", "Requests queued for a slot", registry=r).set_function(waiting)
         Gauge("localinfer_kv_cache_slots_free", "KV-cache sequences no request holds", registry=r).set_function(slots_free)

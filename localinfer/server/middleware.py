@@ -5,7 +5,7 @@ from __future__ import annotations
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException
 
-from localinfer.server import protocol as p
+from localinfer.server.errors import error_body
 
 MAX_BODY_BYTES = 8 * 1024 * 1024
 
@@ -23,7 +23,7 @@ class BodyLimit:
         too_big = HTTPException(413, f"the request body is over {self.limit // 2**20} MiB")
         length = dict(scope["headers"]).get(b"content-length")
         if length is not None and (not length.isdigit() or int(length) > self.limit):
-            response = JSONResponse(p.error_body(str(too_big.detail)), status_code=413)
+            response = JSONResponse(error_body(scope["path"], str(too_big.detail), "request_too_large"), status_code=413)
             return await response(scope, receive, send)
         received = 0
 

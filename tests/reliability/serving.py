@@ -17,6 +17,8 @@ import psutil
 from localinfer.benchmark.serve import WORDS
 from localinfer.benchmark.serve import words as some_words
 
+from ..conftest import parse_metrics
+
 # One client for every thread: a new httpx.Client per request builds an SSL context (~10 ms
 # of CPU), and 100 of them at once delayed the requests by seconds on 2 cores.
 CLIENT = httpx.Client(limits=httpx.Limits(max_connections=512, max_keepalive_connections=64))
@@ -83,8 +85,7 @@ def references(url: str, prompts: list[str], max_tokens: int) -> dict[str, str]:
 
 
 def metrics(url: str) -> dict[str, float]:
-    text = CLIENT.get(url + "/metrics", timeout=10).text
-    return {line.rsplit(" ", 1)[0]: float(line.rsplit(" ", 1)[1]) for line in text.splitlines() if line and not line.startswith("#")}
+    return parse_metrics(CLIENT.get(url + "/metrics", timeout=10).text)
 
 
 def settle(url: str, parallel: int, timeout: float = 60.0) -> tuple[dict[str, float], list[str]]:

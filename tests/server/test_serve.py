@@ -20,7 +20,7 @@ import jsonschema
 import openai
 import pytest
 
-from ..conftest import start_cli
+from ..conftest import parse_metrics, start_cli
 
 MODEL = "smollm2:135m"
 CHAT = [{"role": "user", "content": "Why is the sky blue?"}]
@@ -55,8 +55,7 @@ class Server:
         return openai.OpenAI(base_url=self.url + "/v1", api_key=key, max_retries=0, timeout=120)
 
     def metrics(self) -> dict[str, float]:
-        text = httpx.get(self.url + "/metrics", timeout=10).text
-        return {line.rsplit(" ", 1)[0]: float(line.rsplit(" ", 1)[1]) for line in text.splitlines() if line and not line.startswith("#")}
+        return parse_metrics(httpx.get(self.url + "/metrics", timeout=10).text)
 
     def log_text(self) -> str:
         self.log.seek(0)
@@ -99,7 +98,7 @@ def test_chat_and_its_stream_agree(server: Server) -> None:
     m = server.metrics()
     for histogram in ("time_to_first_token", "time_per_output_token", "inter_token_latency", "e2e_request_latency"):
         assert m[f"localinfer_{histogram}_seconds_count"] >= 2, histogram
-    assert m["localinfer_generation_tokens_total"] >= 32 and m['localinfer_requests_total{status="length"}'] >= 2
+    assert m["localinfer_generation_tokens_total"] >= 32 and m['localinfer_requests_total{route="/v1/chat/completions",status="length"}'] >= 2
 
 
 def test_the_stream_on_the_wire_is_openais(server: Server) -> None:
@@ -304,6 +303,13 @@ def test_api_key() -> None:
         with pytest.raises(openai.AuthenticationError):
             s.client("wrong").chat.completions.create(model=MODEL, messages=CHAT, max_tokens=2)
         assert s.client("sesame").chat.completions.create(model=MODEL, messages=CHAT, max_tokens=2).choices[0].message.content is not None
+        import anthropic  # Anthropic's clients send x-api-key; its errors have Anthropic's shape
+
+        ask = {"model": MODEL, "max_tokens": 2, "messages": CHAT}
+        with pytest.raises(anthropic.AuthenticationError) as e:
+            anthropic.Anthropic(base_url=s.url, api_key="wrong", max_retries=0).messages.create(**ask)
+        assert e.value.body["error"]["type"] == "authentication_error"
+        assert anthropic.Anthropic(base_url=s.url, api_key="sesame", max_retries=0).messages.create(**ask).usage.output_tokens == 2
     finally:
         assert s.stop()[0] == 0
 

@@ -4,10 +4,8 @@ become chunks; templates, tools, constraints and reasoning are the engine's."""
 
 from __future__ import annotations
 
-import asyncio
 import base64
 import json
-import time
 from collections.abc import AsyncIterator, Callable
 from contextlib import aclosing
 from typing import Annotated
@@ -17,15 +15,15 @@ from sse_starlette.sse import EventSourceResponse
 
 from localinfer.engine.constraints import Constraint
 from localinfer.engine.engine import Engine
-from localinfer.engine.tools import CallStream, ToolPlan, call_prefix, parse_calls, plan_tools, prompt_messages, tool_format
+from localinfer.engine.tools import CallStream, ToolPlan
 from localinfer.engine.types import CompletionOutput, SamplingParams, TokenEvent
-from localinfer.errors import ConstraintError, UserError
+from localinfer.errors import ConstraintError
 from localinfer.server import deps
 from localinfer.server import protocol as p
-from localinfer.server.bridge import Bridge, Job
+from localinfer.server.bridge import Bridge, Job, Route
+from localinfer.server.chat_prompt import chat_prompt
 from localinfer.server.errors import SAMPLING_ERRORS, ApiError, errors
 from localinfer.server.host import ModelHost
-from localinfer.server.metrics import Metrics
 from localinfer.server.openai_wire import chat_logprobs, completion_logprobs, model_card, usage, wire_call
 from localinfer.store.inventory import local_names
 
@@ -49,27 +47,17 @@ async def chat(body: p.ChatCompletionRequest, request: Request, bridge: BridgeDe
         raise ApiError(400, "top_logprobs needs logprobs: true", param="top_logprobs")
     loaded = await bridge.model(body.model, body.n)
     engine = loaded.engine
-    template = engine.backend.facts.chat_template
     choice = body.tool_choice.function.name if isinstance(body.tool_choice, p.NamedToolChoice) else (body.tool_choice or "auto")
-    try:
-        plan = plan_tools(template, body.tool_list(), choice)
-    except ConstraintError as e:
-        raise ApiError(400, str(e), param="tools") from None
-    fmt = plan.fmt if plan else tool_format(template)
-    messages = prompt_messages([m.for_template() for m in body.messages], plan.tools if plan else [], fmt)
-    try:
-        text = engine.render_chat(messages, tools=plan.template_tools() if plan else None, think=body.thinking())
-        tokens = engine.tokenize_prompt(text + (call_prefix(fmt) if plan and plan.required else ""))
-    except UserError as e:
-        raise ApiError(400, str(e), param="messages") from None
+    prompt = chat_prompt(engine, [m.for_template() for m in body.messages], tool_list(body), choice, body.thinking())
+    plan, tokens = prompt.plan, prompt.tokens
     params, field = sampling(engine, body, plan.constraint if plan else None)
-    jobs = await bridge.start(loaded, tokens, params, "chatcmpl", field)
+    jobs = await bridge.start(loaded, tokens, params, Route(request.url.path, "chatcmpl", field))
     if body.stream:
         return EventSourceResponse(chat_chunks(bridge, jobs, body, plan), ping=15)
     results = await bridge.results(request, jobs)
     choices = []
     for i, (out, events) in enumerate(results):
-        content, calls = parse_calls(out.text, plan.fmt, plan.required) if plan else (out.text, [])
+        content, calls = prompt.answer(out.text)
         choices.append(p.ChatChoice(
             index=i, message=p.ResponseMessage(content=(content or None) if calls else content, tool_calls=[wire_call(c) for c in calls] or None,
                                                reasoning_content=out.reasoning or None),
@@ -86,7 +74,7 @@ async def complete(body: p.CompletionRequest, request: Request, bridge: BridgeDe
         raise ApiError(400, "prompt must be one string (a list of several is not supported yet)", param="prompt")
     loaded = await bridge.model(body.model, body.n)
     params, field = sampling(loaded.engine, body)
-    jobs = await bridge.start(loaded, loaded.engine.tokenize_prompt(prompts[0]), params, "cmpl", field)
+    jobs = await bridge.start(loaded, loaded.engine.tokenize_prompt(prompts[0]), params, Route(request.url.path, "cmpl", field))
     if body.stream:
         return EventSourceResponse(text_chunks(bridge, jobs, body), ping=15)
     results = await bridge.results(request, jobs)
@@ -99,7 +87,7 @@ async def complete(body: p.CompletionRequest, request: Request, bridge: BridgeDe
 
 
 @router.post("/v1/embeddings", response_model=p.EmbeddingList, responses=errors(400, 401, 403, 404))
-async def embeddings(body: p.EmbeddingRequest, bridge: BridgeDep, metrics: Annotated[Metrics, Depends(deps.metrics)]) -> p.EmbeddingList:
+async def embeddings(body: p.EmbeddingRequest, request: Request, bridge: BridgeDep) -> p.EmbeddingList:
     loaded = await bridge.model(body.model)
     engine = loaded.engine
     inputs: list = [body.input] if isinstance(body.input, str) or (body.input and isinstance(body.input[0], int)) else list(body.input)
@@ -112,20 +100,19 @@ async def embeddings(body: p.EmbeddingRequest, bridge: BridgeDep, metrics: Annot
         tokens = engine.tokenize_prompt(item) if isinstance(item, str) else list(item)
         if any(not 0 <= t < engine.backend.vocab.n_vocab for t in tokens):
             raise ApiError(400, f"input {index} has a token id outside this model's vocabulary", param="input")
-        loaded.in_flight += 1
-        try:
-            vector = await asyncio.to_thread(engine.embed, tokens)
-        except UserError as e:
-            raise ApiError(400, str(e), param="input") from None
-        finally:
-            loaded.in_flight -= 1
-            loaded.last_used = time.monotonic()
+        vector = await bridge.embed(loaded, tokens)
         used += len(tokens)
         encoded = base64.b64encode(vector.astype("<f4").tobytes()).decode() if body.encoding_format == "base64" else vector.tolist()
         data.append(p.Embedding(index=index, embedding=encoded))
-    metrics.prompt_tokens.inc(used)
-    metrics.requests.labels(status="embedding").inc()
+    bridge.count_embedding(request.url.path, used)
     return p.EmbeddingList(data=data, model=engine.name, usage=p.EmbeddingUsage(prompt_tokens=used, total_tokens=used))
+
+
+def tool_list(body: p.ChatCompletionRequest) -> list:
+    try:
+        return body.tool_list()
+    except ConstraintError as e:
+        raise ApiError(400, str(e), param="tools") from None
 
 
 def sampling(engine: Engine, body: p.SamplingFields, tool_constraint: Constraint | None = None) -> tuple[list[SamplingParams], str | None]:

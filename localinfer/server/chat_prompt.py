@@ -1,0 +1,40 @@
+"""A chat request's prompt, whichever dialect it came in: every dialect turns its messages
+into OpenAI's shape (what chat templates and tools.py read) and its tool choice into
+OpenAI's, and this renders them once with the model's template, tools and thinking."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from localinfer.engine.engine import Engine
+from localinfer.engine.tools import Tool, ToolCall, ToolPlan, call_prefix, parse_calls, plan_tools, prompt_messages, tool_format
+from localinfer.errors import ConstraintError, UserError
+from localinfer.server.errors import ApiError
+
+
+@dataclass
+class ChatPrompt:
+    tokens: list[int]
+    plan: ToolPlan | None  # how the answer uses the tools; None: plain text
+
+    def answer(self, text: str) -> tuple[str, list[ToolCall]]:
+        """A finished answer's text and tool calls."""
+        return parse_calls(text, self.plan.fmt, self.plan.required) if self.plan else (text, [])
+
+
+def chat_prompt(engine: Engine, messages: list[dict], tools: list[Tool], choice: str, think: bool, tools_field: str = "tools") -> ChatPrompt:
+    """`choice`: "auto", "none", "required" or a tool's name. A bad tool or a template that
+    fails on these messages is a 400 naming the field."""
+    template = engine.backend.facts.chat_template
+    try:
+        plan = plan_tools(template, tools, choice)
+    except ConstraintError as e:
+        raise ApiError(400, str(e), param=tools_field) from None
+    fmt = plan.fmt if plan else tool_format(template)
+    shown = prompt_messages(messages, plan.tools if plan else [], fmt)
+    try:
+        text = engine.render_chat(shown, tools=plan.template_tools() if plan else None, think=think)
+        tokens = engine.tokenize_prompt(text + (call_prefix(fmt) if plan and plan.required else ""))
+    except UserError as e:
+        raise ApiError(400, str(e), param="messages") from None
+    return ChatPrompt(tokens, plan)

@@ -1,0 +1,214 @@
+"""OpenAI's Responses API schemas (the subset a local model can honour), and the
+translation of its input items into the chat messages the templates and tools read."""
+
+from __future__ import annotations
+
+import time
+import uuid
+from typing import Annotated, Literal
+
+from pydantic import BaseModel, Field
+
+from localinfer.engine.constraints import Constraint
+from localinfer.engine.tools import Tool
+from localinfer.server.protocol import ChatMessage, Lenient
+
+
+def new_id(prefix: str) -> str:
+    return f"{prefix}_{uuid.uuid4().hex[:24]}"
+
+
+class ContentPart(Lenient):
+    type: Literal["input_text", "output_text", "text", "refusal"]
+    text: str = ""
+
+
+class MessageItem(Lenient):
+    type: Literal["message"] = "message"
+    role: Literal["user", "system", "developer", "assistant"]
+    content: str | list[ContentPart]
+
+    def text(self) -> str:
+        return self.content if isinstance(self.content, str) else "".join(part.text for part in self.content)
+
+
+class FunctionCallItem(Lenient):
+    type: Literal["function_call"]
+    call_id: str
+    name: str
+    arguments: str = "{}"
+
+
+class FunctionCallOutputItem(Lenient):
+    type: Literal["function_call_output"]
+    call_id: str
+    output: str
+
+
+class ReasoningItem(Lenient):
+    type: Literal["reasoning"]  # earlier thinking sent back: not the model's to read again
+
+
+InputItem = Annotated[FunctionCallItem | FunctionCallOutputItem | ReasoningItem, Field(discriminator="type")] | MessageItem
+
+
+class FunctionTool(Lenient):
+    type: Literal["function"]
+    name: str
+    description: str | None = None
+    parameters: dict | None = None
+    strict: bool | None = None
+
+
+class NamedTool(Lenient):
+    type: Literal["function"]
+    name: str
+
+
+class TextFormat(Lenient):
+    type: Literal["text", "json_object", "json_schema"] = "text"
+    name: str | None = None
+    schema_: dict | None = Field(default=None, alias="schema")
+    strict: bool | None = None
+
+
+class TextConfig(Lenient):
+    format: TextFormat | None = None
+
+
+class Reasoning(Lenient):
+    effort: Literal["none", "minimal", "low", "medium", "high"] | None = None
+    summary: str | None = None
+
+
+class ResponseRequest(Lenient):
+    model: str | None = None
+    input: str | list[InputItem]
+    instructions: str | None = None
+    tools: list[FunctionTool] | None = None
+    tool_choice: Literal["auto", "none", "required"] | NamedTool | None = None
+    text: TextConfig | None = None
+    max_output_tokens: int | None = Field(default=None, ge=1)
+    temperature: float | None = Field(default=None, ge=0, le=2)
+    top_p: float | None = Field(default=None, ge=0, le=1)
+    reasoning: Reasoning | None = None
+    stream: bool = False
+    store: bool = False  # stateless unless asked: kept (in memory, bounded) for previous_response_id
+    previous_response_id: str | None = None
+    parallel_tool_calls: bool | None = None  # taken, not honoured: a model writes as many calls as it writes
+
+    def conversation(self, history: list[dict]) -> list[dict]:
+        """The input in OpenAI chat's shape after `history` (a stored response's turns):
+        instructions as the system prompt (never carried over from an earlier response); a
+        run of function calls becomes one assistant turn's tool_calls, an output a "tool" message."""
+        out: list[dict] = [{"role": "system", "content": self.instructions}] if self.instructions else []
+        out += history
+        items = [MessageItem(role="user", content=self.input)] if isinstance(self.input, str) else self.input
+        for item in items:
+            if isinstance(item, MessageItem):
+                out.append(ChatMessage(role=item.role, content=item.text()).for_template())
+            elif isinstance(item, FunctionCallItem):
+                call = {"id": item.call_id, "type": "function", "function": {"name": item.name, "arguments": item.arguments}}
+                if out and out[-1]["role"] == "assistant" and not out[-1]["content"]:
+                    out[-1].setdefault("tool_calls", []).append(call)
+                else:
+                    out.append({"role": "assistant", "content": "", "tool_calls": [call]})
+            elif isinstance(item, FunctionCallOutputItem):
+                out.append({"role": "tool", "tool_call_id": item.call_id, "content": item.output})
+        return out
+
+    def tool_list(self) -> list[Tool]:
+        return [Tool(t.name, t.parameters or {"type": "object", "properties": {}}, t.description or "") for t in self.tools or []]
+
+    def choice(self) -> str:
+        return self.tool_choice.name if isinstance(self.tool_choice, NamedTool) else (self.tool_choice or "auto")
+
+    def constraint(self) -> Constraint | None:
+        fmt = self.text.format if self.text and self.text.format else None
+        if fmt is None or fmt.type == "text":
+            return None
+        if fmt.type == "json_object":
+            return Constraint("json_object")
+        return Constraint.json_schema(fmt.schema_ or {})
+
+    def thinks(self) -> bool:
+        return not (self.reasoning and self.reasoning.effort == "none")
+
+
+class OutputText(BaseModel):
+    type: Literal["output_text"] = "output_text"
+    text: str
+    annotations: list = Field(default_factory=list)
+    logprobs: list = Field(default_factory=list)
+
+
+class ReasoningText(BaseModel):
+    type: Literal["reasoning_text"] = "reasoning_text"
+    text: str
+
+
+class MessageOut(BaseModel):
+    type: Literal["message"] = "message"
+    id: str = Field(default_factory=lambda: new_id("msg"))
+    status: Literal["in_progress", "completed", "incomplete"] = "completed"
+    role: Literal["assistant"] = "assistant"
+    content: list[OutputText] = Field(default_factory=list)
+
+
+class ReasoningOut(BaseModel):
+    type: Literal["reasoning"] = "reasoning"
+    id: str = Field(default_factory=lambda: new_id("rs"))
+    summary: list = Field(default_factory=list)
+    content: list[ReasoningText] = Field(default_factory=list)
+
+
+class FunctionCallOut(BaseModel):
+    type: Literal["function_call"] = "function_call"
+    id: str = Field(default_factory=lambda: new_id("fc"))
+    call_id: str
+    name: str
+    arguments: str
+    status: Literal["in_progress", "completed"] = "completed"
+
+
+class InputDetails(BaseModel):
+    cached_tokens: int = 0
+
+
+class OutputDetails(BaseModel):
+    reasoning_tokens: int = 0
+
+
+class Usage(BaseModel):
+    input_tokens: int
+    input_tokens_details: InputDetails
+    output_tokens: int
+    output_tokens_details: OutputDetails
+    total_tokens: int
+
+
+class Incomplete(BaseModel):
+    reason: Literal["max_output_tokens", "content_filter"]
+
+
+class Response(BaseModel):
+    id: str = Field(default_factory=lambda: new_id("resp"))
+    object: Literal["response"] = "response"
+    created_at: int = Field(default_factory=lambda: int(time.time()))
+    status: Literal["in_progress", "completed", "incomplete", "failed"] = "completed"
+    model: str
+    output: list[ReasoningOut | MessageOut | FunctionCallOut] = Field(default_factory=list)
+    incomplete_details: Incomplete | None = None
+    error: dict | None = None
+    instructions: str | None = None
+    max_output_tokens: int | None = None
+    temperature: float | None = None
+    top_p: float | None = None
+    tools: list[dict] = Field(default_factory=list)
+    tool_choice: str | dict = "auto"
+    parallel_tool_calls: bool = True
+    previous_response_id: str | None = None
+    store: bool = False
+    text: dict = Field(default_factory=lambda: {"format": {"type": "text"}})
+    metadata: dict = Field(default_factory=dict)
+    usage: Usage | None = None
