@@ -5,7 +5,7 @@ a server without a key; a server with --api-key and requests that carry it; the 
 server and requests without it (every answer must then be a documented 401). The checks:
 no 5xx, and every status, content type, header and body as the document says.
 
-    .venv/bin/python bench/api_fuzz.py [--max-examples 100] [--report-dir docs/bench/schemathesis] [--runs no-key,with-key,wrong-key]
+    .venv/bin/python bench/api_fuzz.py [--max-examples 100] [--report-dir docs/bench/schemathesis] [--runs no-key,with-key,wrong-key] [--phases ...]
 
 Exit status 1 if any check failed; the JUnit reports name each failing case.
 """
@@ -28,16 +28,16 @@ KEY = "sk-local-test-key"
 SERVE = ("--ctx", "64", "--parallel", "2", "--draft", "none")
 
 
-def schemathesis(url: str, name: str, max_examples: int, report_dir: Path, seed: int, header: str | None) -> int:
+def schemathesis(url: str, name: str, args: argparse.Namespace, header: str | None) -> int:
     cmd = [
         str(Path(sys.executable).with_name("schemathesis")), "run", url + "/openapi.json", "--checks", CHECKS,
-        "--max-examples", str(max_examples), "--seed", str(seed), "--request-timeout", "120", "--workers", "1",
-        "--report", "junit", "--report-junit-path", str(report_dir / f"{name}.xml"),
+        "--max-examples", str(args.max_examples), "--seed", str(args.seed), "--request-timeout", "120", "--workers", "1",
+        "--phases", args.phases, "--report", "junit", "--report-junit-path", str(args.report_dir / f"{name}.xml"),
     ]  # fmt: skip
     if header:
         cmd += ["--header", header]
     print("$", " ".join(cmd), flush=True)
-    return subprocess.run(cmd, cwd=report_dir).returncode  # its .schemathesis cache goes there too
+    return subprocess.run(cmd, cwd=args.report_dir).returncode  # its .schemathesis cache goes there too
 
 
 RUNS = ("no-key", "with-key", "wrong-key")
@@ -47,6 +47,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--max-examples", type=int, default=100, help="examples per operation and phase")
     ap.add_argument("--seed", type=int, default=1)
+    ap.add_argument("--phases", default="examples,coverage,fuzzing", help="schemathesis's phases (the coverage phase's ~140 boundary cases per operation are most of the time)")
     ap.add_argument("--report-dir", type=Path, default=Path("schemathesis-reports"))
     ap.add_argument("--runs", default=",".join(RUNS), help=f"which of the three runs, comma-separated (default: all: {','.join(RUNS)})")
     args = ap.parse_args()
@@ -59,7 +60,7 @@ def main() -> None:
     if "no-key" in runs:
         server = Server(*SERVE)
         try:
-            failed += schemathesis(server.url, "no-key", args.max_examples, args.report_dir, args.seed, None) != 0
+            failed += schemathesis(server.url, "no-key", args, None) != 0
         finally:
             failed += server.stop()[0] != 0
     if "with-key" in runs or "wrong-key" in runs:
@@ -68,7 +69,7 @@ def main() -> None:
         try:
             for name in ("with-key", "wrong-key"):
                 if name in runs:
-                    failed += schemathesis(server.url, name, args.max_examples, args.report_dir, args.seed, headers[name]) != 0
+                    failed += schemathesis(server.url, name, args, headers[name]) != 0
         finally:
             failed += server.stop()[0] != 0
     print("schemathesis: " + ("all checks passed" if not failed else f"{failed} run(s) failed"))

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import logging
-import re
 from typing import Annotated, Optional
 
 import typer
@@ -17,10 +16,12 @@ LOOPBACK = {"127.0.0.1", "localhost", "::1"}
 
 def duration(value: str) -> float:
     """Seconds from '300', '30s', '5m', '1h'; a negative number means forever (as Ollama's keep_alive)."""
-    m = re.fullmatch(r"\s*(-?\d+(?:\.\d+)?)\s*([smh]?)\s*", value)
-    if not m:
-        raise typer.BadParameter(f"'{value}' is not a duration (e.g. 300, 30s, 5m, 1h, or -1 for forever)")
-    return float(m.group(1)) * {"": 1, "s": 1, "m": 60, "h": 3600}[m.group(2)]
+    from localinfer.server.host import seconds
+
+    try:
+        return seconds(value)
+    except ValueError as e:
+        raise typer.BadParameter(str(e)) from None
 
 
 def serve(

@@ -5,6 +5,7 @@ running on its own thread; requests reach it through `Engine.submit`."""
 from __future__ import annotations
 
 import asyncio
+import re
 import time
 from dataclasses import dataclass, field
 
@@ -20,6 +21,18 @@ class Loaded:
     engine: Engine
     last_used: float = field(default_factory=time.monotonic)
     in_flight: int = 0
+    keep_alive: float | None = None  # seconds idle before unloading, as a request asked (Ollama's keep_alive); None: the server's
+
+
+def seconds(value: str | float) -> float:
+    """Seconds from 300, '300', '30s', '5m' or '1h'; a negative number means forever (as
+    Ollama's keep_alive). ValueError for anything else."""
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        return float(value)
+    m = re.fullmatch(r"\s*(-?\d+(?:\.\d+)?)\s*([smh]?)\s*", str(value))
+    if not m:
+        raise ValueError(f"'{value}' is not a duration (e.g. 300, 30s, 5m, 1h, or -1 for forever)")
+    return float(m.group(1)) * {"": 1, "s": 1, "m": 60, "h": 3600}[m.group(2)]
 
 
 class ModelHost:
@@ -78,14 +91,16 @@ class ModelHost:
             del self.models[alias]
         loaded.engine.close()
 
+    def keep_alive_of(self, loaded: Loaded) -> float:
+        return loaded.keep_alive if loaded.keep_alive is not None else self.keep_alive
+
     async def reap(self) -> None:
-        """Unload models idle for longer than keep_alive (run periodically)."""
-        if self.keep_alive < 0:
-            return
+        """Unload models idle for longer than their keep_alive (run periodically)."""
         async with self._lock:
             now = time.monotonic()
             for key, loaded in list(self.models.items()):
-                if key in self.models and loaded.in_flight == 0 and now - loaded.last_used > self.keep_alive:
+                keep = self.keep_alive_of(loaded)
+                if key in self.models and loaded.in_flight == 0 and 0 <= keep < now - loaded.last_used:
                     self._unload(key)
 
     def unique(self) -> list[Loaded]:

@@ -50,7 +50,7 @@ class Generating(Lenient):
     options: Options | None = None
     stream: bool = True
     think: bool | Literal["low", "medium", "high"] | None = None
-    keep_alive: str | float | None = None  # taken; the server's --keep-alive unloads idle models
+    keep_alive: str | float | None = None  # how long the model stays loaded once idle; 0: unload it now
 
     def constraint(self) -> Constraint | None:
         if self.format == "json":

@@ -11,7 +11,7 @@ import time
 from pathlib import Path
 
 import pytest
-from gguf import GGUFReader
+from gguf import GGMLQuantizationType, GGUFReader
 
 from localinfer.modelfile import inspect
 
@@ -203,7 +203,7 @@ def test_leave_output_tensor(model_path: Path, tmp_path: Path) -> None:
         out = tmp_path / f"q8{len(flag)}.gguf"
         result = run_cli("quantize", str(src), "Q8_0", "-o", str(out), "--json", *flag)
         assert result.returncode == 0, result.stderr
-        types[bool(flag)] = {t.name: t.tensor_type.name for t in GGUFReader(out).tensors}["output.weight"]
+        types[bool(flag)] = next(GGMLQuantizationType(t.type).name for t in inspect(out).tensors if t.name == "output.weight")
     assert types == {False: "Q8_0", True: "F32"}
 
 

@@ -48,26 +48,22 @@ def check_order(events: list) -> None:
     assert open_index is None and next_index > 0
 
 
-def test_a_message_answers_as_chat_completions_does_streamed_and_not(server: Server) -> None:
-    reference = server.client().chat.completions.create(model=server.model, messages=[{"role": "user", "content": QUESTION}], max_tokens=24, temperature=0)
+def test_a_message_streamed_and_not(server: Server) -> None:
+    """(test_dialects.py checks the answer against the other dialects'.)"""
     ask = {"model": server.model, "max_tokens": 24, "extra_body": GREEDY, "messages": [{"role": "user", "content": QUESTION}]}
     message = client(server).messages.create(**ask)
-    assert [b.type for b in message.content] == ["text"] and message.content[0].text == reference.choices[0].message.content
+    assert [b.type for b in message.content] == ["text"] and message.content[0].text
     assert (message.stop_reason, message.stop_sequence, message.role) == ("max_tokens", None, "assistant")
-    u = message.usage
-    assert (u.input_tokens + u.cache_read_input_tokens, u.output_tokens) == (reference.usage.prompt_tokens, reference.usage.completion_tokens)
-
     with client(server).messages.stream(**ask) as stream:
         events = list(stream)
         final = stream.get_final_message()
     check_order(events)
     assert final.content[0].text == message.content[0].text and final.stop_reason == "max_tokens"
-    with httpx.stream("POST", server.url + "/v1/messages", json={**ask, **GREEDY, "stream": True}, timeout=120) as r:  # what the SDK hides
+    with httpx.stream("POST", server.url + "/v1/messages", json={**ask, "max_tokens": 2, **GREEDY, "stream": True}, timeout=120) as r:  # what the SDK hides
         kinds = [line.removeprefix("event: ").strip() for line in r.iter_lines() if line.startswith("event:")]
     assert kinds[:2] == ["message_start", "ping"] and kinds[-1] == "message_stop"  # a ping while the prompt is prefilled
-
     counted = client(server).messages.count_tokens(model=server.model, messages=ask["messages"])
-    assert counted.input_tokens == reference.usage.prompt_tokens
+    assert counted.input_tokens == message.usage.input_tokens + message.usage.cache_read_input_tokens
 
 
 def test_a_stop_sequence_ends_the_answer_and_is_named(server: Server) -> None:
@@ -104,19 +100,16 @@ def test_a_tool_round_trip(server: Server) -> None:
 
 
 def test_thinking_is_its_own_block(server: Server, r1_f32_path: Path) -> None:
-    model = str(r1_f32_path)
-    ask = {"model": model, "max_tokens": 40, "extra_body": GREEDY, "messages": [{"role": "user", "content": "What is the capital of France?"}],
+    """Streamed as thinking_delta events in a block before the text's; `disabled` leaves it
+    out. (test_dialects.py checks the thinking against the other dialects'.)"""
+    ask = {"model": str(r1_f32_path), "max_tokens": 40, "extra_body": GREEDY, "messages": [{"role": "user", "content": "What is the capital of France?"}],
            "thinking": {"type": "enabled", "budget_tokens": 8}}  # fmt: skip
-    message = client(server).messages.create(**ask)
-    reference = server.client().chat.completions.create(model=model, messages=ask["messages"], max_tokens=40, temperature=0, extra_body={"thinking_budget_tokens": 8})
-    assert [b.type for b in message.content] == ["thinking", "text"]
-    assert (message.content[0].thinking, message.content[1].text) == (reference.choices[0].message.model_extra["reasoning_content"], reference.choices[0].message.content)
     with client(server).messages.stream(**ask) as stream:
         events = list(stream)
         final = stream.get_final_message()
     check_order(events)
     assert any(e.type == "content_block_delta" and e.delta.type == "thinking_delta" for e in events)
-    assert [(b.type, getattr(b, "thinking", None) or getattr(b, "text", None)) for b in final.content] == [("thinking", message.content[0].thinking), ("text", message.content[1].text)]
+    assert [b.type for b in final.content] == ["thinking", "text"] and final.content[0].thinking and final.content[1].text  # the budget closed the block
     off = client(server).messages.create(**{**ask, "thinking": {"type": "disabled"}})
     assert [b.type for b in off.content] == ["text"]
 

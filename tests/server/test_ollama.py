@@ -35,12 +35,11 @@ def reference(server: Server, messages: list[dict], max_tokens: int = 24, **kw: 
     return server.client().chat.completions.create(model=kw.pop("model", server.model), messages=messages, max_tokens=max_tokens, temperature=0, **kw)
 
 
-def test_chat_answers_as_chat_completions_does_streamed_and_not(dialects: Server) -> None:
-    want = reference(dialects, QUESTION)
+def test_chat_streamed_and_not(dialects: Server) -> None:
+    """(test_dialects.py checks the answer against the other dialects'.)"""
     whole = client(dialects).chat(model=dialects.model, messages=QUESTION, options=GREEDY, stream=False)
-    assert whole.message.content == want.choices[0].message.content and whole.done and whole.done_reason == "length"
-    assert (whole.prompt_eval_count, whole.eval_count) == (want.usage.prompt_tokens, want.usage.completion_tokens)
-    assert whole.total_duration > whole.eval_duration > 0 and whole.prompt_eval_duration >= 0
+    assert whole.message.content and whole.done and whole.done_reason == "length" and whole.eval_count == 24
+    assert whole.total_duration > whole.eval_duration > 0 and whole.prompt_eval_duration >= 0 and whole.prompt_eval_count > 0
     parts = list(client(dialects).chat(model=dialects.model, messages=QUESTION, options=GREEDY, stream=True))
     assert [p.done for p in parts] == [False] * (len(parts) - 1) + [True]
     assert "".join(p.message.content for p in parts) == whole.message.content and parts[-1].eval_count == whole.eval_count
@@ -79,9 +78,6 @@ def test_format_think_and_tool_messages(dialects: Server, r1_f32_path: Path) -> 
     jsonschema.validate(json.loads(shaped.message.content), schema)
 
     model, question = str(r1_f32_path), [{"role": "user", "content": "What is the capital of France?"}]
-    thought = client(dialects).chat(model=model, messages=question, options={"temperature": 0, "num_predict": 40})
-    want = reference(dialects, question, 40, model=model).choices[0].message
-    assert (thought.message.thinking, thought.message.content) == (want.model_extra["reasoning_content"], want.content)
     assert client(dialects).chat(model=model, messages=question, think=False, options={"temperature": 0, "num_predict": 40}).message.thinking is None
 
     call = {"name": "get_weather", "arguments": {"city": "Paris", "unit": "celsius"}}

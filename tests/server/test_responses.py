@@ -45,13 +45,12 @@ def check_order(events: list) -> str:
     return text
 
 
-def test_a_response_answers_as_chat_completions_does_streamed_and_not(dialects: Server) -> None:
-    want = reference(dialects, [{"role": "system", "content": "Be brief."}, {"role": "user", "content": QUESTION}], 24)
+def test_a_response_streamed_and_not(dialects: Server) -> None:
+    """(test_dialects.py checks the answer against the other dialects'.)"""
     ask = {"model": dialects.model, "instructions": "Be brief.", "input": QUESTION, "max_output_tokens": 24, "temperature": 0}
     response = dialects.client().responses.create(**ask)
-    assert response.output_text == want.choices[0].message.content
-    assert (response.status, response.incomplete_details.reason) == ("incomplete", "max_output_tokens")
-    assert (response.usage.input_tokens, response.usage.output_tokens) == (want.usage.prompt_tokens, want.usage.completion_tokens)
+    assert response.output_text and (response.status, response.incomplete_details.reason) == ("incomplete", "max_output_tokens")
+    assert response.usage.total_tokens == response.usage.input_tokens + response.usage.output_tokens and response.usage.output_tokens == 24
     events = list(dialects.client().responses.create(**ask, stream=True))
     assert check_order(events) == response.output_text and events[-1].response.output_text == response.output_text
 
@@ -96,13 +95,13 @@ def test_previous_response_id_continues_a_stored_response(dialects: Server) -> N
 
 
 def test_reasoning_is_its_own_item(dialects: Server, r1_f32_path: Path) -> None:
+    """Streamed as reasoning_text deltas of a reasoning item; effort "none" leaves it out.
+    (test_dialects.py checks the reasoning against the other dialects'.)"""
     model, question = str(r1_f32_path), "What is the capital of France?"
-    want = reference(dialects, [{"role": "user", "content": question}], 40, model=model).choices[0].message
-    response = dialects.client().responses.create(model=model, input=question, max_output_tokens=40, temperature=0)
-    assert [item.type for item in response.output] == ["reasoning", "message"]
-    assert (response.output[0].content[0].text, response.output_text) == (want.model_extra["reasoning_content"], want.content)
     events = list(dialects.client().responses.create(model=model, input=question, max_output_tokens=40, temperature=0, stream=True))
     check_order(events)
-    assert "".join(e.delta for e in events if e.type == "response.reasoning_text.delta") == response.output[0].content[0].text
+    final = events[-1].response
+    assert [item.type for item in final.output] == ["reasoning"]  # 40 tokens end inside the thinking
+    assert "".join(e.delta for e in events if e.type == "response.reasoning_text.delta") == final.output[0].content[0].text != ""
     off = dialects.client().responses.create(model=model, input=question, max_output_tokens=40, temperature=0, reasoning={"effort": "none"})
     assert [item.type for item in off.output] == ["message"]

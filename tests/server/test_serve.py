@@ -335,12 +335,15 @@ def test_models_load_on_demand_and_unload_when_idle(model_path: Path, tmp_path: 
     s = Server("--keep-alive", "2s", "--max-loaded", "2", "--allow-paths")
     try:
         client = s.client()
+        # Ollama's keep_alive: a request keeps its model loaded forever (-1), past the server's 2 s
+        assert httpx.post(s.url + "/api/generate", json={"model": MODEL, "keep_alive": -1}, timeout=60).json()["done_reason"] == "load"
         assert client.chat.completions.create(model=str(other), messages=CHAT, max_tokens=2).model == str(other)
         assert str(other) in [m.id for m in client.models.list().data]  # loaded: listed beside the downloaded ones
         deadline = time.time() + 30  # the reaper looks every few seconds
         while time.time() < deadline and str(other) in [m.id for m in client.models.list().data]:
             time.sleep(0.5)
         assert str(other) not in [m.id for m in client.models.list().data]  # unloaded after 2 s idle
+        assert [m["model"] for m in httpx.get(s.url + "/api/ps", timeout=60).json()["models"]] == [MODEL]  # still loaded
         assert client.chat.completions.create(model=str(other), messages=CHAT, max_tokens=2).choices[0].message.content is not None  # and back
     finally:
         assert s.stop()[0] == 0

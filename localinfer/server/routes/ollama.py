@@ -28,7 +28,7 @@ from localinfer.server import ollama_wire as o
 from localinfer.server.bridge import Bridge, Job, Route
 from localinfer.server.chat_prompt import ChatPrompt, chat_prompt
 from localinfer.server.errors import ApiError
-from localinfer.server.host import Loaded, ModelHost
+from localinfer.server.host import Loaded, ModelHost, seconds
 from localinfer.store import manifests
 from localinfer.store.inventory import local_names
 from localinfer.store.pull import local_path
@@ -52,10 +52,17 @@ def line(data: dict) -> str:
     return json.dumps(data, ensure_ascii=False) + "\n"
 
 
-async def model_for(bridge: Bridge, name: str) -> tuple[Loaded, int]:
-    """The model, and how long loading it took (ns) if this request loaded it."""
+async def model_for(bridge: Bridge, name: str, keep_alive: str | float | None = None) -> tuple[Loaded, int]:
+    """The model, and how long loading it took (ns) if this request loaded it. A request's
+    keep_alive sets how long the model stays loaded once idle (0: unload it now)."""
+    try:
+        keep = seconds(keep_alive) if keep_alive is not None else None
+    except ValueError as e:
+        raise ApiError(400, str(e), param="keep_alive") from None
     loaded_before = name in bridge.host.models or (name == bridge.host.default_ref and bridge.host.default_name in bridge.host.models)
     loaded = await bridge.model(name)
+    if keep is not None:
+        loaded.keep_alive = keep
     return loaded, 0 if loaded_before else int(loaded.engine.load_ms * 1e6)
 
 
@@ -86,7 +93,7 @@ def sampling(engine: Engine, body: o.Generating, constraint: object | None) -> o
 @router.post("/chat", responses=STREAMED)
 async def chat(body: o.ChatRequest, request: Request, bridge: BridgeDep):  # type: ignore[no-untyped-def]
     started = time.perf_counter()
-    loaded, load_ns = await model_for(bridge, body.model)
+    loaded, load_ns = await model_for(bridge, body.model, body.keep_alive)
     try:
         conversation, tools = body.conversation(), body.tool_list()
     except ConstraintError as e:
@@ -147,7 +154,7 @@ async def generate(body: o.GenerateRequest, request: Request, bridge: BridgeDep)
     started = time.perf_counter()
     if body.images:
         raise ApiError(400, "images are not supported: this server runs text models", param="images")
-    loaded, load_ns = await model_for(bridge, body.model)
+    loaded, load_ns = await model_for(bridge, body.model, body.keep_alive)
     engine = loaded.engine
     head = {"model": body.model, "created_at": now()}
     if not body.prompt:  # Ollama's way to load a model without answering
@@ -179,7 +186,7 @@ async def generate_lines(bridge: Bridge, job: Job, head: dict, started: float, l
 @router.post("/embed", responses=ERRORS)
 async def embed(body: o.EmbedRequest, request: Request, bridge: BridgeDep) -> dict:
     started = time.perf_counter()
-    loaded, load_ns = await model_for(bridge, body.model)
+    loaded, load_ns = await model_for(bridge, body.model, body.keep_alive)
     inputs = [body.input] if isinstance(body.input, str) else body.input
     vectors, used = [], 0
     for text in inputs:
@@ -263,7 +270,7 @@ async def ps(host: Annotated[ModelHost, Depends(deps.host)]) -> dict:
         if name != loaded.engine.name:
             continue  # an alias of a model listed under its own name
         entry = described(name, Path(loaded.engine.backend.facts.path))
-        expires = loaded.last_used - time.monotonic() + time.time() + max(host.keep_alive, 0)
+        expires = loaded.last_used - time.monotonic() + time.time() + max(host.keep_alive_of(loaded), 0)
         models.append({**entry, "expires_at": datetime.fromtimestamp(expires, timezone.utc).isoformat().replace("+00:00", "Z"), "size_vram": 0, "context_length": loaded.engine.n_ctx})
     return {"models": models}
 
