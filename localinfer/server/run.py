@@ -11,7 +11,7 @@ from types import FrameType
 import uvicorn
 from fastapi import FastAPI
 
-from localinfer.server.protocol import error_body
+from localinfer.server.errors import error_body
 
 DRAIN_SECONDS = 60.0  # the longest a shutdown waits for the requests in flight
 
@@ -21,7 +21,7 @@ class Drain:
     every new one 503 with Retry-After (a load balancer or a client retry goes elsewhere or
     comes back) while the ones in flight finish."""
 
-    BODY = json.dumps(error_body("the server is shutting down; retry shortly", "server_busy")).encode()
+    MESSAGE = "the server is shutting down; retry shortly"
 
     def __init__(self, app: FastAPI) -> None:
         self.app = app
@@ -34,7 +34,8 @@ class Drain:
         if self.draining:
             headers = [(b"content-type", b"application/json"), (b"retry-after", b"1"), (b"connection", b"close")]
             await send({"type": "http.response.start", "status": 503, "headers": headers})
-            await send({"type": "http.response.body", "body": self.BODY})
+            body = json.dumps(error_body(scope["path"], self.MESSAGE, "server_busy")).encode()  # in the dialect's shape
+            await send({"type": "http.response.body", "body": body})
             return
         self.active += 1
         try:
