@@ -4,6 +4,7 @@ OpenAI's, and this renders them once with the model's template, tools and thinki
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from localinfer.engine.engine import Engine
@@ -22,14 +23,15 @@ class ChatPrompt:
         return parse_calls(text, self.plan.fmt, self.plan.required) if self.plan else (text, [])
 
 
-def chat_prompt(engine: Engine, messages: list[dict], tools: list[Tool], choice: str, think: bool, tools_field: str = "tools") -> ChatPrompt:
-    """`choice`: "auto", "none", "required" or a tool's name. A bad tool or a template that
+def chat_prompt(engine: Engine, messages: list[dict], tools: Callable[[], list[Tool]], choice: str, think: bool) -> ChatPrompt:
+    """`tools`: the request's tools, checked as they are built (a wire schema's tool_list);
+    `choice`: "auto", "none", "required" or a tool's name. A bad tool or a template that
     fails on these messages is a 400 naming the field."""
     template = engine.backend.facts.chat_template
     try:
-        plan = plan_tools(template, tools, choice)
+        plan = plan_tools(template, tools(), choice)
     except ConstraintError as e:
-        raise ApiError(400, str(e), param=tools_field) from None
+        raise ApiError(400, str(e), param="tools") from None
     fmt = plan.fmt if plan else tool_format(template)
     shown = prompt_messages(messages, plan.tools if plan else [], fmt)
     try:

@@ -13,6 +13,7 @@ import httpx
 import jsonschema
 import pytest
 
+from .conftest import check_nesting
 from .test_serve import WEATHER, WEATHER_PARAMS, Server
 
 QUESTION = "Why is the sky blue?"
@@ -35,17 +36,7 @@ def check_order(events: list) -> None:
     events = [e for e in events if e.type in ("message_start", "content_block_start", "content_block_delta", "content_block_stop", "message_delta", "message_stop")]
     kinds = [e.type for e in events]
     assert kinds[0] == "message_start" and kinds[-2:] == ["message_delta", "message_stop"], kinds
-    open_index, next_index = None, 0
-    for e in events[1:-2]:
-        if e.type == "content_block_start":
-            assert open_index is None and e.index == next_index
-            open_index, next_index = e.index, next_index + 1
-        elif e.type == "content_block_delta":
-            assert e.index == open_index
-        elif e.type == "content_block_stop":
-            assert e.index == open_index
-            open_index = None
-    assert open_index is None and next_index > 0
+    check_nesting([(e.type.removeprefix("content_block_"), e.index) for e in events[1:-2]])
 
 
 def test_a_message_streamed_and_not(server: Server) -> None:

@@ -12,6 +12,7 @@ import jsonschema
 import openai
 import pytest
 
+from .conftest import check_nesting
 from .test_serve import WEATHER, WEATHER_PARAMS, Server
 
 QUESTION = "Why is the sky blue?"
@@ -29,20 +30,9 @@ def check_order(events: list) -> str:
     assert [e.sequence_number for e in events] == list(range(len(events)))
     kinds = [e.type for e in events]
     assert kinds[:2] == ["response.created", "response.in_progress"] and kinds[-1] in ("response.completed", "response.incomplete"), kinds
-    open_index, next_index, text = None, 0, ""
-    for e in events[2:-1]:
-        if e.type == "response.output_item.added":
-            assert open_index is None and e.output_index == next_index
-            open_index, next_index = e.output_index, next_index + 1
-        elif e.type == "response.output_item.done":
-            assert e.output_index == open_index
-            open_index = None
-        else:
-            assert e.output_index == open_index, e
-        if e.type == "response.output_text.delta":
-            text += e.delta
-    assert open_index is None and next_index > 0
-    return text
+    steps = {"response.output_item.added": "start", "response.output_item.done": "stop"}
+    check_nesting([(steps.get(e.type, "delta"), e.output_index) for e in events[2:-1]])
+    return "".join(e.delta for e in events if e.type == "response.output_text.delta")
 
 
 def test_a_response_streamed_and_not(dialects: Server) -> None:

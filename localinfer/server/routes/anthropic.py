@@ -16,12 +16,10 @@ from sse_starlette.sse import EventSourceResponse
 
 from localinfer.engine.tools import CallStream, ToolCall
 from localinfer.engine.types import CompletionOutput
-from localinfer.errors import ConstraintError
 from localinfer.server import anthropic_wire as a
 from localinfer.server import deps
 from localinfer.server.bridge import Bridge, Job, Route
 from localinfer.server.chat_prompt import ChatPrompt, chat_prompt
-from localinfer.server.errors import ApiError
 from localinfer.server.host import Loaded
 
 router = APIRouter(dependencies=deps.AUTH)
@@ -32,12 +30,8 @@ STREAMED = {"text/event-stream": {"schema": {"type": "object", "properties": {"e
 
 async def prompt_for(bridge: Bridge, body: a.CountTokensRequest) -> tuple[Loaded, ChatPrompt]:
     loaded = await bridge.model(body.model)
-    try:
-        tools = body.tool_list()
-    except ConstraintError as e:
-        raise ApiError(400, str(e), param="tools") from None
     choice = body.tool_choice.openai() if body.tool_choice else "auto"
-    return loaded, chat_prompt(loaded.engine, body.conversation(), tools, choice, body.thinks())
+    return loaded, chat_prompt(loaded.engine, body.conversation(), body.tool_list, choice, body.thinks())
 
 
 @router.post("/v1/messages/count_tokens", response_model=a.TokenCount, responses=ERRORS)

@@ -93,10 +93,10 @@ async def chat(body: o.ChatRequest, request: Request, bridge: BridgeDep):  # typ
     started = time.perf_counter()
     loaded, load_ns = await model_for(bridge, body.model, body.keep_alive)
     try:
-        conversation, tools = body.conversation(), body.tool_list()
-    except ConstraintError as e:
+        conversation = body.conversation()
+    except ConstraintError as e:  # images
         raise ApiError(400, str(e), param="messages") from None
-    prompt = chat_prompt(loaded.engine, conversation, tools, "auto", body.thinks())
+    prompt = chat_prompt(loaded.engine, conversation, body.tool_list, "auto", body.thinks())
     job = bridge.submit(loaded, prompt.tokens, sampling(loaded.engine, body), Route(request.url.path, "chat", "format", "num_predict"))
     lines = ChatLines(body.model, prompt, started, load_ns)
     if body.stream:
@@ -163,7 +163,7 @@ async def generate(body: o.GenerateRequest, request: Request, bridge: BridgeDep)
         tokens = engine.tokenize_prompt(body.prompt)
     else:
         messages = ([{"role": "system", "content": body.system}] if body.system else []) + [{"role": "user", "content": body.prompt}]
-        tokens = chat_prompt(engine, messages, [], "auto", body.thinks()).tokens
+        tokens = chat_prompt(engine, messages, lambda: [], "auto", body.thinks()).tokens
     job = bridge.submit(loaded, tokens, sampling(engine, body), Route(request.url.path, "gen", "format", "num_predict"))
     if body.stream:
         return StreamingResponse(generate_lines(bridge, job, head, started, load_ns), media_type=NDJSON)

@@ -48,7 +48,7 @@ async def chat(body: p.ChatCompletionRequest, request: Request, bridge: BridgeDe
     loaded = await bridge.model(body.model, body.n)
     engine = loaded.engine
     choice = body.tool_choice.function.name if isinstance(body.tool_choice, p.NamedToolChoice) else (body.tool_choice or "auto")
-    prompt = chat_prompt(engine, [m.for_template() for m in body.messages], tool_list(body), choice, body.thinking())
+    prompt = chat_prompt(engine, [m.for_template() for m in body.messages], body.tool_list, choice, body.thinking())
     plan, tokens = prompt.plan, prompt.tokens
     params, field = sampling(engine, body, plan.constraint if plan else None)
     jobs = await bridge.start(loaded, tokens, params, Route(request.url.path, "chatcmpl", field))
@@ -106,13 +106,6 @@ async def embeddings(body: p.EmbeddingRequest, request: Request, bridge: BridgeD
         data.append(p.Embedding(index=index, embedding=encoded))
     bridge.count_embedding(request.url.path, used)
     return p.EmbeddingList(data=data, model=engine.name, usage=p.EmbeddingUsage(prompt_tokens=used, total_tokens=used))
-
-
-def tool_list(body: p.ChatCompletionRequest) -> list:
-    try:
-        return body.tool_list()
-    except ConstraintError as e:
-        raise ApiError(400, str(e), param="tools") from None
 
 
 def sampling(engine: Engine, body: p.SamplingFields, tool_constraint: Constraint | None = None) -> tuple[list[SamplingParams], str | None]:

@@ -56,11 +56,11 @@ async def respond(body: r.ResponseRequest, request: Request, bridge: BridgeDep, 
     history = log.get(body.previous_response_id) if body.previous_response_id else []
     loaded = await bridge.model(body.model)
     try:
-        tools, constraint = body.tool_list(), body.constraint()
+        constraint = body.constraint()
     except ConstraintError as e:
-        raise ApiError(400, str(e), param="tools" if body.tools else "text.format") from None
+        raise ApiError(400, str(e), param="text.format") from None
     conversation = body.conversation(history)
-    prompt = chat_prompt(loaded.engine, conversation, tools, body.choice(), body.thinks())
+    prompt = chat_prompt(loaded.engine, conversation, body.tool_list, body.choice(), body.thinks())
     if prompt.plan and prompt.plan.constraint and constraint:
         raise ApiError(400, "text.format and a required tool call cannot both shape the answer", param="text.format")
     params = loaded.engine.defaults.with_overrides(
