@@ -24,7 +24,8 @@ def chat(
     cache_type: opt.CacheType = None,
     cache_type_k: opt.CacheTypeK = None,
     cache_type_v: opt.CacheTypeV = None,
-    draft: opt.Draft = "prompt-lookup",
+    draft: opt.Draft = "auto",
+    draft_engine: opt.DraftEngine = None,
     draft_max: opt.DraftMax = 10,
     draft_ngram_min: opt.DraftNgramMin = 2,
     draft_ngram_max: opt.DraftNgramMax = 4,
@@ -57,7 +58,7 @@ def chat(
             raise typer.BadParameter("the chat app needs a terminal; for scripts use 'localinfer run' (one prompt) or 'localinfer serve' (an API)")
         from localinfer.tui.app import ChatApp
 
-        options = opt.load_options(engine_name, ctx, threads, kernels, (cache_type, cache_type_k, cache_type_v), (draft, draft_max, draft_ngram_min, draft_ngram_max), gpu_layers)
+        options = opt.load_options(engine_name, ctx, threads, kernels, (cache_type, cache_type_k, cache_type_v), (draft, draft_max, draft_ngram_min, draft_ngram_max), gpu_layers, draft_engine=draft_engine)
         ChatApp(store, model_loader(options, think == "on" and think_budget != 0, think_budget), model=model, url=url).run()
     finally:
         store.close()

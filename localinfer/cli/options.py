@@ -99,8 +99,8 @@ ENGINE_DEFAULT = "auto"
 
 
 def draft_mode(value: str) -> str:
-    if value not in ("prompt-lookup", "none"):
-        raise typer.BadParameter(f"'{value}' is not one of: prompt-lookup, none")
+    if not value.strip():
+        raise typer.BadParameter("give a draft model, or one of: auto, prompt-lookup, none")
     return value
 
 
@@ -116,14 +116,17 @@ ThinkBudget = Annotated[Optional[int], typer.Option("--think-budget", help="Most
 
 
 # Speculation, on every command that decodes (run, serve); one definition, so their --help agrees.
-Draft = Annotated[str, typer.Option("--draft", help="Speculative decoding: prompt-lookup (drafts from the prompt and answer so far, verified in one forward; lossless, and it switches itself off where it would not pay) or none.", callback=draft_mode)]
+Draft = Annotated[str, typer.Option("--draft", metavar="MODEL|auto|prompt-lookup|none", callback=draft_mode,
+    help="Speculative decoding, lossless at any temperature, each source switched off where it would not pay: a draft MODEL (a small model of the same vocabulary: catalog alias, file or hub repo) proposes tokens the model verifies in one forward, beside prompt-lookup (drafts copied from the prompt and answer so far); auto: the catalog's draft for the model where it is downloaded, else prompt lookup; prompt-lookup alone; or none.")]  # fmt: skip
+DraftEngine = Annotated[Optional[str], typer.Option("--draft-engine", help="Engine of the draft model: native or llama.cpp. [default: the model's]", callback=lambda v: None if v in (None, "auto") else backend_name(v), show_default=False)]
 DraftMax = Annotated[int, typer.Option("--draft-max", help="Most tokens drafted per step.", callback=between(1, 32))]
 DraftNgramMin = Annotated[int, typer.Option("--draft-ngram-min", help="Shortest n-gram looked up to draft from.", callback=between(1, 16))]
 DraftNgramMax = Annotated[int, typer.Option("--draft-ngram-max", help="Longest n-gram looked up to draft from.", callback=between(1, 16))]
 
 
 def draft_config(mode: str, max_draft: int, ngram_min: int, ngram_max: int):  # -> DraftConfig | None
-    """The engine's speculation settings from the options; BadParameter if they contradict."""
+    """The engine's speculation settings from the options (a draft model's name aside);
+    BadParameter if they contradict."""
     if mode == "none":
         return None
     if ngram_min > ngram_max:
@@ -194,7 +197,9 @@ def load_options(engine: str, ctx: int | None, threads: int | None, kernels: str
                  draft: tuple[str, int, int, int] = ("none", 10, 2, 4), gpu_layers: int | str = "auto", **more: object):  # fmt: skip  # -> LoadOptions
     """LoadOptions from the shared options: `cache` is (--cache-type, -k, -v), `draft` is
     (--draft, --draft-max, --draft-ngram-min, --draft-ngram-max); `more` sets the rest
-    (n_seq_max, verbose, prefill_chunk, decode_slowdown)."""
+    (n_seq_max, verbose, prefill_chunk, decode_slowdown, draft_engine)."""
     from localinfer.engine.loader import LoadOptions
 
-    return LoadOptions(engine=engine, ctx=ctx, threads=threads, gpu_layers=gpu_layers, kernels=kernels, draft=draft_config(*draft), cache=cache_choice(*cache), **more)  # type: ignore[arg-type]
+    model = None if draft[0] in ("prompt-lookup", "none") else draft[0]
+    return LoadOptions(engine=engine, ctx=ctx, threads=threads, gpu_layers=gpu_layers, kernels=kernels, draft=draft_config(*draft), draft_model=model,
+                       cache=cache_choice(*cache), **more)  # type: ignore[arg-type]  # fmt: skip

@@ -14,7 +14,7 @@ from localinfer.store import manifests
 from localinfer.store.pull import Progress as ProgressFn
 from localinfer.store.pull import pull as pull_model
 from localinfer.store.pull import sha256_of
-from localinfer.store.refs import resolve
+from localinfer.store.refs import ModelSource, resolve
 
 err = Console(stderr=True)
 
@@ -46,25 +46,35 @@ def progress_bar(enabled: bool = True) -> Iterator[ProgressFn | None]:
 
 def pull(
     model: Annotated[str, typer.Argument(help="Catalog alias or Hugging Face owner/repo[:QUANT].", show_default=False)],
+    with_draft: Annotated[bool, typer.Option("--with-draft", help="Also pull the catalog's draft model for it (a small model of the same tokenizer that --draft auto speculates with).")] = False,
     json_out: Annotated[bool, typer.Option("--json", help="Print the pulled model as JSON.")] = False,
 ) -> None:
     """Download a model from the Hugging Face hub. An interrupted pull resumes where it stopped."""
     src = resolve(model)
+    if with_draft and src.draft is None:
+        raise typer.BadParameter(f"the catalog names no draft model for {src.name}", param_hint="--with-draft")
+    info = _pull_one(src, json_out)
+    if with_draft:
+        info["draft"] = _pull_one(resolve(src.draft), json_out)  # type: ignore[arg-type]
+    if json_out:
+        print(json.dumps(info))
+
+
+def _pull_one(src: ModelSource, json_out: bool) -> dict[str, object]:
     with progress_bar(enabled=not json_out) as progress:
         path = pull_model(src, progress, warn=lambda w: err.print(f"[yellow]warning:[/yellow] {w}", soft_wrap=True))
     local = manifests.find(src.name)
-    info = {
+    info: dict[str, object] = {
         "name": src.name,
         "path": str(path),
         "size": path.stat().st_size,
         "sha256": local.sha256 if local else (src.sha256 or sha256_of(path)),  # pull() verified src.sha256
         "verified": local.verified if local else True,
     }
-    if json_out:
-        print(json.dumps(info))
-    else:
+    if not json_out:
         check = "" if info["verified"] else ", not verified"
-        err.print(f"pulled [bold]{src.name}[/bold] ({info['size'] / 1e6:.1f} MB, sha256 {info['sha256'][:12]}…{check}) → {path}")
+        err.print(f"pulled [bold]{src.name}[/bold] ({info['size'] / 1e6:.1f} MB, sha256 {str(info['sha256'])[:12]}…{check}) → {path}")  # type: ignore[operator]
+    return info
 
 
 def register(app: typer.Typer) -> None:

@@ -15,7 +15,7 @@ from localinfer.engine.conversation import answer_room, fit_conversation
 from localinfer.engine.engine import Engine
 from localinfer.engine.loader import open_engine
 from localinfer.engine.templates import Message
-from localinfer.engine.types import CompletionOutput, SamplingParams
+from localinfer.engine.types import CompletionOutput, SamplingParams, Timings
 from localinfer.errors import ContextOverflow, ModelNotFound, OutputClosed, UserError
 from localinfer.store.refs import resolve
 
@@ -121,9 +121,11 @@ def tell_about(engine: Engine, verbose: bool, raw: bool) -> None:
     plan; always, the plan's warnings and a base model's lack of a chat template."""
     if verbose and engine.choice is not None:
         err.print(f"[dim]engine: {engine.choice.name} ({engine.choice.reason})[/dim]", soft_wrap=True)
+    if verbose and engine.drafter is not None:
+        err.print(f"[dim]draft model: {engine.drafter.name} on the {engine.drafter.backend.name} engine[/dim]", soft_wrap=True)
     if verbose and engine.memory is not None:
         err.print(f"[dim]{engine.name}: {engine.memory.describe()}, {engine.memory.n_gpu_layers} layers on GPU[/dim]", soft_wrap=True)
-    for warning in engine.memory.warnings if engine.memory is not None else []:
+    for warning in engine.warnings:
         err.print(f"[yellow]warning:[/yellow] {warning}", soft_wrap=True)
     if not raw and engine.backend.facts.chat_template is None:
         err.print("[yellow]note:[/yellow] this model has no chat template (a base model?); prompts are wrapped in ChatML. Use --raw to send them as they are.", soft_wrap=True)
@@ -141,10 +143,8 @@ def print_timings(engine: Engine, result: CompletionOutput) -> None:
     used = engine.kv_bytes_used()
     if used is not None:
         err.print(f"[dim]KV cache {'/'.join(engine.cache_types)}: {engine.kv_cells_used} tokens, {used / 1e6:.2f} MB in use[/dim]", soft_wrap=True)
-    if engine.draft is not None and t.drafted:
-        err.print(f"[dim]prompt lookup: {t.accepted}/{t.drafted} drafted tokens accepted ({t.accepted / t.drafted:.0%}), {t.tokens_per_forward:.2f} tokens per forward[/dim]", soft_wrap=True)
-    elif engine.draft is not None:
-        err.print("[dim]prompt lookup: nothing drafted (no repeated n-gram, or drafting did not pay)[/dim]", soft_wrap=True)
+    if engine.draft is not None:
+        err.print(f"[dim]speculation: {speculation_summary(t, engine.drafter.name if engine.drafter else None)}[/dim]", soft_wrap=True)
     report = engine.backend.runtime_report()
     if "kernels" in report:
         mb = lambda key: report[key] / 1e6  # noqa: E731
@@ -157,7 +157,16 @@ def print_timings(engine: Engine, result: CompletionOutput) -> None:
         )
 
 
-JSON_TIMINGS = ("load_ms", "ttft_ms", "tpot_ms", "tokens_per_s", "prompt_ms", "prompt_tokens_per_s", "drafted", "accepted", "tokens_per_forward")
+def speculation_summary(t: Timings, draft_model: str | None) -> str:
+    """Drafted and accepted tokens per source, and tokens per target forward, in one line."""
+    sources = [(f"draft model {draft_model}", t.model_drafted, t.model_accepted)] if draft_model else []
+    sources.append(("prompt lookup", t.lookup_drafted, t.lookup_accepted))
+    said = [f"{name} {accepted}/{drafted} accepted ({accepted / drafted:.0%})" if drafted else f"{name} drafted nothing" for name, drafted, accepted in sources]
+    return f"{'; '.join(said)}; {t.tokens_per_forward:.2f} tokens per target forward"
+
+
+JSON_TIMINGS = ("load_ms", "ttft_ms", "tpot_ms", "tokens_per_s", "prompt_ms", "prompt_tokens_per_s", "drafted", "accepted",
+                "lookup_drafted", "lookup_accepted", "model_drafted", "model_accepted", "tokens_per_forward")  # fmt: skip
 
 
 def as_json(engine: Engine, result: CompletionOutput) -> str:
@@ -291,7 +300,8 @@ def run(
     cache_type: opt.CacheType = None,
     cache_type_k: opt.CacheTypeK = None,
     cache_type_v: opt.CacheTypeV = None,
-    draft: opt.Draft = "prompt-lookup",
+    draft: opt.Draft = "auto",
+    draft_engine: opt.DraftEngine = None,
     draft_max: opt.DraftMax = 10,
     draft_ngram_min: opt.DraftNgramMin = 2,
     draft_ngram_max: opt.DraftNgramMax = 4,
@@ -311,7 +321,7 @@ def run(
 
     from localinfer.cli.pull import progress_bar
 
-    load = opt.load_options(engine_name, ctx, threads, kernels, (cache_type, cache_type_k, cache_type_v), (draft, draft_max, draft_ngram_min, draft_ngram_max), gpu_layers, verbose=DEBUG)
+    load = opt.load_options(engine_name, ctx, threads, kernels, (cache_type, cache_type_k, cache_type_v), (draft, draft_max, draft_ngram_min, draft_ngram_max), gpu_layers, verbose=DEBUG, draft_engine=draft_engine)
     constraint = opt.constraint_choice(json_schema, grammar, regex)
 
     with progress_bar(enabled=not json_out) as progress:

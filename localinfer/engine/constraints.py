@@ -137,6 +137,12 @@ class TokenMask:
         logits[~allowed] = -np.inf
         return np.flatnonzero(allowed) if not self._matcher.is_error() else np.empty(0, dtype=np.intp)
 
+    def fork(self) -> TokenMask:
+        """A copy at this state, to advance over a draft while this one stays where it is."""
+        twin = object.__new__(TokenMask)
+        twin._matcher, twin._bits = self._matcher.deep_copy(), self._bits.copy()
+        return twin
+
     def advance(self, token: int) -> bool:
         """Take a sampled token; False if the grammar refuses it (then `error` says why)."""
         return self._matcher.consume_token(token)

@@ -30,10 +30,12 @@ from localinfer.backends.base import Backend, Batch
 from localinfer.engine.budget import DEFAULT_SLOWDOWN, PrefillBudget
 from localinfer.engine.constraints import GrammarVocab, TokenMask
 from localinfer.engine.detokenize import StreamDetokenizer
+from localinfer.engine.draft_model import Chooser, DraftModel, DraftRequest, Proposal
 from localinfer.engine.filewatch import ModelFileWatch
 from localinfer.engine.reasoning import BUDGET_CLOSE, ReasoningSplitter, ThinkSyntax
-from localinfer.engine.sampler import Sampler
-from localinfer.engine.speculative import DraftConfig, DraftState, lookup, measure_verify_cost
+from localinfer.engine.prefix import common_prefix
+from localinfer.engine.sampler import Sampler, draw
+from localinfer.engine.speculative import DraftConfig, DraftState, forward_seconds, lookup, speculative_choice, verify_cost
 from localinfer.engine.stops import StopMatcher
 from localinfer.engine.stream import Event, RequestStream
 from localinfer.engine.templates import Message, render_chat
@@ -70,7 +72,11 @@ class _Sequence:
     n_sampled: int = 0  # samples drawn, the end-of-generation one included
     prompt_ms: float = 0.0
     cached_tokens: int = 0  # prompt tokens found in the KV cache, not prefilled again
-    spec: DraftState | None = None  # prompt-lookup speculation, when the engine drafts
+    lookup: DraftState | None = None  # prompt-lookup speculation, when the engine drafts
+    model: DraftState | None = None  # draft-model speculation, when the engine has a draft model
+    draft_sampler: Sampler | None = None  # draws the draft model's tokens (an RNG apart from the request's)
+    source: DraftState | None = None  # where this step's draft came from
+    proposals: list[Proposal] | None = None  # q of each drafted token this step (a draft model's; prompt lookup has none)
     mask: TokenMask | None = None  # structured output: the grammar's state
     n_forwards: int = 0  # decode forwards this request took part in (tokens per forward = answer / this)
     splitter: ReasoningSplitter | None = None  # a reasoning model's: thinking apart from the answer
@@ -81,15 +87,6 @@ class _Sequence:
     @property
     def prefilling(self) -> bool:
         return self.n_past < len(self.prompt)
-
-
-def common_prefix(a: list[int], b: list[int], limit: int) -> int:
-    """How many leading tokens `a` and `b` share, at most `limit`."""
-    n = min(len(a), len(b), limit)
-    i = 0
-    while i < n and a[i] == b[i]:
-        i += 1
-    return i
 
 
 def token_logprobs(logits: np.ndarray, token: int, k: int) -> tuple[float, list[tuple[int, float]]]:
@@ -113,12 +110,14 @@ class StepStats:
 
 class Engine:
     def __init__(self, backend: Backend, *, slots: int = 1, defaults: SamplingParams | None = None, load_ms: float = 0.0, prefill_chunk: int = DEFAULT_PREFILL_CHUNK,
-                 decode_slowdown: float = DEFAULT_SLOWDOWN, draft: DraftConfig | None = None, name: str | None = None, info: GGUFInfo | None = None,
-                 memory: MemoryPlan | None = None, choice: EngineChoice | None = None) -> None:  # fmt: skip
+                 decode_slowdown: float = DEFAULT_SLOWDOWN, draft: DraftConfig | None = None, drafter: DraftModel | None = None, name: str | None = None,
+                 info: GGUFInfo | None = None, memory: MemoryPlan | None = None, choice: EngineChoice | None = None, warnings: list[str] | None = None) -> None:  # fmt: skip
         """`slots`: sequences decoded at once, each a KV-cache sequence id below the
-        n_seq_max the backend was loaded with. `name`: the reference the model was opened
+        n_seq_max the backend was loaded with. `draft`: speculation's settings (None: none);
+        `drafter`: a draft model beside prompt lookup. `name`: the reference the model was opened
         by (default: its file's name); `info`, `memory` and `choice`: what the loader read,
-        planned and chose, for reports."""
+        planned and chose, for reports; `warnings`, what it warns of (the memory plan's, a
+        draft model it could not use)."""
         self.backend = backend
         self.defaults = defaults or SamplingParams()
         self.load_ms = load_ms
@@ -126,6 +125,7 @@ class Engine:
         self.budget = PrefillBudget(decode_slowdown)  # sizes chunks by time while others decode; see budget.py
         self.name = name or backend.facts.path.name
         self.info, self.memory, self.choice = info, memory, choice
+        self.warnings = list(warnings if warnings is not None else memory.warnings if memory is not None else [])
         self.last_step = StepStats()
         self._ids = itertools.count()
         self._free_slots = list(range(slots - 1, -1, -1))  # KV-cache sequence ids
@@ -139,10 +139,12 @@ class Engine:
         self._stopping = False
         self._closed = False
         self.draft = draft  # None: no speculation
+        self.drafter = drafter
         # The cost of verifying k drafted tokens against plain decoding: measured once, by the owner
         # thread (start() has its thread do it at once). Measured on another thread, it would leave
         # that thread's OpenMP team spinning beside the owner's, and every later forward slower.
         self.verify_cost: np.ndarray | None = None
+        self.row_seconds = 0.0  # a 1-row forward of the target, measured with verify_cost
         self._eog = np.array(sorted(backend.vocab.eog_ids), dtype=np.intp)
         self._watch = ModelFileWatch(backend.facts.path)
         self.broken: str | None = None  # why the model can no longer run (its file was truncated)
@@ -336,16 +338,19 @@ class Engine:
         while self._waiting and self._free_slots:
             seq = self._waiting.popleft()
             seq.t_prefill = time.perf_counter()
-            if self.draft is not None and self.verify_cost is not None:
-                seq.spec = DraftState(self.draft, self.verify_cost)
+            if self.draft is not None:
+                seq.lookup = DraftState(self.draft)
+            if self.drafter is not None:
+                seq.model, seq.draft_sampler = DraftState(self.draft), Sampler(replace(seq.params, seed=(seq.params.seed or 0) ^ 0x5EED))  # type: ignore[arg-type]
             self._place(seq)
             self._running[seq.request_id] = seq
         stats = StepStats()
         rows: list[tuple[_Sequence, list[int], int, int]] = []  # (seq, tokens, start position, rows wanting logits)
-        for seq in self._running.values():
-            if seq.pending is not None and seq.stream.backlog < MAX_BACKLOG:
-                fed = [seq.pending] + self._draft(seq)
-                rows.append((seq, fed, seq.n_past, len(fed)))
+        decoding = [seq for seq in self._running.values() if seq.pending is not None and seq.stream.backlog < MAX_BACKLOG]
+        drafts = self._drafts(decoding) if self.draft is not None and self.verify_cost is not None else {}
+        for seq in decoding:
+            fed = [seq.pending, *drafts.get(seq.request_id, ())]
+            rows.append((seq, fed, seq.n_past, len(fed)))
         stats.decoded = len(rows)
         tokens, seconds = self.prefill_chunk, self.budget.seconds(decoding=bool(rows))
         for seq in self._running.values():
@@ -399,17 +404,47 @@ class Engine:
     def _calibrate(self) -> None:
         slot = min(self._free_slots, key=lambda s: len(self._slot_tokens[s]))  # the emptiest: least reuse lost
         self._slot_tokens[slot] = []
-        self.verify_cost = measure_verify_cost(self.backend, slot, self.draft.max_draft)  # type: ignore[union-attr]
+        seconds = forward_seconds(self.backend, slot, self.draft.max_draft + 1)  # type: ignore[union-attr]
+        self.verify_cost, self.row_seconds = verify_cost(seconds), float(seconds[0])
+        if self.drafter is not None:
+            self.drafter.forget(slot)
+            self.drafter.step_seconds = float(forward_seconds(self.drafter.backend, slot, 1)[0])
 
-    def _draft(self, seq: _Sequence) -> list[int]:
-        """Tokens to verify after the pending one (speculative.py): none without speculation,
-        and never more than the answer's or the slot's room."""
-        if seq.spec is None:
+    def _drafts(self, decoding: list[_Sequence]) -> dict[int, list[int]]:
+        """This step's drafts, by request (speculative.py): prompt lookup's where it finds one
+        and has lately held at least as well as the draft model, else the draft model's, for
+        every request at once in draft_model.py's stage; never more than the answer's or the
+        slot's room."""
+        drafts, asks = {}, []
+        for seq in decoding:
+            seq.source, seq.proposals = None, None
+            room = self.n_ctx - 2 - seq.n_past
+            if seq.params.max_tokens is not None:
+                room = min(room, seq.params.max_tokens - len(seq.generated) - 1)  # k drafted: k + 1 tokens out
+            if room <= 0 or seq.forced:
+                continue
+            if tokens := self._lookup(seq, room):
+                drafts[seq.request_id], seq.source = tokens, seq.lookup
+            elif seq.model is not None and (k := min(seq.model.draft_length(self._model_cost()), room)) > 0:
+                asks.append((seq, DraftRequest(seq.seq_id, seq.history, k, self._chooser(seq))))
+        if asks:
+            try:
+                proposed = self.drafter.propose([ask for _, ask in asks])  # type: ignore[union-attr]
+            except Exception:  # noqa: BLE001 - a failed draft costs these requests their drafting, never their answer
+                proposed = {}
+                for seq, _ in asks:
+                    seq.model = None
+            for seq, _ in asks:
+                if (draft := proposed.get(seq.seq_id)) is not None:
+                    drafts[seq.request_id], seq.source, seq.proposals = draft.tokens, seq.model, draft.proposals
+        return drafts
+
+    def _lookup(self, seq: _Sequence, room: int) -> list[int]:
+        """Prompt lookup's draft, unless the draft model has lately done better for this request."""
+        state = seq.lookup
+        if state is None or (seq.model is not None and state.rate < seq.model.rate):
             return []
-        room = self.n_ctx - 2 - seq.n_past
-        if seq.params.max_tokens is not None:
-            room = min(room, seq.params.max_tokens - len(seq.generated) - 1)  # k drafted: k + 1 tokens out
-        k = min(seq.spec.draft_length(), room)
+        k = min(state.draft_length(self.verify_cost), room)  # type: ignore[arg-type]
         if k <= 0:
             return []
         c = self.draft
@@ -417,6 +452,35 @@ class Engine:
         if seq.mask is not None and drafted:  # what the grammar would refuse could never be accepted: not worth a row
             drafted = drafted[: seq.mask.valid_prefix(drafted)]
         return drafted
+
+    def _model_cost(self) -> np.ndarray:
+        """cost[k]: k draft-model steps and a (k+1)-row verify, in 1-row target forwards."""
+        step = (self.drafter.step_seconds or 0.0) / self.row_seconds if self.row_seconds else 0.0  # type: ignore[union-attr]
+        return self.verify_cost + step * np.arange(len(self.verify_cost))  # type: ignore[operator]
+
+    def _chooser(self, seq: _Sequence) -> Chooser:
+        """How the draft model picks a request's tokens: the request's own sampling settings
+        (and grammar, on a copy of its state) over the draft's logits, drawn with the draft's RNG."""
+        thinking = seq.splitter is not None and seq.splitter.thinking
+        mask = seq.mask.fork() if seq.mask is not None and not thinking else None
+        sampler, eog = seq.draft_sampler, self.backend.vocab.eog_ids
+        banned = self._eog if seq.params.ignore_eos else None
+
+        def choose(logits: np.ndarray, drafted: list[int]) -> tuple[int, Proposal] | None:
+            if drafted and drafted[-1] in eog:
+                return None  # nothing follows the end
+            if banned is not None:
+                logits[banned[banned < len(logits)]] = -np.inf
+            allowed = mask.apply(logits) if mask is not None else None
+            if allowed is not None and not len(allowed):
+                return None
+            ids, probs = sampler.distribution(logits, seq.history + drafted, seq.generated + drafted, allowed)  # type: ignore[union-attr]
+            token = int(ids[draw(probs, sampler.rng)])  # type: ignore[union-attr]
+            if mask is not None and not mask.advance(token):
+                return None
+            return token, (ids, probs)
+
+        return choose
 
     def _forward(self, rows: list[tuple[_Sequence, list[int], int, int]]) -> None:
         """One batched forward; if it fails, each sequence alone, so that a failure ends only
@@ -448,16 +512,16 @@ class Engine:
         """Sample row by row as plain decoding would; keep each drafted token the sampler
         drew itself, then roll the KV cache back past the first one it did not."""
         slot, seq.n_forwards = seq.seq_id, seq.n_forwards + 1
-        kept = 0
+        kept, proposals = 0, seq.proposals
         for row in range(len(fed)):
             kept += 1  # fed[row] is now a valid part of the cache
             seq.n_past = start + kept
             self._slot_tokens[slot].append(fed[row])
-            self._accept(seq, logits[row])
+            self._accept(seq, logits[row], (fed[row + 1], proposals[row]) if proposals and row + 1 < len(fed) else None)
             if seq.seq_id < 0 or row + 1 == len(fed) or seq.pending != fed[row + 1]:
                 break  # finished, the bonus token, or the draft's first miss
-        if seq.spec is not None and len(fed) > 1:
-            seq.spec.record(len(fed) - 1, kept - 1)
+        if seq.source is not None and len(fed) > 1:
+            seq.source.record(len(fed) - 1, kept - 1)
         if kept < len(fed):
             self.backend.kv_truncate(slot, start + kept)
 
@@ -498,8 +562,10 @@ class Engine:
             self._waiting.remove(seq)
         self._finish(seq, "abort", flush=False)
 
-    def _accept(self, seq: _Sequence, logits: np.ndarray) -> None:
-        """Sample the next token of a sequence and decide whether it is finished."""
+    def _accept(self, seq: _Sequence, logits: np.ndarray, drafted: tuple[int, Proposal] | None = None) -> None:
+        """Sample the next token of a sequence and decide whether it is finished. `drafted`:
+        the draft model's token for this row and the q it came from, kept or replaced by the
+        speculative-sampling rule (prompt lookup's drafts need no rule: see speculative.py)."""
         k = seq.params.logprobs
         raw = logits.copy() if k is not None else None  # the sampler edits logits in place
         if seq.params.ignore_eos:
@@ -514,7 +580,10 @@ class Engine:
             logits.fill(-np.inf)
             logits[forced] = 0.0
             allowed = np.array([forced])
-        token = seq.sampler.sample(logits, seq.history, seq.generated, allowed)
+        if drafted is None:
+            token = seq.sampler.sample(logits, seq.history, seq.generated, allowed)
+        else:
+            token = speculative_choice(*seq.sampler.distribution(logits, seq.history, seq.generated, allowed), *drafted[1], drafted[0], seq.sampler.rng)
         seq.t_last = time.perf_counter()
         seq.n_sampled += 1
         if not seq.t_first:
@@ -617,8 +686,12 @@ class Engine:
             tpot_ms=tpot,
             tokens_per_s=1e3 / tpot if tpot else 0.0,
             prompt_tokens_per_s=(len(seq.prompt) - seq.cached_tokens) * 1e3 / seq.prompt_ms if seq.prompt_ms else 0.0,
-            drafted=seq.spec.drafted if seq.spec else 0,
-            accepted=seq.spec.accepted if seq.spec else 0,
+            drafted=sum(state.drafted for state in (seq.lookup, seq.model) if state),
+            accepted=sum(state.accepted for state in (seq.lookup, seq.model) if state),
+            lookup_drafted=seq.lookup.drafted if seq.lookup else 0,
+            lookup_accepted=seq.lookup.accepted if seq.lookup else 0,
+            model_drafted=seq.model.drafted if seq.model else 0,
+            model_accepted=seq.model.accepted if seq.model else 0,
             tokens_per_forward=(seq.n_sampled - 1) / seq.n_forwards if seq.n_forwards else 0.0,
         )
 
@@ -691,4 +764,6 @@ class Engine:
         self.stop()
         self._closed = True
         self._watch.close()
+        if self.drafter is not None:
+            self.drafter.close()
         self.backend.close()

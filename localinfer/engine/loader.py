@@ -8,19 +8,21 @@ defaults, memory checks and errors.
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
+from pathlib import Path
 
 from localinfer import memory
 from localinfer.backends import BACKENDS, get_backend
 from localinfer.backends.base import Backend, Capabilities, LoadParams
 from localinfer.engine.budget import DEFAULT_SLOWDOWN
+from localinfer.engine.draft_model import DraftModel, check_vocab
 from localinfer.engine.engine import DEFAULT_PREFILL_CHUNK, Engine
 from localinfer.engine.speculative import DraftConfig
 from localinfer.engine.types import EngineChoice, SamplingParams
 from localinfer.errors import BackendError, UserError
 from localinfer.modelfile import GGUFInfo, inspect
-from localinfer.store.pull import Progress, ensure_local
-from localinfer.store.refs import resolve
+from localinfer.store.pull import Progress, ensure_local, local_path
+from localinfer.store.refs import ModelSource, resolve
 
 DEFAULT_CTX = 4096
 SAMPLING_KEYS = {"temperature", "top_k", "top_p", "min_p", "repeat_penalty", "repeat_last_n"}
@@ -35,7 +37,11 @@ class LoadOptions:
     n_seq_max: int = 1  # sequences decoded at once: the engine's slots
     kernels: str | None = None  # native engine only: auto | c | numba
     verbose: bool = False  # let the backend print its own log (LOCALINFER_DEBUG=1)
-    draft: DraftConfig | None = None  # prompt-lookup speculation; None: off
+    draft: DraftConfig | None = None  # speculation's settings; None: off
+    # A draft model beside prompt lookup (with `draft` set): a reference, "auto" (the catalog's
+    # pair for the model, where it is downloaded), or None: prompt lookup alone
+    draft_model: str | None = None
+    draft_engine: str | None = None  # the draft model's engine; None: the target's
     # KV-cache K and V types (None: the catalog's cache_type / cache_type_k / cache_type_v,
     # else f16), or "auto": the first of f16, q8_0, q4_0 that fits
     cache: tuple[str | None, str | None] | str = (None, None)
@@ -126,13 +132,79 @@ def open_engine(ref: str | None, options: LoadOptions | None = None, progress: P
     # every sequence holds n_ctx, in one shared pool or a cache each
     plan = memory.plan_cache(info, n_ctx * options.n_seq_max, options.gpu_layers, types, offload_devices(caps),
                              kv_bytes=lambda kv: backend_cls.kv_cache_bytes(info, n_ctx, options.n_seq_max, kv))  # fmt: skip
+    warnings = list(plan.warnings)
+    draft = plan_draft(options, src, choice.name, plan, n_ctx, warnings, progress) if options.draft is not None and options.draft_model else None
     params = LoadParams(n_ctx=n_ctx, n_threads=options.threads, n_gpu_layers=plan.n_gpu_layers, n_seq_max=options.n_seq_max,
                         kernels=options.kernels, verbose=options.verbose, cache_types=plan.cache_types)  # fmt: skip
     backend = backend_cls.load(path, params)
+    drafter = load_draft(draft, backend, params, warnings) if draft is not None else None
     load_ms = (time.perf_counter() - t0) * 1e3
 
     defaults = SamplingParams().with_overrides(**{k: v for k, v in src.defaults.items() if k in SAMPLING_KEYS})
     return Engine(
         backend, slots=options.n_seq_max, defaults=defaults, load_ms=load_ms, prefill_chunk=options.prefill_chunk, decode_slowdown=options.decode_slowdown,
-        draft=options.draft, name=src.name, info=info, memory=plan, choice=choice,
+        draft=options.draft, drafter=drafter, name=src.name, info=info, memory=plan, choice=choice, warnings=warnings,
     )  # fmt: skip
+
+
+@dataclass
+class DraftPlan:
+    """A draft model checked before anything loads: its file, engine and memory."""
+
+    name: str
+    path: Path
+    engine: str
+    plan: memory.MemoryPlan
+    auto: bool  # chosen by --draft auto: a failure to use it is a warning, not an error
+
+
+def plan_draft(options: LoadOptions, src: ModelSource, target_engine: str, target: memory.MemoryPlan, n_ctx: int, warnings: list[str],
+               progress: Progress | None) -> DraftPlan | None:  # fmt: skip
+    """The draft model to load beside the target: the one named (pulled if need be), or for
+    "auto" the catalog's pair where it is downloaded. Its memory counts on top of the target's.
+    A draft that cannot be used is an error when named, a warning (and none) for auto."""
+    auto = options.draft_model == "auto"
+    ref = src.draft if auto else options.draft_model
+    if ref is None:
+        return None
+    try:
+        draft_src = resolve(ref)
+        path = local_path(draft_src) if auto else ensure_local(draft_src, progress)
+        if path is None:
+            return None  # --draft auto: the pair is not downloaded (pull --with-draft fetches it)
+        info = inspect(path)
+        engine = options.draft_engine or target_engine
+        backend_cls = get_backend(engine)
+        why_not = backend_cls.capabilities().refusal(info.architecture, info.tensor_types)
+        if why_not is not None:
+            raise UserError(f"the {engine} engine does not run {why_not}")
+        kv = target.cache_types if set(target.cache_types) <= set(backend_cls.capabilities().kv_types) else ("f16", "f16")
+        plan = memory.plan(info, n_ctx * options.n_seq_max, 0, (), target.ram_free - target.total, kv,
+                           lambda types: backend_cls.kv_cache_bytes(info, n_ctx, options.n_seq_max, types))  # fmt: skip
+    except UserError as e:
+        return _draft_failed(ref, e, auto, warnings)
+    if plan.weights >= target.weights:
+        warnings.append(f"the draft model {ref} is no smaller than its target ({plan.weights / 1e6:.0f} MB against {target.weights / 1e6:.0f} MB): drafting will slow decoding, not speed it")
+    return DraftPlan(ref, path, engine, plan, auto)
+
+
+def load_draft(draft: DraftPlan, target: Backend, params: LoadParams, warnings: list[str]) -> DraftModel | None:
+    """Load the draft with one KV sequence per target slot and check that it tokenizes as
+    the target does."""
+    try:
+        backend = get_backend(draft.engine).load(draft.path, replace(params, n_gpu_layers=0, cache_types=draft.plan.cache_types))
+    except UserError as e:
+        return _draft_failed(draft.name, e, draft.auto, warnings)
+    try:
+        check_vocab(target, backend)
+    except UserError as e:
+        backend.close()
+        return _draft_failed(draft.name, e, draft.auto, warnings)
+    return DraftModel(backend, params.n_seq_max, draft.name)
+
+
+def _draft_failed(name: str, error: Exception, auto: bool, warnings: list[str]) -> None:
+    message = f"cannot use the draft model {name}: {error}"
+    if not auto:
+        raise UserError(message)
+    warnings.append(message + "; decoding with prompt lookup alone")

@@ -27,9 +27,7 @@ class Sampler:
         ids, probs = self.distribution(logits, history, generated, allowed)
         if self.params.temperature <= 0:
             return int(ids[0])
-        draw = self.rng.random() * probs.sum()
-        choice = min(int(np.searchsorted(np.cumsum(probs), draw, side="right")), len(ids) - 1)
-        return int(ids[choice])
+        return int(ids[draw(probs, self.rng)])
 
     def distribution(self, logits: np.ndarray, history: list[int], generated: list[int] | None = None, allowed: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
         """The distribution a draw is made from, after every filter: token ids and their
@@ -53,9 +51,16 @@ class Sampler:
         return ids[:keep], softmax(vals[:keep] / p.temperature)
 
 
+def draw(probs: np.ndarray, rng: np.random.Generator) -> int:
+    """An index drawn with these (not necessarily normalised) weights."""
+    target = rng.random() * probs.sum()
+    return min(int(np.searchsorted(np.cumsum(probs), target, side="right")), len(probs) - 1)
+
+
 def apply_repeat_penalty(logits: np.ndarray, recent: list[int], penalty: float) -> None:
     """CTRL-style penalty as llama.cpp applies it: divide positive logits, multiply negative ones."""
     ids = np.unique(np.asarray(recent, dtype=np.int64))
+    ids = ids[ids < len(logits)]  # a draft model's vocabulary may stop short of its target's padding
     vals = logits[ids]
     logits[ids] = np.where(vals > 0, vals / penalty, vals * penalty)
 
@@ -63,6 +68,7 @@ def apply_repeat_penalty(logits: np.ndarray, recent: list[int], penalty: float) 
 def apply_presence_frequency(logits: np.ndarray, generated: list[int], presence: float, frequency: float) -> None:
     """logit[t] -= count[t] * frequency + (count[t] > 0) * presence (OpenAI's definition)."""
     ids, counts = np.unique(np.asarray(generated, dtype=np.int64), return_counts=True)
+    counts, ids = counts[ids < len(logits)], ids[ids < len(logits)]
     logits[ids] -= (counts * frequency + presence).astype(logits.dtype)
 
 

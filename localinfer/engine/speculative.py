@@ -1,30 +1,34 @@
-"""Prompt-lookup speculative decoding, written once above the backends.
+"""Speculative decoding, written once above the backends: where drafts come from, how
+they are verified losslessly, and how long a draft pays.
 
-Drafting. The last n tokens of a request (n from `ngram_max` down to `ngram_min`) are looked
-up earlier in its prompt and answer; the K tokens that followed their latest occurrence are
-the draft. Summaries, extractions and code edits repeat their input, so drafts often hold.
+Two sources of drafts. Prompt lookup: the last n tokens of a request (n from `ngram_max`
+down to `ngram_min`) are looked up earlier in its prompt and answer, and the K tokens that
+followed their latest occurrence are the draft; summaries, extractions and code edits repeat
+their input, so such drafts often hold. A draft model (draft_model.py): a small model with
+the target's vocabulary samples K tokens from its own distribution q.
 
 Verification. The engine feeds [pending, d1..dK] in the step's one batched forward with
-logits for every row, samples the rows in order with the request's own sampler, exactly as
-it would without speculation, and keeps d(j+1) while the token sampled from row j equals it.
-The first mismatch (or the bonus token after a fully accepted draft) becomes the next
-pending token; the rejected tail is rolled back with `kv_truncate`.
+logits for every row and decides row by row, in order; the first rejection (or the bonus
+token after a fully accepted draft) becomes the next pending token, and the rejected tail is
+rolled back with `kv_truncate`.
 
-Why sample-and-compare is the speculative-sampling rule. The draft is a point mass on x, so
-the rule accepts x with probability min(1, p(x)) = p(x) and on rejection draws from p with x
-removed, renormalised, p being the distribution the sampler draws from (after penalties,
-top-k, top-p, min-p and temperature). A draw t ~ p with "accept iff t == x" does exactly
-that: P(t = x) = p(x), and t given t != x follows p without x, renormalised. It also spends
-the request's RNG as plain decoding does, one draw a token, and leaves greedy decoding
-unchanged. (A seeded sampled run is the same in distribution, not token for token: a
-many-row forward rounds differently from a 1-row one, ~1e-4 in a probability, which moves a
-draw that lands that close to a boundary.)
+The rule (the seeds' speculative sampling). With p the distribution the request's sampler
+draws from (after penalties, top-k, top-p, min-p and temperature) and q the one the draft
+came from, d is kept with probability min(1, p(d)/q(d)); on rejection the token is drawn from
+norm(max(0, p - q)). Every token then follows p exactly, whatever q is: a bad draft costs
+speed, never quality. Prompt lookup's q is a point mass on d, so the rule is "keep d with
+probability p(d), else draw from p without d", which a plain draw t ~ p with "keep iff t == d"
+does exactly, spending the request's RNG as plain decoding does. Greedy decoding (p a point
+mass on the argmax) keeps d while it is the argmax, for either source. (A seeded sampled run
+is the same in distribution, not token for token: a many-row forward rounds differently from
+a 1-row one, ~1e-4 in a probability, which moves a draw that lands that close to a boundary.)
 
 Adaptive. With a per-token acceptance rate a, a K-token draft yields (1 - a^(K+1)) / (1 - a)
-tokens per forward, for a forward that costs c(K) times a 1-row one (`verify_cost`, measured
-once at load on this backend and machine). Each request drafts the K that maximises
-tokens/cost for the acceptance it has seen lately, so K grows while drafts hold and shrinks
-when they do not; when no K beats plain decoding, it stops drafting and retries later.
+tokens per target forward, for a cost of c(K) 1-row forwards: the (K+1)-row verify
+(`verify_cost`, measured once at load on this backend and machine) plus, for a draft model,
+K of its steps. Each request and source drafts the K that maximises tokens/cost for the
+acceptance it has seen lately, so K grows while drafts hold and shrinks when they do not;
+when no K beats plain decoding, that source stops for the request and retries later.
 """
 
 from __future__ import annotations
@@ -36,6 +40,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from localinfer.backends.base import Backend, Batch
+from localinfer.engine.sampler import draw
 
 
 @dataclass(frozen=True)
@@ -71,10 +76,10 @@ def expected_tokens(accept: float, k: int) -> float:
     return (1.0 - accept ** (k + 1)) / (1.0 - accept)
 
 
-def measure_verify_cost(backend: Backend, slot: int, max_draft: int, repeats: int = 2) -> np.ndarray:
-    """cost[k] = time of a (k+1)-row forward of one sequence over that of a 1-row forward,
-    k = 0..max_draft, measured on `slot` (left empty) and interpolated between the row counts tried."""
-    rows = sorted({n for n in (1, 2, 3, 5, 9) if n <= max_draft} | {max_draft + 1})
+def forward_seconds(backend: Backend, slot: int, max_rows: int, repeats: int = 2) -> np.ndarray:
+    """seconds[n - 1] = time of an n-row forward of one sequence, n = 1..max_rows, measured
+    on `slot` (left empty) and interpolated between the row counts tried."""
+    rows = sorted({n for n in (1, 2, 3, 5, 9) if n < max_rows} | {max_rows})
     token = backend.vocab.bos_id if backend.vocab.bos_id is not None else 0
     best: list[float] = []
     for n in rows:
@@ -86,32 +91,64 @@ def measure_verify_cost(backend: Backend, slot: int, max_draft: int, repeats: in
             times.append(time.perf_counter() - t0)
         best.append(min(times))
     backend.kv_clear(slot)
-    curve = np.interp(np.arange(1, max_draft + 2), rows, best)
-    return np.maximum(curve / curve[0], 1.0)
+    return np.interp(np.arange(1, max_rows + 1), rows, best)
+
+
+def verify_cost(seconds: np.ndarray) -> np.ndarray:
+    """cost[k]: verifying k drafted tokens (a (k+1)-row forward) over a 1-row forward."""
+    return np.maximum(seconds / seconds[0], 1.0)
+
+
+def measure_verify_cost(backend: Backend, slot: int, max_draft: int, repeats: int = 2) -> np.ndarray:
+    """verify_cost for k = 0..max_draft, measured on `slot`."""
+    return verify_cost(forward_seconds(backend, slot, max_draft + 1, repeats))
+
+
+def speculative_choice(p_ids: np.ndarray, p_probs: np.ndarray, q_ids: np.ndarray, q_probs: np.ndarray, drafted: int, rng: np.random.Generator) -> int:
+    """The speculative-sampling rule: `drafted` (drawn from q) is kept with probability
+    min(1, p/q), else a token is drawn from norm(max(0, p - q)); the result follows p."""
+    if len(p_ids) == 1:  # a point mass (greedy, a forced token): kept iff it is the one
+        return int(p_ids[0])
+    p_at = float(p_probs[p_ids == drafted].sum())
+    q_at = float(q_probs[q_ids == drafted].sum())
+    if rng.random() * q_at < p_at:
+        return drafted
+    order = np.argsort(q_ids)
+    where = np.minimum(np.searchsorted(q_ids[order], p_ids), len(q_ids) - 1)
+    q_on_p = np.where(q_ids[order][where] == p_ids, q_probs[order][where], 0.0)
+    residual = np.maximum(p_probs - q_on_p, 0.0)
+    if residual.sum() <= 0.0:  # p == q to rounding: acceptance was certain but for it
+        residual = p_probs
+    return int(p_ids[draw(residual, rng)])
 
 
 class DraftState:
-    """One request's speculation: how long a draft to try, and its counts for timings and metrics."""
+    """One request's speculation from one source: its recent acceptance, and its counts for
+    timings and metrics."""
 
-    def __init__(self, config: DraftConfig, cost: np.ndarray) -> None:
+    def __init__(self, config: DraftConfig) -> None:
         self.config = config
-        self.cost = cost  # cost[k]: a k-token verification against plain decoding
         self.recent: deque[tuple[int, int]] = deque(maxlen=config.window)  # (drafted, accepted)
         self.paused = 0  # decode steps left before drafting again
         self.drafted = 0
         self.accepted = 0
 
-    def draft_length(self) -> int:
-        """K for this step: the best tokens per cost at the recent acceptance rate; 0 while paused."""
+    @property
+    def rate(self) -> float:
+        """Recent per-token acceptance (Laplace: one of each before any evidence)."""
+        drafted = sum(d for d, _ in self.recent)
+        return (sum(a for _, a in self.recent) + 1) / (drafted + 2)
+
+    def draft_length(self, cost: np.ndarray) -> int:
+        """K for this step: the best tokens per cost (cost[k]: drafting and verifying k tokens,
+        in target forwards) at the recent acceptance rate; 0 while paused."""
         if self.paused:
             self.paused -= 1
             return 0
-        drafted = sum(d for d, _ in self.recent)
-        accepted = sum(a for _, a in self.recent)
-        rate = (accepted + 1) / (drafted + 2)  # Laplace: one of each before any evidence
-        gains = [expected_tokens(rate, k) / self.cost[k] for k in range(1, self.config.max_draft + 1)]
+        rate = self.rate
+        gains = [expected_tokens(rate, k) / cost[k] for k in range(1, self.config.max_draft + 1)]
         best = int(np.argmax(gains))
-        if gains[best] <= 1.0 and drafted >= self.config.evidence:
+        if gains[best] <= 1.0 and sum(d for d, _ in self.recent) >= self.config.evidence:
             self.paused, self.recent = self.config.retry_after, deque(maxlen=self.config.window)
             return 0
         return best + 1

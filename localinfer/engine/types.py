@@ -52,8 +52,12 @@ class Timings:
     tpot_ms: float = 0.0
     tokens_per_s: float = 0.0  # decode rate, 1000 / TPOT
     prompt_tokens_per_s: float = 0.0
-    drafted: int = 0  # speculation: tokens drafted by prompt lookup
+    drafted: int = 0  # speculation: tokens drafted, by either source
     accepted: int = 0  # ... and kept (acceptance rate = accepted / drafted)
+    lookup_drafted: int = 0  # of those, prompt lookup's
+    lookup_accepted: int = 0
+    model_drafted: int = 0  # ... and the draft model's
+    model_accepted: int = 0
     tokens_per_forward: float = 0.0  # tokens sampled after the first, per decode forward (1 without speculation)
 
     def as_dict(self) -> dict[str, float]:

@@ -23,6 +23,7 @@ class CatalogEntry:
     license: str | None = None
     checked: bool = False  # repo and file name verified against a public listing
     defaults: dict[str, object] = field(default_factory=dict)  # sampling defaults and ctx
+    draft: str | None = None  # the catalog alias of a small model of the same vocabulary, for --draft auto
 
 
 @dataclass(frozen=True)

@@ -33,6 +33,7 @@ class ModelSource:
     revision: str = "main"
     sha256: str | None = None
     defaults: dict[str, object] = field(default_factory=dict)
+    draft: str | None = None  # the catalog's draft model for it (--draft auto)
 
 
 def _from_entry(entry: CatalogEntry) -> ModelSource:
@@ -46,6 +47,7 @@ def _from_entry(entry: CatalogEntry) -> ModelSource:
         revision=entry.revision,
         sha256=entry.sha256,
         defaults=dict(entry.defaults),
+        draft=entry.draft,
     )
 
 

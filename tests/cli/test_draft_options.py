@@ -21,13 +21,13 @@ def test_draft_none_and_prompt_lookup_both_answer_and_report(engine: str) -> Non
     assert on["timings"]["drafted"] > 0 and on["timings"]["accepted"] > 0 and on["timings"]["tokens_per_forward"] > 1.0
     assert on["text"] and off["text"]
     verbose = run_cli("run", "--engine", engine, "--temperature", "0", "--max-tokens", "40", "--verbose", QUOTE)
-    assert verbose.returncode == 0 and "tokens per forward" in verbose.stderr
+    assert verbose.returncode == 0 and "tokens per target forward" in verbose.stderr
 
 
 @pytest.mark.parametrize(
     "args, needle",
     [
-        (("--draft", "medusa"), "prompt-lookup, none"),
+        (("--draft", " "), "auto, prompt-lookup, none"),
         (("--draft-max", "0"), "between 1 and 32"),
         (("--draft-ngram-min", "5", "--draft-ngram-max", "2"), "--draft-ngram-min (5) is more than --draft-ngram-max (2)"),
     ],

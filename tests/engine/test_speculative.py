@@ -69,19 +69,19 @@ def test_lookup_takes_the_longest_latest_match() -> None:
 def test_draft_length_grows_with_acceptance_and_pauses_below_break_even() -> None:
     config = DraftConfig(max_draft=8, window=4, evidence=4, retry_after=3)
     cheap = np.linspace(1.0, 1.4, 9)  # verifying 8 tokens costs 1.4 forwards
-    state = DraftState(config, cheap)
+    state = DraftState(config)
     for _ in range(4):
-        k = state.draft_length()
+        k = state.draft_length(cheap)
         state.record(k, k)  # every drafted token held
-    assert state.draft_length() == 8
+    assert state.draft_length(cheap) == 8
     dear = np.array([1.0, 2.0, 3.0, 4.0, 5.0, 6.0, 7.0, 8.0, 9.0])  # as dear as decoding each token
-    state = DraftState(config, dear)
+    state = DraftState(config)
     tried = 0
-    while k := state.draft_length():
+    while k := state.draft_length(dear):
         state.record(k, 0)  # every drafted token missed
         tried += 1
     assert tried == 4 and state.paused == 3  # switched off for this request once the window saw enough ...
-    assert [state.draft_length() for _ in range(4)] == [0, 0, 0, 1]  # ... and it tries again later
+    assert [state.draft_length(dear) for _ in range(4)] == [0, 0, 0, 1]  # ... and it tries again later
 
 
 def test_the_sampling_rule_keeps_the_samplers_distribution() -> None:
@@ -200,13 +200,13 @@ def test_the_verify_cost_is_measured_by_the_thread_that_runs_the_engine(backend,
     from localinfer.engine import engine as engine_module
 
     measured_on = []
-    real = engine_module.measure_verify_cost
+    real = engine_module.forward_seconds
 
     def spy(*args, **kwargs):
         measured_on.append(threading.current_thread().name)
         return real(*args, **kwargs)
 
-    monkeypatch.setattr(engine_module, "measure_verify_cost", spy)
+    monkeypatch.setattr(engine_module, "forward_seconds", spy)
     engine = Engine(backend, slots=2, draft=DraftConfig())
     assert engine.verify_cost is None  # not at construction, on the caller's thread
     engine.start()

@@ -1,0 +1,147 @@
+"""A draft model: a small model with the target's vocabulary that proposes tokens for the
+target to verify (speculative.py has the rule that keeps the output the target's).
+
+It is a second backend with one KV sequence per target slot. Its cache follows the target's
+context lazily: before drafting for a request, the tokens the draft has not seen (the prompt
+on a request's first draft; afterwards the token or two since its last one) ride in the
+same batched forward as the first draft position, so each draft position costs one draft
+forward for every drafting request together.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import numpy as np
+
+from localinfer.backends.base import Backend, Batch
+from localinfer.engine.prefix import common_prefix
+from localinfer.errors import UserError
+
+Proposal = tuple[np.ndarray, np.ndarray]  # q, the distribution a drafted token was drawn from: (ids, probs)
+# (the draft's logits at the next position, the tokens drafted so far) -> (a token, its q), or None: draft no further
+Chooser = Callable[[np.ndarray, list[int]], "tuple[int, Proposal] | None"]
+
+
+@dataclass
+class DraftRequest:
+    slot: int  # the target's sequence id, and the draft's
+    context: list[int]  # every token the target has taken, the pending one (fed next) last
+    k: int  # most tokens to draft
+    choose: Chooser
+
+
+@dataclass
+class Draft:
+    tokens: list[int]
+    proposals: list[Proposal]
+
+
+def check_vocab(target: Backend, draft: Backend) -> None:
+    """The draft must tokenize as the target does: the same token bytes and special tokens,
+    its vocabulary the target's or a prefix of it (Qwen pads its target's). UserError if not."""
+    t, d = target.vocab, draft.vocab
+    if d.n_vocab > t.n_vocab:
+        raise UserError(f"the draft model's vocabulary has {d.n_vocab} tokens, more than the target's {t.n_vocab}: they are not the same tokenizer")
+    if (d.bos_id, d.eos_id) != (t.bos_id, t.eos_id):
+        raise UserError(f"the draft model's BOS/EOS tokens are {d.bos_id}/{d.eos_id}, the target's {t.bos_id}/{t.eos_id}: they are not the same tokenizer")
+    special = {i: text for i, text in t.special.items() if i < d.n_vocab}
+    if d.special != special:
+        differ = min(set(d.special.items()) ^ set(special.items()))[0]
+        raise UserError(f"the draft model's special token {differ} is {d.special.get(differ)!r}, the target's {special.get(differ)!r}: they are not the same tokenizer")
+    for i in range(d.n_vocab):
+        if draft.token_bytes(i) != target.token_bytes(i):
+            raise UserError(f"the draft model's token {i} is {draft.token_bytes(i)!r}, the target's {target.token_bytes(i)!r}: they are not the same tokenizer")
+
+
+class DraftModel:
+    """The draft backend, what each of its sequences holds, and what a draft step costs."""
+
+    def __init__(self, backend: Backend, slots: int, name: str, catch_up: int = 512) -> None:
+        """`catch_up`: most context tokens one step feeds the draft (a long prompt is caught
+        up over several steps, while its request decodes without drafting)."""
+        self.backend, self.name, self.catch_up = backend, name, catch_up
+        self._cached: list[list[int]] = [[] for _ in range(slots)]
+        for slot in range(slots):  # what they hold is known from here on: nothing
+            backend.kv_clear(slot)
+        self.step_seconds: float | None = None  # one draft position for a request, sampling included (a moving average)
+
+    def propose(self, requests: list[DraftRequest]) -> dict[int, Draft]:
+        """Drafts keyed by slot. A request whose context the draft is too far behind on is
+        caught up (by at most `catch_up` tokens a step) and drafts nothing yet. A failed
+        forward forgets what its sequences held and raises."""
+        budget, rows, wanting = self.catch_up, [], {}
+        for r in requests:
+            start = self._sync(r.slot, r.context)
+            missing = r.context[start:]
+            if max(missing) >= self.backend.vocab.n_vocab:  # a target token past the draft's vocabulary
+                continue
+            if len(missing) > budget:
+                if budget:
+                    rows.append((r.slot, missing[:budget], start, False))
+                    budget = 0
+                continue
+            budget -= len(missing)
+            rows.append((r.slot, missing, start, True))
+            wanting[r.slot] = r
+        drafts = {slot: Draft([], []) for slot in wanting}
+        while rows:
+            t0 = time.perf_counter()
+            logits, out, following = self._forward(rows), 0, []
+            for slot, tokens, start, want in rows:
+                if not want:
+                    continue
+                draft, r = drafts[slot], wanting[slot]
+                pick = r.choose(logits[out], draft.tokens)
+                out += 1
+                if pick is None:
+                    continue
+                draft.tokens.append(pick[0])
+                draft.proposals.append(pick[1])
+                if len(draft.tokens) < r.k:
+                    following.append((slot, [pick[0]], start + len(tokens), True))
+            if all(len(tokens) <= 2 for _, tokens, _, _ in rows):  # a catch-up of a whole prompt would skew the mean
+                self._observe((time.perf_counter() - t0) / max(1, out))
+            rows = following
+        return {slot: draft for slot, draft in drafts.items() if draft.tokens}
+
+    def _sync(self, slot: int, context: list[int]) -> int:
+        """Cut the slot's cache back to what it shares with `context` (always leaving the
+        last token to feed); returns how many tokens it keeps."""
+        cached = self._cached[slot]
+        keep = common_prefix(cached, context, len(context) - 1)
+        if keep < len(cached):
+            keep = self.backend.kv_truncate(slot, keep)
+            del cached[keep:]
+        return keep
+
+    def _forward(self, rows: list[tuple[int, list[int], int, bool]]) -> np.ndarray:
+        tokens, positions, seq_ids, want = [], [], [], []
+        for slot, chunk, start, wants in rows:
+            tokens += chunk
+            positions += range(start, start + len(chunk))
+            seq_ids += [slot] * len(chunk)
+            want += [False] * (len(chunk) - 1) + [wants]
+        batch = Batch(np.array(tokens, np.int32), np.array(positions, np.int32), np.array(seq_ids, np.int32), np.array(want, bool))
+        try:
+            logits = self.backend.forward(batch)
+        except Exception:
+            for slot, *_ in rows:
+                self.forget(slot)
+            raise
+        for slot, chunk, _, _ in rows:
+            self._cached[slot] += chunk
+        return logits
+
+    def forget(self, slot: int) -> None:
+        """Empty a slot (its cache's contents are unknown after a failure)."""
+        self._cached[slot] = []
+        self.backend.kv_clear(slot)
+
+    def _observe(self, seconds: float) -> None:
+        self.step_seconds = seconds if self.step_seconds is None else 0.9 * self.step_seconds + 0.1 * seconds
+
+    def close(self) -> None:
+        self.backend.close()

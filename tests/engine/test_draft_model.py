@@ -1,0 +1,203 @@
+"""Speculative decoding with a draft model: lossless on the real model (target F32, draft the
+embedded Q4_1 of the same weights, both engines), with a bad draft, under a grammar and stop
+strings; the speculative-sampling rule against its closed form; the draft's vocabulary check
+and its failures."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from localinfer.backends.base import LoadParams
+from localinfer.engine.draft_model import DraftModel, check_vocab
+from localinfer.engine.engine import Engine
+from localinfer.engine.loader import LoadOptions, open_engine
+from localinfer.engine.speculative import DraftConfig, speculative_choice
+from localinfer.engine.types import SamplingParams
+from localinfer.errors import UserError
+
+from ..conftest import THREADS
+from .test_constraints import PERSON
+from .test_speculative import Fresh, chat, fits
+
+PROMPTS = ["Write a Python function that checks whether a number is prime.", "Tell me a short story about a dragon.", "Name three fruits."]
+GREEDY = SamplingParams(temperature=0, max_tokens=96, repeat_penalty=1.0)
+
+
+def backend_class(name: str):
+    if name == "native":
+        from localinfer.backends.native import NativeBackend
+
+        return NativeBackend
+    from localinfer.backends.llamacpp import LlamaCppBackend
+
+    return LlamaCppBackend
+
+
+@pytest.fixture(scope="module", params=["llama.cpp", "native"])
+def pair(request, f32_path: Path, model_path: Path):
+    """(target F32, draft Q4_1) on one engine, two sequences each."""
+    cls = backend_class(request.param)
+    params = LoadParams(n_ctx=2048, n_threads=THREADS, n_seq_max=2)
+    target, draft = cls.load(f32_path, params), cls.load(model_path, params)
+    yield target, draft
+    draft.close()
+    target.close()
+
+
+def engines(target, draft) -> tuple[Engine, Engine]:
+    """(plain, speculative with the draft) on one target backend, with a fixed verify-cost
+    curve so that draft lengths do not depend on how busy the machine was."""
+    spec = Fresh(target, slots=2, draft=DraftConfig(), drafter=DraftModel(draft, 2, "draft"))
+    spec.verify_cost, spec.row_seconds = np.linspace(1.0, 1.5, spec.draft.max_draft + 1), 1.0
+    spec.drafter.step_seconds = 0.2
+    return Fresh(target, slots=2), spec
+
+
+@pytest.mark.parametrize("prompt", PROMPTS)
+def test_greedy_with_a_draft_model_is_token_for_token_plain_decoding(pair, prompt: str) -> None:
+    plain, spec = engines(*pair)
+    tokens = chat(plain, prompt)
+    a, b = plain.complete(tokens, GREEDY), spec.complete(tokens, GREEDY)
+    assert b.tokens == a.tokens and b.finish_reason == a.finish_reason and b.text == a.text
+    t = b.timings
+    assert t.model_accepted > 0 and t.model_drafted >= t.model_accepted and t.tokens_per_forward > 1.0
+    assert t.drafted == t.model_drafted + t.lookup_drafted and t.accepted == t.model_accepted + t.lookup_accepted
+
+
+def test_a_bad_draft_costs_speed_never_tokens(pair, model_path: Path, tmp_path: Path) -> None:
+    """The same vocabulary, its weights' rows shuffled: most drafts fail, the answer does not
+    change, and drafting switches itself off for the request."""
+    target, draft = pair
+    bad = type(draft).load(shuffled(model_path, tmp_path / "shuffled.gguf"), LoadParams(n_ctx=2048, n_threads=THREADS, n_seq_max=2))
+    try:
+        plain, spec = engines(target, bad)
+        tokens = chat(plain, PROMPTS[1])
+        params = SamplingParams(temperature=0, max_tokens=160, repeat_penalty=1.0)
+        a, b = plain.complete(tokens, params), spec.complete(tokens, params)
+        assert b.tokens == a.tokens and b.text == a.text
+        t = b.timings
+        assert 0 < t.model_drafted and t.model_accepted / t.model_drafted < 0.3
+        assert t.model_drafted < len(b.tokens) / 2  # switched off, not drafting every step
+    finally:
+        bad.close()
+
+
+def test_a_draft_model_under_a_grammar_and_a_stop_string(pair) -> None:
+    """Structured output masks both the draft's q and the target's p; a stop string ends a
+    run of accepted drafts where plain decoding ends."""
+    from localinfer.engine.constraints import Constraint
+
+    plain, spec = engines(*pair)
+    tokens = chat(plain, "Describe a person named Ada Lovelace as JSON.")
+    constrained = SamplingParams(temperature=0, max_tokens=120, repeat_penalty=1.0, constraint=Constraint.json_schema(PERSON))
+    a, b = plain.complete(tokens, constrained), spec.complete(tokens, constrained)
+    assert b.tokens == a.tokens and b.finish_reason == a.finish_reason
+    assert b.timings.model_accepted > 0
+    json.loads(b.text)
+    prompt = chat(plain, PROMPTS[0])
+    whole = plain.complete(prompt, GREEDY)
+    stop = whole.text[len(whole.text) // 2 :][:5]
+    with_stop = SamplingParams(temperature=0, max_tokens=96, repeat_penalty=1.0, stop=(stop,))
+    a, b = plain.complete(prompt, with_stop), spec.complete(prompt, with_stop)
+    assert b.text == a.text and b.finish_reason == a.finish_reason == "stop" and stop not in b.text
+
+
+def test_the_rule_leaves_the_targets_distribution_and_rejections_draw_the_residual() -> None:
+    """d ~ q, kept with probability min(1, p/q), else drawn from norm(max(0, p - q)): every
+    output follows p, and the rejections alone follow the residual (closed form), for a q
+    that puts mass where p has none. Chi-square on 30,000 draws each."""
+    rng = np.random.default_rng(3)
+    p_ids, p = np.array([4, 7, 9, 2]), np.array([0.5, 0.25, 0.15, 0.10])
+    q_ids, q = np.array([7, 4, 11, 9]), np.array([0.45, 0.2, 0.25, 0.10])  # 11: a token p never takes
+    n, out, rejected = 30_000, [], []
+    for _ in range(n):
+        d = int(q_ids[rng.choice(4, p=q)])
+        token = speculative_choice(p_ids, p, q_ids, q, d, rng)
+        out.append(token)
+        if token != d:
+            rejected.append(token)
+    counts = lambda seen, ids: np.array([seen.count(int(i)) for i in ids])  # noqa: E731
+    assert fits(counts(out, p_ids), p) and 11 not in out
+    q_on_p = np.array([0.2, 0.45, 0.10, 0.0])
+    residual = np.maximum(p - q_on_p, 0)  # [0.3, 0, 0.05, 0.1]: only 4, 9 and 2 are drawn on rejection
+    assert set(rejected) <= {4, 9, 2}
+    keep = residual > 0
+    assert fits(counts(rejected, p_ids[keep]), residual[keep])
+    assert abs(len(rejected) / n - (1 - np.minimum(p, q_on_p).sum())) < 0.01  # P(reject) = 1 - sum(min(p, q))
+    assert not fits(counts(out, p_ids), p + np.array([-0.02, 0.02, 0, 0]))  # a 2-point shift would be caught
+
+
+def test_a_draft_with_another_vocabulary_is_refused_in_one_line(pair, model_path: Path, tmp_path: Path) -> None:
+    target, draft = pair
+    other = type(draft).load(with_token(model_path, tmp_path / "other-vocab.gguf", 1000, "zzqx"), LoadParams(n_ctx=256, n_threads=THREADS))
+    try:
+        with pytest.raises(UserError, match=r"token 1000 is b'zzqx'.*not the same tokenizer") as e:
+            check_vocab(target, other)
+        assert "\n" not in str(e.value)
+    finally:
+        other.close()
+    check_vocab(target, draft)  # the same vocabulary passes
+
+
+def test_loading_a_draft_model_and_its_failures(model_path: Path, f32_path: Path, tmp_path: Path, monkeypatch) -> None:
+    """A named draft that cannot be used is an error; --draft auto's is a warning, and the
+    model runs with prompt lookup alone; a draft no smaller than its target is a warning."""
+    options = dict(engine="llama.cpp", ctx=512, draft=DraftConfig())
+    with pytest.raises(UserError, match="cannot use the draft model .*missing.gguf: no such file"):
+        open_engine(str(model_path), LoadOptions(**options, draft_model=str(tmp_path / "missing.gguf")))
+    broken = tmp_path / "broken.gguf"
+    broken.write_bytes(model_path.read_bytes()[: 1 << 20])
+    with pytest.raises(UserError, match="cannot use the draft model .*broken.gguf"):
+        open_engine(str(model_path), LoadOptions(**options, draft_model=str(broken)))
+
+    from localinfer.engine import loader
+    from localinfer.store.refs import resolve
+
+    def with_pair(ref):  # the catalog's pair for this model: the broken file
+        src = resolve(ref)
+        src.draft = str(broken) if ref == str(f32_path) else None
+        return src
+
+    monkeypatch.setattr(loader, "resolve", with_pair)
+    engine = open_engine(str(f32_path), LoadOptions(**options, draft_model="auto"))
+    try:
+        assert engine.drafter is None and any("cannot use the draft model" in w and "prompt lookup alone" in w for w in engine.warnings)
+    finally:
+        engine.close()
+    monkeypatch.undo()
+    engine = open_engine(str(model_path), LoadOptions(**options, draft_model=str(f32_path)))
+    try:
+        assert engine.drafter is not None and any("no smaller than its target" in w for w in engine.warnings)
+    finally:
+        engine.close()
+
+
+def shuffled(model_path: Path, out: Path) -> Path:
+    """A copy of a GGUF with each tensor's rows (a 1-D tensor's values) in a seeded random order."""
+    import gguf
+    from gguf.scripts.gguf_new_metadata import copy_with_new_metadata
+
+    reader = gguf.GGUFReader(model_path)
+    copy_with_new_metadata(reader, gguf.GGUFWriter(out, arch=reader.fields["general.architecture"].contents(), endianess=reader.endianess), {}, [])
+    rng = np.random.default_rng(0)
+    for tensor in gguf.GGUFReader(out, "r+").tensors:
+        tensor.data[...] = tensor.data[rng.permutation(len(tensor.data))]
+    return out
+
+
+def with_token(model_path: Path, out: Path, token: int, text: str) -> Path:
+    """A copy of a GGUF whose token `token` reads `text`: another tokenizer, one token apart."""
+    import gguf
+    from gguf.scripts.gguf_new_metadata import MetadataDetails, copy_with_new_metadata
+
+    reader = gguf.GGUFReader(model_path)
+    key = gguf.Keys.Tokenizer.LIST
+    tokens = reader.fields[key].contents()
+    tokens[token] = text
+    writer = gguf.GGUFWriter(out, arch=reader.fields["general.architecture"].contents(), endianess=reader.endianess)
+    copy_with_new_metadata(reader, writer, {key: MetadataDetails(gguf.GGUFValueType.ARRAY, tokens, sub_type=gguf.GGUFValueType.STRING)}, [])
+    return out
