@@ -421,6 +421,8 @@ class Engine:
             room = self.n_ctx - 2 - seq.n_past
             if seq.params.max_tokens is not None:
                 room = min(room, seq.params.max_tokens - len(seq.generated) - 1)  # k drafted: k + 1 tokens out
+            if seq.params.draft_max is not None:
+                room = min(room, seq.params.draft_max)
             if room <= 0 or seq.forced:
                 continue
             if tokens := self._lookup(seq, room):

@@ -34,6 +34,7 @@ class SamplingParams:
     ignore_eos: bool = False  # never end at an end-of-generation token (benchmarks: a fixed answer length)
     constraint: Constraint | None = None  # structured output: the answer must match this schema, regex or grammar
     think_budget: int | None = None  # reasoning models: most thinking tokens before the engine closes the block itself
+    draft_max: int | None = None  # most tokens drafted a step for this request (0: no speculation); None: the engine's
     reasoning: bool = True  # split a reasoning model's thinking from its answer (a raw text completion: not)
 
     def with_overrides(self, **changes: object) -> SamplingParams:

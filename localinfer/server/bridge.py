@@ -240,8 +240,10 @@ class Bridge:
         metrics.prompt_tokens.inc(out.prompt_tokens)
         metrics.generation_tokens.inc(out.completion_tokens)
         metrics.prefix_hit_tokens.inc(out.cached_tokens)
-        metrics.drafted.inc(out.timings.drafted)
-        metrics.accepted.inc(out.timings.accepted)
+        t = out.timings
+        for source, drafted, accepted in (("model", t.model_drafted, t.model_accepted), ("lookup", t.lookup_drafted, t.lookup_accepted)):
+            metrics.drafted.labels(source=source).inc(drafted)
+            metrics.accepted.labels(source=source).inc(accepted)
         if out.timings.tokens_per_forward:
             metrics.tokens_per_forward.observe(out.timings.tokens_per_forward)
         if out.timings.ttft_ms:
@@ -249,6 +251,6 @@ class Bridge:
         if out.timings.tpot_ms:
             metrics.tpot.observe(out.timings.tpot_ms / 1e3)
         log.info(
-            "request %s model=%s in=%d (cached %d) out=%d ttft=%.0fms status=%s",
-            job.rid, engine.name, out.prompt_tokens, out.cached_tokens, out.completion_tokens, out.timings.ttft_ms, status,
+            "request %s model=%s in=%d (cached %d) out=%d ttft=%.0fms drafted model %d/%d lookup %d/%d status=%s",
+            job.rid, engine.name, out.prompt_tokens, out.cached_tokens, out.completion_tokens, t.ttft_ms, t.model_accepted, t.model_drafted, t.lookup_accepted, t.lookup_drafted, status,
         )  # fmt: skip

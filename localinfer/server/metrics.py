@@ -24,9 +24,9 @@ class Metrics:
         self.prompt_tokens = Counter("localinfer_prompt_tokens", "Prompt tokens received", registry=r)
         self.generation_tokens = Counter("localinfer_generation_tokens", "Tokens generated", registry=r)
         self.prefix_hit_tokens = Counter("localinfer_prefix_cache_hit_tokens", "Prompt tokens found in the KV cache and not prefilled", registry=r)
-        self.drafted = Counter("localinfer_draft_tokens", "Tokens drafted by prompt lookup (speculative decoding)", registry=r)
-        self.accepted = Counter("localinfer_draft_accepted_tokens", "Drafted tokens the model agreed with (acceptance rate: this over drafted)", registry=r)
-        self.tokens_per_forward = Histogram("localinfer_tokens_per_forward", "Tokens a request got per decode forward (1 without speculation)", registry=r,
+        self.drafted = Counter("localinfer_draft_tokens", "Tokens drafted for speculative decoding, by source (model: a draft model; lookup: prompt lookup)", ["source"], registry=r)
+        self.accepted = Counter("localinfer_draft_accepted_tokens", "Drafted tokens the model kept, by source (acceptance rate: this over drafted)", ["source"], registry=r)
+        self.tokens_per_forward = Histogram("localinfer_tokens_per_forward", "Tokens a request got per target forward while decoding (1 without speculation)", registry=r,
                                             buckets=(1, 1.25, 1.5, 2, 3, 4, 6, 8, 12))  # fmt: skip
         self.requests = Counter("localinfer_requests", "Requests by route and final status", ["route", "status"], registry=r)
         Gauge("localinfer_requests_running", "Requests holding a slot", registry=r).set_function(running)

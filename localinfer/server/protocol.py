@@ -12,7 +12,7 @@ import time
 import uuid
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, SerializerFunctionWrapHandler, model_serializer
+from pydantic import AliasChoices, BaseModel, ConfigDict, Field, SerializerFunctionWrapHandler, model_serializer
 
 from localinfer.engine.constraints import Constraint
 from localinfer.engine.reasoning import CLOSE
@@ -124,6 +124,8 @@ class SamplingFields(Lenient):
     response_format: ResponseFormat | None = None
     grammar: str | None = None  # extensions: a GBNF (or Lark) grammar, as llama-server takes it, or a regex
     regex: str | None = None
+    # extension: most tokens drafted a step for this request, 0 for none (llama-server's speculative.n_max)
+    draft_max: int | None = Field(default=None, ge=0, le=32, validation_alias=AliasChoices("draft_max", "speculative.n_max"))
 
     def stops(self) -> tuple[str, ...]:
         stops = [self.stop] if isinstance(self.stop, str) else list(self.stop or [])

@@ -36,8 +36,10 @@ class ReplyFigures:
     kv_cells_total: int | None = None
     kv_bytes: int | None = None
     cache_types: tuple[str, str] | None = None
-    drafted: int = 0  # prompt-lookup speculation: drafted and accepted tokens
+    drafted: int = 0  # speculation: drafted and accepted tokens, both sources
     accepted: int = 0
+    model_drafted: int = 0  # of those, the draft model's
+    model_accepted: int = 0
     tokens_per_forward: float = 0.0
     finish_reason: str | None = None  # None while streaming
     error: str | None = None
@@ -139,6 +141,7 @@ class _LocalReply(Reply):
                 f.ttft_ms, f.tokens, f.finish_reason = t.ttft_ms, event.completion_tokens, event.finish_reason
                 f.tokens_per_s = t.tokens_per_s or f.tokens_per_s  # one token has no decode rate
                 f.drafted, f.accepted, f.tokens_per_forward = t.drafted, t.accepted, t.tokens_per_forward
+                f.model_drafted, f.model_accepted = t.model_drafted, t.model_accepted
                 f.error = str(event.error) if event.error else None
                 f.reasoning_tokens = event.reasoning_tokens or None
                 self._kv(f)

@@ -140,8 +140,15 @@ def status_text(model: str, engine: str, figures: ReplyFigures | None, streaming
             kv += f" {_size(f.kv_bytes)}"
         parts.append(kv)
     if f.drafted:
-        parts.append(f"draft {f.accepted / f.drafted:.0%} ({f.tokens_per_forward:.2f} tok/fwd)")
+        parts.append(f"draft {speculation_rates(f)} ({f.tokens_per_forward:.2f} tok/fwd)")
     return " │ ".join(parts)
+
+
+def speculation_rates(f: ReplyFigures) -> str:
+    """Acceptance per source that drafted: "model 91% lookup 40%"."""
+    lookup_drafted, lookup_accepted = f.drafted - f.model_drafted, f.accepted - f.model_accepted
+    rates = [(name, accepted / drafted) for name, drafted, accepted in (("model", f.model_drafted, f.model_accepted), ("lookup", lookup_drafted, lookup_accepted)) if drafted]
+    return " ".join(f"{name} {rate:.0%}" for name, rate in rates)
 
 
 class StatusLine(Static):

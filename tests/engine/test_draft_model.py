@@ -6,6 +6,8 @@ and its failures."""
 from __future__ import annotations
 
 import json
+import os
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -68,15 +70,20 @@ def test_greedy_with_a_draft_model_is_token_for_token_plain_decoding(pair, promp
     assert t.drafted == t.model_drafted + t.lookup_drafted and t.accepted == t.model_accepted + t.lookup_accepted
 
 
-def test_a_bad_draft_costs_speed_never_tokens(pair, model_path: Path, tmp_path: Path) -> None:
+@pytest.fixture(scope="module")
+def shuffled_path(model_path: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return shuffled(model_path, tmp_path_factory.mktemp("shuffled") / "shuffled.gguf")
+
+
+def test_a_bad_draft_costs_speed_never_tokens(pair, shuffled_path: Path) -> None:
     """The same vocabulary, its weights' rows shuffled: most drafts fail, the answer does not
     change, and drafting switches itself off for the request."""
     target, draft = pair
-    bad = type(draft).load(shuffled(model_path, tmp_path / "shuffled.gguf"), LoadParams(n_ctx=2048, n_threads=THREADS, n_seq_max=2))
+    bad = type(draft).load(shuffled_path, LoadParams(n_ctx=2048, n_threads=THREADS, n_seq_max=2))
     try:
         plain, spec = engines(target, bad)
         tokens = chat(plain, PROMPTS[1])
-        params = SamplingParams(temperature=0, max_tokens=160, repeat_penalty=1.0)
+        params = SamplingParams(temperature=0, max_tokens=100, repeat_penalty=1.0)
         a, b = plain.complete(tokens, params), spec.complete(tokens, params)
         assert b.tokens == a.tokens and b.text == a.text
         t = b.timings
@@ -200,4 +207,70 @@ def with_token(model_path: Path, out: Path, token: int, text: str) -> Path:
     tokens[token] = text
     writer = gguf.GGUFWriter(out, arch=reader.fields["general.architecture"].contents(), endianess=reader.endianess)
     copy_with_new_metadata(reader, writer, {key: MetadataDetails(gguf.GGUFValueType.ARRAY, tokens, sub_type=gguf.GGUFValueType.STRING)}, [])
+    return out
+
+
+DRAWS = int(os.environ.get("LOCALINFER_SPECULATIVE_DRAWS", "1200"))  # CI's; 10,000 catch a 2-point shift (three minutes here)
+SHIFT = 0.05 if DRAWS < 10_000 else 0.02
+
+
+def test_sampled_answers_with_a_draft_model_follow_the_targets_distribution(model_path: Path, tmp_path: Path) -> None:
+    """Temperature 1.0: the first three tokens of DRAWS seeded answers, drafted by a Q4_0 of
+    the same weights (it disagrees often enough for both the rule's accept and its residual
+    to matter), against their exact probabilities under the target (each prefix's own
+    forward and the sampler's distribution). Chi-square over every outcome of probability
+    3 % or more and the rest; and a shift of SHIFT points off the likeliest outcome is caught."""
+    import llama_cpp
+
+    from localinfer.backends.native import NativeBackend
+    from localinfer.engine.sampler import Sampler
+    from localinfer.engine.types import CompletionOutput
+
+    from ..conftest import llama_quantize
+
+    slots, params = 16, SamplingParams(temperature=1.0, max_tokens=4)
+    target = NativeBackend.load(model_path, LoadParams(n_ctx=64, n_threads=THREADS, n_seq_max=slots))
+    draft = NativeBackend.load(llama_quantize(model_path, tmp_path / "q4_0.gguf", llama_cpp.LLAMA_FTYPE_MOSTLY_Q4_0), LoadParams(n_ctx=64, n_threads=THREADS, n_seq_max=slots))
+    engine = Engine(target, slots=slots, draft=DraftConfig(), drafter=DraftModel(draft, slots, "q4_0"))
+    try:
+        prompt = engine.tokenize_prompt(engine.render_chat([{"role": "user", "content": "What is the capital of France?"}]))
+        exact = outcome_probabilities(target, prompt, Sampler(params), depth=3, floor=0.03)
+        engine.verify_cost, engine.row_seconds, engine.drafter.step_seconds = np.linspace(1.0, 1.2, 11), 1.0, 0.1  # always worth drafting
+        streams = [engine.submit(prompt, replace(params, seed=seed)) for seed in range(DRAWS)]
+        while engine.has_work():
+            engine.step()
+        outs = [e for s in streams for e in iter(s.get_nowait, None) if isinstance(e, CompletionOutput)]
+    finally:
+        engine.close()
+    assert len(outs) == DRAWS
+    drafted, accepted = sum(o.timings.model_drafted for o in outs), sum(o.timings.model_accepted for o in outs)
+    assert 0.1 < accepted / drafted < 0.9  # accepts and rejections both common
+    keys = sorted(exact, key=exact.get, reverse=True)
+    seen = [tuple(o.tokens[:3]) for o in outs]
+    observed = np.array([seen.count(k) for k in keys] + [sum(s not in exact for s in seen)])
+    expected = np.array([exact[k] for k in keys] + [1 - sum(exact.values())])
+    assert len(keys) >= 3 and fits(observed, expected)
+    skewed = expected.copy()
+    skewed[0], skewed[-1] = skewed[0] - SHIFT, skewed[-1] + SHIFT
+    assert not fits(observed, skewed)
+
+
+
+def outcome_probabilities(backend, prompt: list[int], sampler, depth: int, floor: float) -> dict[tuple[int, ...], float]:
+    """P(first `depth` tokens) for every sequence at least `floor` likely, from the target's
+    1-row forwards of each prefix and the sampler's own distribution."""
+    from localinfer.backends.base import Batch
+
+    frontier, out = [((), 1.0)], {}
+    for level in range(depth):
+        following = []
+        for prefix, chance in frontier:
+            backend.kv_clear(0)
+            logits = backend.forward(Batch.for_sequence(prompt + list(prefix), 0, 0))[0]
+            ids, probs = sampler.distribution(logits, prompt + list(prefix), list(prefix))
+            for token, p in zip(ids.tolist(), probs.tolist()):
+                if chance * p >= floor:
+                    (out.__setitem__(prefix + (token,), chance * p) if level == depth - 1 else following.append((prefix + (token,), chance * p)))
+        frontier = following
+    backend.kv_clear(0)
     return out

@@ -465,7 +465,7 @@ def test_the_status_line_shows_the_cache_type_its_bytes_and_what_speculation_did
             assert f.cache_types == ("q8_0", "q8_0") and f.kv_bytes > 0 and f.drafted > 0
             status = str(app.query_one("#status").render())
             assert "q8_0/q8_0" in status and ("MB" in status or "kB" in status)
-            assert f"draft {f.accepted / f.drafted:.0%} ({f.tokens_per_forward:.2f} tok/fwd)" in status
+            assert f"draft lookup {f.accepted / f.drafted:.0%} ({f.tokens_per_forward:.2f} tok/fwd)" in status
 
     run(test)
 

@@ -124,7 +124,7 @@ def sampling(engine: Engine, body: p.SamplingFields, tool_constraint: Constraint
         repeat_penalty=body.repeat_penalty, max_tokens=body.max_completion_tokens or body.max_tokens, stop=body.stops() or None,
         logprobs=body.logprob_count(),  # type: ignore[attr-defined]
         presence_penalty=body.presence_penalty or None, frequency_penalty=body.frequency_penalty or None,
-        constraint=constraint, ignore_eos=body.ignore_eos, think_budget=getattr(body, "thinking_budget_tokens", None),
+        constraint=constraint, ignore_eos=body.ignore_eos, draft_max=body.draft_max, think_budget=getattr(body, "thinking_budget_tokens", None),
         reasoning=isinstance(body, p.ChatCompletionRequest),  # a text completion is the model's raw text
     )  # fmt: skip
     seeded = body.seed is not None and body.seed >= 0
