@@ -2,10 +2,10 @@
 target to verify (speculative.py has the rule that keeps the output the target's).
 
 It is a second backend with one KV sequence per target slot. Its cache follows the target's
-context lazily: before drafting for a request, the tokens the draft has not seen (the prompt
-on a request's first draft; afterwards the token or two since its last one) ride in the
-same batched forward as the first draft position, so each draft position costs one draft
-forward for every drafting request together.
+context: a prompt's chunks as the target prefills them (in time to first token, not in
+decoding), and before each draft the token or two taken since the last one, all in the same
+batched forward as the first draft position, so each draft position costs one draft forward
+for every drafting request together.
 """
 
 from __future__ import annotations
@@ -29,8 +29,8 @@ Chooser = Callable[[np.ndarray, list[int]], "tuple[int, Proposal] | None"]
 class DraftRequest:
     slot: int  # the target's sequence id, and the draft's
     context: list[int]  # every token the target has taken, the pending one (fed next) last
-    k: int  # most tokens to draft
-    choose: Chooser
+    k: int  # most tokens to draft; 0: only catch up with `context` (a prompt being prefilled)
+    choose: Chooser | None = None
 
 
 @dataclass
@@ -74,18 +74,16 @@ class DraftModel:
         forward forgets what its sequences held and raises."""
         budget, rows, wanting = self.catch_up, [], {}
         for r in requests:
-            start = self._sync(r.slot, r.context)
+            start = self._sync(r.slot, r.context, leave=1 if r.k else 0)
             missing = r.context[start:]
-            if max(missing) >= self.backend.vocab.n_vocab:  # a target token past the draft's vocabulary
+            if not missing or max(missing) >= self.backend.vocab.n_vocab:  # nothing new, or a token past the draft's vocabulary
                 continue
-            if len(missing) > budget:
-                if budget:
-                    rows.append((r.slot, missing[:budget], start, False))
-                    budget = 0
-                continue
-            budget -= len(missing)
-            rows.append((r.slot, missing, start, True))
-            wanting[r.slot] = r
+            fits = len(missing) <= budget
+            if fits or budget:
+                rows.append((r.slot, missing if fits else missing[:budget], start, fits and r.k > 0))
+                budget -= min(budget, len(missing))
+            if fits and r.k > 0:
+                wanting[r.slot] = r
         drafts = {slot: Draft([], []) for slot in wanting}
         while rows:
             t0 = time.perf_counter()
@@ -94,7 +92,7 @@ class DraftModel:
                 if not want:
                     continue
                 draft, r = drafts[slot], wanting[slot]
-                pick = r.choose(logits[out], draft.tokens)
+                pick = r.choose(logits[out], draft.tokens)  # type: ignore[misc]
                 out += 1
                 if pick is None:
                     continue
@@ -107,11 +105,12 @@ class DraftModel:
             rows = following
         return {slot: draft for slot, draft in drafts.items() if draft.tokens}
 
-    def _sync(self, slot: int, context: list[int]) -> int:
-        """Cut the slot's cache back to what it shares with `context` (always leaving the
-        last token to feed); returns how many tokens it keeps."""
+    def _sync(self, slot: int, context: list[int], leave: int) -> int:
+        """Cut the slot's cache back to what it shares with `context` (leaving at least
+        `leave` tokens to feed: the one whose logits a draft starts from); returns how many
+        tokens it keeps."""
         cached = self._cached[slot]
-        keep = common_prefix(cached, context, len(context) - 1)
+        keep = common_prefix(cached, context, len(context) - leave)
         if keep < len(cached):
             keep = self.backend.kv_truncate(slot, keep)
             del cached[keep:]

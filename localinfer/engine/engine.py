@@ -340,19 +340,15 @@ class Engine:
             seq.t_prefill = time.perf_counter()
             if self.draft is not None:
                 seq.lookup = DraftState(self.draft)
-            if self.drafter is not None:
+            if self.drafter is not None and seq.params.draft_max != 0:
                 seq.model, seq.draft_sampler = DraftState(self.draft), Sampler(replace(seq.params, seed=(seq.params.seed or 0) ^ 0x5EED))  # type: ignore[arg-type]
             self._place(seq)
             self._running[seq.request_id] = seq
         stats = StepStats()
         rows: list[tuple[_Sequence, list[int], int, int]] = []  # (seq, tokens, start position, rows wanting logits)
         decoding = [seq for seq in self._running.values() if seq.pending is not None and seq.stream.backlog < MAX_BACKLOG]
-        drafts = self._drafts(decoding) if self.draft is not None and self.verify_cost is not None else {}
-        for seq in decoding:
-            fed = [seq.pending, *drafts.get(seq.request_id, ())]
-            rows.append((seq, fed, seq.n_past, len(fed)))
-        stats.decoded = len(rows)
-        tokens, seconds = self.prefill_chunk, self.budget.seconds(decoding=bool(rows))
+        stats.decoded = len(decoding)
+        tokens, seconds = self.prefill_chunk, self.budget.seconds(decoding=bool(decoding))
         for seq in self._running.values():
             if seq.prefilling and tokens > 0 and (seconds > 0 or not stats.prefilled):
                 n = self.budget.take(seq.n_past, min(tokens, len(seq.prompt) - seq.n_past), seconds)
@@ -360,6 +356,9 @@ class Engine:
                 rows.append((seq, chunk, seq.n_past, int(seq.n_past + n == len(seq.prompt))))
                 stats.prefilled[seq.request_id] = n
                 tokens, seconds = tokens - n, seconds - self.budget.cost(seq.n_past, n)
+        drafts = self._drafts(decoding, rows) if self.draft is not None and self.verify_cost is not None else {}
+        fed = [[seq.pending, *drafts.get(seq.request_id, ())] for seq in decoding]
+        rows[:0] = [(seq, tokens, seq.n_past, len(tokens)) for seq, tokens in zip(decoding, fed)]  # decode rows first, as stats.decoded counts them
         self.last_step = stats
         if rows:
             self._forward(rows)
@@ -410,12 +409,14 @@ class Engine:
             self.drafter.forget(slot)
             self.drafter.step_seconds = float(forward_seconds(self.drafter.backend, slot, 1)[0])
 
-    def _drafts(self, decoding: list[_Sequence]) -> dict[int, list[int]]:
+    def _drafts(self, decoding: list[_Sequence], prefills: list[tuple[_Sequence, list[int], int, int]]) -> dict[int, list[int]]:
         """This step's drafts, by request (speculative.py): prompt lookup's where it finds one
         and has lately held at least as well as the draft model, else the draft model's, for
         every request at once in draft_model.py's stage; never more than the answer's or the
-        slot's room."""
-        drafts, asks = {}, []
+        slot's room. The draft model also takes this step's `prefills` chunks (rows as
+        step() builds them), so its prompt is not left to the first decode step."""
+        drafts: dict[int, list[int]] = {}
+        asks = [(seq, DraftRequest(seq.seq_id, seq.prompt[: start + len(chunk)], 0)) for seq, chunk, start, _ in prefills if seq.model is not None]
         for seq in decoding:
             seq.source, seq.proposals = None, None
             room = self.n_ctx - 2 - seq.n_past

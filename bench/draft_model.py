@@ -1,0 +1,181 @@
+"""Speculative decoding with a draft model, measured in one run; ratios, not absolute numbers.
+
+The pair: no real target/draft pair is reachable offline, so the embedded SmolLM2-135M is
+both, as llama.cpp's quantizer makes them: target F32 (~540 MB), draft the embedded Q4_1
+(~98 MB, 5.5x fewer bytes). The draft has the target's own weights, so its acceptance is
+optimistic against a real pair (a 0.5B drafting for a 7B agrees less often).
+
+For each engine, task (code, chat, summary, extraction) and temperature (0, 0.7): decode
+tokens/s with --draft MODEL against --draft none, alternately, medians of --repeats runs;
+acceptance per source and tokens per target forward; and at temperature 0 whether the two
+answers are identical. The anchor: llama.cpp's own draft-model speculation as
+llama-cpp-python drives it (`Llama(draft_model=...)`, a LlamaDraftModel that drafts greedily
+with the same Q4_1), against the same Llama without a draft.
+
+    .venv/bin/python bench/draft_model.py [--threads 2] [--tokens 128] [--repeats 5] [--json OUT]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from localinfer.engine.loader import LoadOptions, open_engine  # noqa: E402
+from localinfer.engine.speculative import DraftConfig  # noqa: E402
+from localinfer.engine.types import SamplingParams  # noqa: E402
+from localinfer.store.pull import local_path  # noqa: E402
+from localinfer.store.refs import resolve  # noqa: E402
+
+TEXT = (ROOT / "tests" / "data" / "alice_in_wonderland.txt").read_text()[:1500]
+TASKS = {
+    "code": "Write a Python function that parses a CSV file into a list of dictionaries, with a docstring and an example.",
+    "chat": "What are some good ways to stay focused while working from home? Explain each one.",
+    "summary": f"Summarise this text in a few sentences:\n\n{TEXT}",
+    "extraction": f"List every character named in this text, each with what they do:\n\n{TEXT}",
+}
+TEMPERATURES = (0.0, 0.7)
+
+
+def self_pair() -> tuple[Path, Path]:
+    """(target F32, draft Q4_1): the embedded model and its F32, made once."""
+    import llama_cpp
+
+    from tests.conftest import llama_quantize
+
+    draft = local_path(resolve(None))
+    target = Path.home() / ".cache" / "localinfer" / "bench-models" / "smollm2-135m-f32.gguf"
+    if not target.exists():
+        target.parent.mkdir(parents=True, exist_ok=True)
+        llama_quantize(draft, target, llama_cpp.LLAMA_FTYPE_ALL_F32)
+    return target, draft
+
+
+def ours(engine: str, target: Path, draft: Path, threads: int, tokens: int, repeats: int) -> list[dict]:
+    plain = open_engine(str(target), LoadOptions(engine=engine, threads=threads, ctx=2048, draft=None))
+    spec = open_engine(str(target), LoadOptions(engine=engine, threads=threads, ctx=2048, draft=DraftConfig(), draft_model=str(draft)))
+    rows = []
+    try:
+        for task, prompt in TASKS.items():
+            ids = plain.tokenize_prompt(plain.render_chat([{"role": "user", "content": prompt}]))
+            for temperature in TEMPERATURES:
+                runs: list[list] = [[], []]
+                for r in range(repeats):
+                    params = SamplingParams(temperature=temperature, max_tokens=tokens, repeat_penalty=1.0, seed=r)
+                    order = [(plain, runs[0]), (spec, runs[1])]
+                    for e, out in order if r % 2 == 0 else order[::-1]:  # alternate who runs first: memory speed drifts
+                        e._slot_tokens = [[] for _ in e._slot_tokens]  # noqa: SLF001 - no prefix reuse between runs
+                        out.append(e.complete(ids, params))
+                rows.append(row(engine, task, temperature, *runs))
+                print(line(rows[-1]), flush=True)
+    finally:
+        spec.close()
+        plain.close()
+    return rows
+
+
+def row(engine: str, task: str, temperature: float, plain: list, spec: list) -> dict:
+    rate = [[r.timings.tokens_per_s for r in runs] for runs in (plain, spec)]
+    t = [r.timings for r in spec]
+    return {
+        "engine": engine, "task": task, "temperature": temperature, "repeats": len(plain),
+        "plain_tok_s": statistics.median(rate[0]), "spec_tok_s": statistics.median(rate[1]),
+        "speedup": statistics.median(s / p for p, s in zip(*rate) if p),
+        "model_accepted": sum(x.model_accepted for x in t), "model_drafted": sum(x.model_drafted for x in t),
+        "lookup_accepted": sum(x.lookup_accepted for x in t), "lookup_drafted": sum(x.lookup_drafted for x in t),
+        "tokens_per_forward": statistics.median(x.tokens_per_forward for x in t),
+        "identical": all(a.tokens == b.tokens for a, b in zip(plain, spec)) if temperature == 0 else None,
+    }  # fmt: skip
+
+
+def line(r: dict) -> str:
+    rate = lambda a, d: f"{a}/{d} ({a / d:.0%})" if d else "–"  # noqa: E731
+    same = "" if r["identical"] is None else f" | identical {r['identical']}"
+    return (f"{r['engine']:22} {r['task']:10} T={r['temperature']:.1f} {r['plain_tok_s']:6.1f} -> {r['spec_tok_s']:6.1f} tok/s = {r['speedup']:.2f}x"
+            f" | model {rate(r['model_accepted'], r['model_drafted'])} lookup {rate(r['lookup_accepted'], r['lookup_drafted'])}"
+            f" | {r['tokens_per_forward']:.2f} tok/forward{same}")  # fmt: skip
+
+
+def llama_cpp_anchor(target: Path, draft: Path, threads: int, tokens: int, repeats: int, k: int = 4) -> list[dict]:
+    """llama-cpp-python's own speculation with a greedy draft model, against no draft."""
+    from llama_cpp import Llama
+    from llama_cpp.llama_speculative import LlamaDraftModel
+
+    class GreedyDraft(LlamaDraftModel):
+        def __init__(self) -> None:
+            self.llm = Llama(str(draft), n_ctx=2048, n_threads=threads, verbose=False)
+
+        def __call__(self, input_ids, /, **kwargs):  # noqa: ANN001 - llama-cpp-python's signature
+            out = []
+            for token in self.llm.generate(input_ids.tolist(), temp=0.0):  # reuses the longest cached prefix
+                out.append(token)
+                if len(out) == k:
+                    break
+            return np.array(out, dtype=np.intc)
+
+    plain = Llama(str(target), n_ctx=2048, n_threads=threads, verbose=False)
+    spec = Llama(str(target), n_ctx=2048, n_threads=threads, verbose=False, draft_model=GreedyDraft())
+    rows = []
+    for task, prompt in TASKS.items():
+        messages = [{"role": "user", "content": prompt}]
+        for temperature in TEMPERATURES:
+            rates: list[list[float]] = [[], []]
+            for r in range(repeats):
+                for llm, out in zip((plain, spec), rates):
+                    out.append(decode_rate(llm, messages, temperature, tokens, seed=r))
+            rows.append({"engine": "llama-cpp-python draft", "task": task, "temperature": temperature, "repeats": repeats,
+                         "plain_tok_s": statistics.median(rates[0]), "spec_tok_s": statistics.median(rates[1]),
+                         "speedup": statistics.median(s / p for p, s in zip(*rates)), "model_accepted": 0, "model_drafted": 0,
+                         "lookup_accepted": 0, "lookup_drafted": 0, "tokens_per_forward": 0.0, "identical": None})  # fmt: skip
+            print(line(rows[-1]), flush=True)
+    return rows
+
+
+def decode_rate(llm, messages: list[dict], temperature: float, tokens: int, seed: int) -> float:
+    """Tokens per second after the first, streamed."""
+    llm.reset()
+    first = last = None
+    n = 0
+    for _ in llm.create_chat_completion(messages, temperature=temperature, max_tokens=tokens, seed=seed, stream=True, repeat_penalty=1.0):
+        last = time.perf_counter()
+        first = first or last
+        n += 1
+    return (n - 1) / (last - first) if n > 1 and last > first else 0.0
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--tokens", type=int, default=128)
+    ap.add_argument("--repeats", type=int, default=5)
+    ap.add_argument("--engines", default="native,llama.cpp,anchor", help="comma-separated, of native, llama.cpp, anchor")
+    ap.add_argument("--json", type=Path, help="write the rows here")
+    args = ap.parse_args()
+    target, draft = self_pair()
+    rows = []
+    for engine in args.engines.split(","):
+        if engine == "anchor":
+            rows += llama_cpp_anchor(target, draft, args.threads, args.tokens, args.repeats)
+        else:
+            rows += ours(engine, target, draft, args.threads, args.tokens, args.repeats)
+    if args.json:
+        args.json.write_text(json.dumps({"cpu": cpu_name(), "threads": args.threads, "tokens": args.tokens, "rows": rows}, indent=1))
+
+
+def cpu_name() -> str:
+    for text in Path("/proc/cpuinfo").read_text().splitlines():
+        if text.startswith("model name"):
+            return text.split(":", 1)[1].strip()
+    return "unknown"
+
+
+if __name__ == "__main__":
+    main()
