@@ -128,9 +128,14 @@ def llama_cpp_anchor(target: Path, draft: Path, threads: int, tokens: int, repea
         messages = [{"role": "user", "content": prompt}]
         for temperature in TEMPERATURES:
             rates: list[list[float]] = [[], []]
-            for r in range(repeats):
-                for llm, out in zip((plain, spec), rates):
-                    out.append(decode_rate(llm, messages, temperature, tokens, seed=r))
+            try:
+                for r in range(repeats):
+                    for llm, out in zip((plain, spec), rates):
+                        out.append(decode_rate(llm, messages, temperature, tokens, seed=r))
+            except (ValueError, RuntimeError) as e:  # llama-cpp-python's speculative loop fails on some prompts
+                print(f"llama-cpp-python draft {task:10} T={temperature:.1f} failed: {type(e).__name__}: {str(e)[:120]}", flush=True)
+                rows.append({"engine": "llama-cpp-python draft", "task": task, "temperature": temperature, "error": f"{type(e).__name__}: {e}"})
+                continue
             rows.append({"engine": "llama-cpp-python draft", "task": task, "temperature": temperature, "repeats": repeats,
                          "plain_tok_s": statistics.median(rates[0]), "spec_tok_s": statistics.median(rates[1]),
                          "speedup": statistics.median(s / p for p, s in zip(*rates)), "model_accepted": 0, "model_drafted": 0,
