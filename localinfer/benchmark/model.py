@@ -36,8 +36,11 @@ class Setup:
     threads: int = 2
     type_k: str = "f16"
     type_v: str = "f16"
-    draft: bool = False  # prompt-lookup speculation
+    draft: str = "none"  # speculation: none, prompt-lookup, or a draft model (beside prompt lookup)
     gpu_layers: int | str = 0  # llama.cpp: layers offloaded, or "auto" (all that fit)
+
+
+DRAFT_FIELDS = ("model_drafted", "model_accepted", "lookup_drafted", "lookup_accepted")
 
 
 @dataclass
@@ -54,6 +57,10 @@ class Result:
     n_params: int = 0
     kernels_used: str = ""  # what `auto` picked, for the native engine
     verify_cost: float | None = None  # a VERIFY_ROWS-row forward over a 1-row forward
+    model_drafted: int = 0  # speculation over the tg runs: the draft model's drafted and accepted tokens ...
+    model_accepted: int = 0
+    lookup_drafted: int = 0  # ... and prompt lookup's
+    lookup_accepted: int = 0
     rss_bytes: int = 0  # the worker's resident memory after its tests
     cpu: str = field(default_factory=lambda: cpu_name())
 
@@ -126,7 +133,9 @@ def measure(setup: Setup, prompts: list[int], gens: list[int], reps: int) -> Ite
     from localinfer.engine.types import SamplingParams
 
     ctx = max([*prompts, 1]) + max([*gens, 1]) + 16
-    engine = open_engine(setup.model, LoadOptions(engine=setup.engine, ctx=ctx, threads=setup.threads, kernels=setup.kernels, draft=DraftConfig() if setup.draft else None, cache=(setup.type_k, setup.type_v), gpu_layers=setup.gpu_layers))
+    model = setup.draft if setup.draft not in ("none", "prompt-lookup") else None
+    engine = open_engine(setup.model, LoadOptions(engine=setup.engine, ctx=ctx, threads=setup.threads, kernels=setup.kernels, draft=DraftConfig() if setup.draft != "none" else None,
+                                                  draft_model=model, cache=(setup.type_k, setup.type_v), gpu_layers=setup.gpu_layers))  # fmt: skip
     try:
         backend = engine.backend
         rng = np.random.default_rng(1234)
@@ -142,7 +151,7 @@ def measure(setup: Setup, prompts: list[int], gens: list[int], reps: int) -> Ite
         tests = [("pp", n, 0) for n in prompts] + [("tg", 0, n) for n in gens]
         measured = []
         for kind, n_prompt, n_gen in tests:
-            samples = []
+            samples, drafts = [], np.zeros(4, dtype=int)
             for _ in range(reps):
                 if kind == "pp":
                     out = engine.complete(tokens(n_prompt), SamplingParams(temperature=0, max_tokens=1, ignore_eos=True))
@@ -150,7 +159,9 @@ def measure(setup: Setup, prompts: list[int], gens: list[int], reps: int) -> Ite
                 else:
                     out = engine.complete(tokens(4), SamplingParams(temperature=0, max_tokens=n_gen + 1, ignore_eos=True))
                     samples.append(out.timings.tokens_per_s)  # the n_gen tokens after the first: decode alone
-            measured.append(Result(setup, f"{kind}{n_prompt or n_gen}", n_prompt, n_gen, samples, **facts))
+                    t = out.timings
+                    drafts += (t.model_drafted, t.model_accepted, t.lookup_drafted, t.lookup_accepted)
+            measured.append(Result(setup, f"{kind}{n_prompt or n_gen}", n_prompt, n_gen, samples, **facts, **dict(zip(DRAFT_FIELDS, map(int, drafts)))))
         if measured:
             verify = float(measure_verify_cost(backend, 0, VERIFY_ROWS - 1, repeats=3)[VERIFY_ROWS - 1])
             rss = psutil.Process().memory_info().rss

@@ -25,11 +25,18 @@ def _engine(r: Result) -> str:
     return f"{r.setup.engine} ({kernels.split(' ', 1)[0]})" if kernels else r.setup.engine + (f", ngl {r.setup.gpu_layers}" if r.setup.gpu_layers else "")
 
 
+def _draft(r: Result) -> str:
+    """The speculation, with the acceptance per source where a tg test drafted."""
+    name = r.setup.draft.rsplit("/", 1)[-1]
+    rates = [f"{label} {a / d:.0%}" for label, d, a in (("model", r.model_drafted, r.model_accepted), ("lookup", r.lookup_drafted, r.lookup_accepted)) if d]
+    return f"{name} ({', '.join(rates)})" if rates else name
+
+
 def row(r: Result) -> list[str]:
     s = r.setup
     return [
         s.model.rsplit("/", 1)[-1], _size(r.model_bytes), _params(r.n_params), _engine(r), str(s.threads), s.type_k, s.type_v,
-        "prompt-lookup" if s.draft else "none", r.test, f"{r.avg:.2f} ± {r.stdev:.2f}",
+        _draft(r), r.test, f"{r.avg:.2f} ± {r.stdev:.2f}",
         f"{r.verify_cost:.2f}×" if r.verify_cost else "–", _size(r.rss_bytes) if r.rss_bytes else "–",
     ]  # fmt: skip
 

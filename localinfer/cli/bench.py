@@ -41,12 +41,20 @@ def _list(kind, check=None):  # type: ignore[no-untyped-def]
     return parse
 
 
-def _draft(value: str) -> bool:
+def _draft(value: str) -> str:
+    """none, prompt-lookup, or a draft model's reference (checked here, in one line)."""
     if value in ("on", "prompt-lookup"):
-        return True
+        return "prompt-lookup"
     if value in ("off", "none"):
-        return False
-    raise typer.BadParameter(f"'{value}' is not on or off")
+        return "none"
+    from localinfer.errors import UserError
+    from localinfer.store.refs import resolve
+
+    try:
+        resolve(value)
+    except UserError as e:
+        raise typer.BadParameter(f"'{value}' is not on, off or a draft model: {e}") from None
+    return value
 
 
 @bench_app.command("model")
@@ -60,7 +68,7 @@ def model(
     threads: Annotated[str, typer.Option("-t", "--threads", help="Thread counts, comma-separated. [default: physical cores]", show_default=False)] = "",
     cache_k: Annotated[str, typer.Option("--cache-type-k", "-ctk", help="K cache types, comma-separated (f16, q8_0, q4_0; llama.cpp also q4_1, q5_0, q5_1, iq4_nl).")] = "f16",
     cache_v: Annotated[str, typer.Option("--cache-type-v", "-ctv", help="V cache types, comma-separated.")] = "f16",
-    draft: Annotated[str, typer.Option("--draft", help="Prompt-lookup speculation, comma-separated: off, on.")] = "off",
+    draft: Annotated[str, typer.Option("--draft", help="Speculation, comma-separated: off, on (prompt lookup), or a draft model (catalog alias, file or repo; beside prompt lookup). The table gives each source's acceptance.")] = "off",
     gpu_layers: Annotated[str, typer.Option("--gpu-layers", "-ngl", help="llama.cpp: layers on the GPU, comma-separated (numbers or auto).")] = "0",
     json_out: Annotated[bool, typer.Option("--json", help="Print the results as JSON (one record per test, fields as in docs/benchmarks.md).")] = False,
     csv_out: Annotated[bool, typer.Option("--csv", help="Print the results as CSV.")] = False,

@@ -16,6 +16,7 @@ FIELDS = {
     "model", "engine", "kernels", "threads", "type_k", "type_v", "draft", "gpu_layers",  # the setup
     "test", "n_prompt", "n_gen", "samples", "avg_ts", "stddev_ts",  # the test and its tokens/s
     "model_file", "model_bytes", "n_params", "kernels_used", "verify_cost", "rss_bytes", "cpu",
+    "model_drafted", "model_accepted", "lookup_drafted", "lookup_accepted",  # speculation over the tg runs
 }  # fmt: skip
 
 
@@ -47,13 +48,23 @@ def test_every_combination_is_a_row_in_json_markdown_and_csv(tmp_path: Path) -> 
     assert len(rows) == 4 and set(rows[0]) == FIELDS
 
 
+def test_a_draft_model_row_reports_its_acceptance(model_path: Path) -> None:
+    """--draft MODEL: the embedded model drafting for itself (so every draft holds)."""
+    out = run_cli("bench", "model", "-p", "0", "-n", "24", "-r", "1", "--engine", "native", "--draft", str(model_path), "--json")
+    assert out.returncode == 0, out.stderr
+    (record,) = json.loads(out.stdout)
+    assert record["draft"] == str(model_path) and record["model_accepted"] > 0 and record["model_drafted"] >= record["model_accepted"]
+    table = run_cli("bench", "model", "-p", "0", "-n", "8", "-r", "1", "--engine", "native", "--draft", str(model_path))
+    assert f"{model_path.name} (model " in table.stdout
+
+
 def test_lists_multiply_and_a_native_only_option_is_not_copied() -> None:
     out = run_cli("bench", "model", "-p", "0", "-n", "4", "-r", "1", "--engine", "llama.cpp,native", "-t", "2", "-ctk", "f16,q8_0", "-ctv", "q8_0", "--draft", "off,on", "--kernels", "c", "--json")
     assert out.returncode == 0, out.stderr
     records = json.loads(out.stdout)
     assert len(records) == 2 * 2 * 2  # engines x K types x draft; the kernels list applies to native alone
     assert {(r["engine"], r["kernels"]) for r in records} == {("llama.cpp", None), ("native", "c")}
-    assert {(r["type_k"], r["type_v"], r["draft"]) for r in records} == {(k, "q8_0", d) for k in ("f16", "q8_0") for d in (False, True)}
+    assert {(r["type_k"], r["type_v"], r["draft"]) for r in records} == {(k, "q8_0", d) for k in ("f16", "q8_0") for d in ("none", "prompt-lookup")}
 
 
 @pytest.mark.parametrize(
@@ -65,7 +76,7 @@ def test_lists_multiply_and_a_native_only_option_is_not_copied() -> None:
         (("--engine", "vllm"), "'vllm' is not one of"),
         (("-ctk", "q3_z"), "not a KV-cache type"),
         (("-t", "0"), "at least 1"),
-        (("--draft", "maybe"), "on or off"),
+        (("--draft", "maybe"), "'maybe' is not on, off or a draft model"),
         (("-r", "0"), "between 1 and 100"),
         (("--json", "--csv"), "not both"),
         (("no-such-model:1b",), "no-such-model"),

@@ -164,15 +164,23 @@ def test_loading_a_draft_model_and_its_failures(model_path: Path, f32_path: Path
     from localinfer.engine import loader
     from localinfer.store.refs import resolve
 
-    def with_pair(ref):  # the catalog's pair for this model: the broken file
+    pair = {"draft": str(broken)}  # what the catalog names as this model's draft
+
+    def with_pair(ref):
         src = resolve(ref)
-        src.draft = str(broken) if ref == str(f32_path) else None
+        src.draft = pair["draft"] if ref == str(f32_path) else None
         return src
 
     monkeypatch.setattr(loader, "resolve", with_pair)
     engine = open_engine(str(f32_path), LoadOptions(**options, draft_model="auto"))
     try:
         assert engine.drafter is None and any("cannot use the draft model" in w and "prompt lookup alone" in w for w in engine.warnings)
+    finally:
+        engine.close()
+    pair["draft"] = "smollm2:135m"  # a pair that works: the catalog's embedded model, always downloaded
+    engine = open_engine(str(f32_path), LoadOptions(**options, draft_model="auto"))
+    try:
+        assert engine.drafter is not None and engine.drafter.name == "smollm2:135m" and not engine.warnings
     finally:
         engine.close()
     monkeypatch.undo()
@@ -274,3 +282,20 @@ def outcome_probabilities(backend, prompt: list[int], sampler, depth: int, floor
         frontier = following
     backend.kv_clear(0)
     return out
+
+
+def test_the_catalogs_drafts_are_smaller_models_of_the_catalog(tmp_path: Path) -> None:
+    """Every `draft = ...` names a catalog model of the same family, smaller than its target;
+    `pull --with-draft` of a model without one says so in one line."""
+    from localinfer.store.catalog import load_catalog
+
+    from ..cli.test_errors import assert_one_line_error
+    from ..conftest import run_cli
+
+    catalog = load_catalog()
+    size = lambda alias: float(alias.split(":")[1].rstrip("bm")) * (1e-3 if alias.endswith("m") else 1)  # noqa: E731
+    pairs = {alias: e.draft for alias, e in catalog.entries.items() if e.draft}
+    assert len(pairs) >= 7
+    for target, draft in pairs.items():
+        assert draft in catalog.entries and draft.split(":")[0] in (target.split(":")[0], "llama3.2") and size(draft) < size(target), (target, draft)
+    assert_one_line_error(run_cli("pull", "smollm2:135m", "--with-draft"), "the catalog names no draft model for smollm2:135m", code=2)
