@@ -512,8 +512,9 @@ class Engine:
                 out += 1
 
     def _verify(self, seq: _Sequence, fed: list[int], start: int, logits: np.ndarray) -> None:
-        """Sample row by row as plain decoding would; keep each drafted token the sampler
-        drew itself, then roll the KV cache back past the first one it did not."""
+        """Sample row by row as plain decoding would (a draft model's token by the
+        speculative-sampling rule); keep each drafted token that comes out, then roll the
+        KV cache back past the first one that did not."""
         slot, seq.n_forwards = seq.seq_id, seq.n_forwards + 1
         kept, proposals = 0, seq.proposals
         for row in range(len(fed)):

@@ -5,6 +5,7 @@ running on its own thread; requests reach it through `Engine.submit`."""
 from __future__ import annotations
 
 import asyncio
+import logging
 import re
 import time
 from dataclasses import dataclass, field
@@ -14,6 +15,8 @@ from localinfer.engine.loader import LoadOptions, open_engine
 from localinfer.errors import ModelNotFound, PathNotAllowed
 from localinfer.store.pull import local_path
 from localinfer.store.refs import is_path_ref, resolve
+
+log = logging.getLogger("localinfer.server")
 
 
 @dataclass
@@ -51,6 +54,8 @@ class ModelHost:
         if local_path(src) is None:
             raise ModelNotFound(f"model '{ref}' is not downloaded; run 'localinfer pull {ref}' first")
         engine = open_engine(ref, self.options)
+        for warning in engine.warnings:  # a memory plan's, a draft model it could not use
+            log.warning("%s: %s", engine.name, warning)
         engine.start()
         return engine
 

@@ -299,3 +299,20 @@ def test_the_catalogs_drafts_are_smaller_models_of_the_catalog(tmp_path: Path) -
     for target, draft in pairs.items():
         assert draft in catalog.entries and draft.split(":")[0] in (target.split(":")[0], "llama3.2") and size(draft) < size(target), (target, draft)
     assert_one_line_error(run_cli("pull", "smollm2:135m", "--with-draft"), "the catalog names no draft model for smollm2:135m", code=2)
+
+
+def test_the_memory_check_counts_the_draft_on_top_of_its_target(model_path: Path, f32_path: Path, monkeypatch) -> None:
+    """RAM for the target alone, not for its draft as well: a named draft is refused in one
+    line before either model loads."""
+    import types
+
+    from localinfer import memory
+    from localinfer.backends.llamacpp import LlamaCppBackend
+    from localinfer.modelfile import inspect
+
+    info = inspect(f32_path)
+    alone = memory.plan_cache(info, 512, 0, ("f16", "f16"), kv_bytes=lambda kv: LlamaCppBackend.kv_cache_bytes(info, 512, 1, kv), ram_free=1 << 40)
+    monkeypatch.setattr(memory.psutil, "virtual_memory", lambda: types.SimpleNamespace(available=alone.total + (4 << 20)))
+    with pytest.raises(UserError, match=r"cannot use the draft model .*: the model needs .* GiB of RAM") as e:
+        open_engine(str(f32_path), LoadOptions(engine="llama.cpp", ctx=512, draft=DraftConfig(), draft_model=str(model_path)))
+    assert "\n" not in str(e.value)
