@@ -30,12 +30,13 @@ from localinfer.backends.base import Backend, Batch
 from localinfer.engine.budget import DEFAULT_SLOWDOWN, PrefillBudget
 from localinfer.engine.constraints import GrammarVocab, TokenMask
 from localinfer.engine.detokenize import StreamDetokenizer
-from localinfer.engine.draft_model import Chooser, DraftModel, DraftRequest, Proposal
+from localinfer.engine.draft_model import DraftModel, Proposal
+from localinfer.engine.drafting import Drafting, RequestDrafts
 from localinfer.engine.filewatch import ModelFileWatch
 from localinfer.engine.reasoning import BUDGET_CLOSE, ReasoningSplitter, ThinkSyntax
 from localinfer.engine.prefix import common_prefix
-from localinfer.engine.sampler import Sampler, draw
-from localinfer.engine.speculative import DraftConfig, DraftState, forward_seconds, lookup, speculative_choice, verify_cost
+from localinfer.engine.sampler import Sampler
+from localinfer.engine.speculative import DraftConfig, speculative_choice
 from localinfer.engine.stops import StopMatcher
 from localinfer.engine.stream import Event, RequestStream
 from localinfer.engine.templates import Message, render_chat
@@ -72,11 +73,7 @@ class _Sequence:
     n_sampled: int = 0  # samples drawn, the end-of-generation one included
     prompt_ms: float = 0.0
     cached_tokens: int = 0  # prompt tokens found in the KV cache, not prefilled again
-    lookup: DraftState | None = None  # prompt-lookup speculation, when the engine drafts
-    model: DraftState | None = None  # draft-model speculation, when the engine has a draft model
-    draft_sampler: Sampler | None = None  # draws the draft model's tokens (an RNG apart from the request's)
-    source: DraftState | None = None  # where this step's draft came from
-    proposals: list[Proposal] | None = None  # q of each drafted token this step (a draft model's; prompt lookup has none)
+    spec: RequestDrafts | None = None  # its speculation, when the engine drafts (drafting.py)
     mask: TokenMask | None = None  # structured output: the grammar's state
     n_forwards: int = 0  # decode forwards this request took part in (tokens per forward = answer / this)
     splitter: ReasoningSplitter | None = None  # a reasoning model's: thinking apart from the answer
@@ -138,19 +135,26 @@ class Engine:
         self._thread: threading.Thread | None = None
         self._stopping = False
         self._closed = False
-        self.draft = draft  # None: no speculation
-        self.drafter = drafter
-        # The cost of verifying k drafted tokens against plain decoding: measured once, by the owner
-        # thread (start() has its thread do it at once). Measured on another thread, it would leave
-        # that thread's OpenMP team spinning beside the owner's, and every later forward slower.
-        self.verify_cost: np.ndarray | None = None
-        self.row_seconds = 0.0  # a 1-row forward of the target, measured with verify_cost
+        # Speculation (None: none). Its costs are measured once, by the owner thread (start() has
+        # its thread do it at once): measured on another thread, they would leave that thread's
+        # OpenMP team spinning beside the owner's, and every later forward slower.
+        self.drafting = Drafting(draft, backend, drafter) if draft is not None else None
         self._eog = np.array(sorted(backend.vocab.eog_ids), dtype=np.intp)
         self._watch = ModelFileWatch(backend.facts.path)
         self.broken: str | None = None  # why the model can no longer run (its file was truncated)
         self._grammar_vocab: GrammarVocab | None = None  # built when a request first asks for structured output
         self._grammar_lock = threading.Lock()
         self.think = ThinkSyntax.detect(backend.facts.chat_template, lambda tag: backend.tokenize(tag, add_special=False, parse_special=True))
+
+    @property
+    def draft(self) -> DraftConfig | None:
+        """Speculation's settings; None: the engine does not speculate."""
+        return self.drafting.config if self.drafting is not None else None
+
+    @property
+    def drafter(self) -> DraftModel | None:
+        """The draft model, if speculation has one."""
+        return self.drafting.drafter if self.drafting is not None else None
 
     @property
     def n_ctx(self) -> int:
@@ -332,16 +336,14 @@ class Engine:
         self._apply_inbox()
         if self.broken or (self._running or self._waiting or self._calls) and self._check_file():
             return
-        if self.draft is not None and self.verify_cost is None and len(self._free_slots) == len(self._slot_tokens):
+        if self.drafting is not None and self.drafting.verify_cost is None and len(self._free_slots) == len(self._slot_tokens):
             self._calibrate()
         self._run_calls()
         while self._waiting and self._free_slots:
             seq = self._waiting.popleft()
             seq.t_prefill = time.perf_counter()
-            if self.draft is not None:
-                seq.lookup = DraftState(self.draft)
-            if self.drafter is not None and seq.params.draft_max != 0:
-                seq.model, seq.draft_sampler = DraftState(self.draft), Sampler(replace(seq.params, seed=(seq.params.seed or 0) ^ 0x5EED))  # type: ignore[arg-type]
+            if self.drafting is not None:
+                seq.spec = self.drafting.admit(seq.params)
             self._place(seq)
             self._running[seq.request_id] = seq
         stats = StepStats()
@@ -356,7 +358,7 @@ class Engine:
                 rows.append((seq, chunk, seq.n_past, int(seq.n_past + n == len(seq.prompt))))
                 stats.prefilled[seq.request_id] = n
                 tokens, seconds = tokens - n, seconds - self.budget.cost(seq.n_past, n)
-        drafts = self._drafts(decoding, rows) if self.draft is not None and self.verify_cost is not None else {}
+        drafts = self.drafting.drafts(decoding, rows, self.n_ctx) if self.drafting is not None and self.drafting.verify_cost is not None else {}
         fed = [[seq.pending, *drafts.get(seq.request_id, ())] for seq in decoding]
         rows[:0] = [(seq, tokens, seq.n_past, len(tokens)) for seq, tokens in zip(decoding, fed)]  # decode rows first, as stats.decoded counts them
         self.last_step = stats
@@ -403,87 +405,7 @@ class Engine:
     def _calibrate(self) -> None:
         slot = min(self._free_slots, key=lambda s: len(self._slot_tokens[s]))  # the emptiest: least reuse lost
         self._slot_tokens[slot] = []
-        seconds = forward_seconds(self.backend, slot, self.draft.max_draft + 1)  # type: ignore[union-attr]
-        self.verify_cost, self.row_seconds = verify_cost(seconds), float(seconds[0])
-        if self.drafter is not None:
-            self.drafter.forget(slot)
-            self.drafter.step_seconds = float(forward_seconds(self.drafter.backend, slot, 1)[0])
-
-    def _drafts(self, decoding: list[_Sequence], prefills: list[tuple[_Sequence, list[int], int, int]]) -> dict[int, list[int]]:
-        """This step's drafts, by request (speculative.py): prompt lookup's where it finds one
-        and has lately held at least as well as the draft model, else the draft model's, for
-        every request at once in draft_model.py's stage; never more than the answer's or the
-        slot's room. The draft model also takes this step's `prefills` chunks (rows as
-        step() builds them), so its prompt is not left to the first decode step."""
-        drafts: dict[int, list[int]] = {}
-        asks = [(seq, DraftRequest(seq.seq_id, seq.prompt[: start + len(chunk)], 0)) for seq, chunk, start, _ in prefills if seq.model is not None]
-        for seq in decoding:
-            seq.source, seq.proposals = None, None
-            room = self.n_ctx - 2 - seq.n_past
-            if seq.params.max_tokens is not None:
-                room = min(room, seq.params.max_tokens - len(seq.generated) - 1)  # k drafted: k + 1 tokens out
-            if seq.params.draft_max is not None:
-                room = min(room, seq.params.draft_max)
-            if room <= 0 or seq.forced:
-                continue
-            if tokens := self._lookup(seq, room):
-                drafts[seq.request_id], seq.source = tokens, seq.lookup
-            elif seq.model is not None and (k := min(seq.model.draft_length(self._model_cost()), room)) > 0:
-                asks.append((seq, DraftRequest(seq.seq_id, seq.history, k, self._chooser(seq))))
-        if asks:
-            try:
-                proposed = self.drafter.propose([ask for _, ask in asks])  # type: ignore[union-attr]
-            except Exception:  # noqa: BLE001 - a failed draft costs these requests their drafting, never their answer
-                proposed = {}
-                for seq, _ in asks:
-                    seq.model = None
-            for seq, _ in asks:
-                if (draft := proposed.get(seq.seq_id)) is not None:
-                    drafts[seq.request_id], seq.source, seq.proposals = draft.tokens, seq.model, draft.proposals
-        return drafts
-
-    def _lookup(self, seq: _Sequence, room: int) -> list[int]:
-        """Prompt lookup's draft, unless the draft model has lately done better for this request."""
-        state = seq.lookup
-        if state is None or (seq.model is not None and state.rate < seq.model.rate):
-            return []
-        k = min(state.draft_length(self.verify_cost), room)  # type: ignore[arg-type]
-        if k <= 0:
-            return []
-        c = self.draft
-        drafted = lookup(np.asarray(seq.history, dtype=np.int32), c.ngram_min, c.ngram_max, k)  # type: ignore[union-attr]
-        if seq.mask is not None and drafted:  # what the grammar would refuse could never be accepted: not worth a row
-            drafted = drafted[: seq.mask.valid_prefix(drafted)]
-        return drafted
-
-    def _model_cost(self) -> np.ndarray:
-        """cost[k]: k draft-model steps and a (k+1)-row verify, in 1-row target forwards."""
-        step = (self.drafter.step_seconds or 0.0) / self.row_seconds if self.row_seconds else 0.0  # type: ignore[union-attr]
-        return self.verify_cost + step * np.arange(len(self.verify_cost))  # type: ignore[operator]
-
-    def _chooser(self, seq: _Sequence) -> Chooser:
-        """How the draft model picks a request's tokens: the request's own sampling settings
-        (and grammar, on a copy of its state) over the draft's logits, drawn with the draft's RNG."""
-        thinking = seq.splitter is not None and seq.splitter.thinking
-        mask = seq.mask.fork() if seq.mask is not None and not thinking else None
-        sampler, eog = seq.draft_sampler, self.backend.vocab.eog_ids
-        banned = self._eog if seq.params.ignore_eos else None
-
-        def choose(logits: np.ndarray, drafted: list[int]) -> tuple[int, Proposal] | None:
-            if drafted and drafted[-1] in eog:
-                return None  # nothing follows the end
-            if banned is not None:
-                logits[banned[banned < len(logits)]] = -np.inf
-            allowed = mask.apply(logits) if mask is not None else None
-            if allowed is not None and not len(allowed):
-                return None
-            ids, probs = sampler.distribution(logits, seq.history + drafted, seq.generated + drafted, allowed)  # type: ignore[union-attr]
-            token = int(ids[draw(probs, sampler.rng)])  # type: ignore[union-attr]
-            if mask is not None and not mask.advance(token):
-                return None
-            return token, (ids, probs)
-
-        return choose
+        self.drafting.calibrate(slot)  # type: ignore[union-attr]
 
     def _forward(self, rows: list[tuple[_Sequence, list[int], int, int]]) -> None:
         """One batched forward; if it fails, each sequence alone, so that a failure ends only
@@ -516,7 +438,7 @@ class Engine:
         speculative-sampling rule); keep each drafted token that comes out, then roll the
         KV cache back past the first one that did not."""
         slot, seq.n_forwards = seq.seq_id, seq.n_forwards + 1
-        kept, proposals = 0, seq.proposals
+        kept, proposals = 0, seq.spec.proposals if seq.spec else None
         for row in range(len(fed)):
             kept += 1  # fed[row] is now a valid part of the cache
             seq.n_past = start + kept
@@ -524,8 +446,8 @@ class Engine:
             self._accept(seq, logits[row], (fed[row + 1], proposals[row]) if proposals and row + 1 < len(fed) else None)
             if seq.seq_id < 0 or row + 1 == len(fed) or seq.pending != fed[row + 1]:
                 break  # finished, the bonus token, or the draft's first miss
-        if seq.source is not None and len(fed) > 1:
-            seq.source.record(len(fed) - 1, kept - 1)
+        if seq.spec is not None and seq.spec.source is not None and len(fed) > 1:
+            seq.spec.source.record(len(fed) - 1, kept - 1)
         if kept < len(fed):
             self.backend.kv_truncate(slot, start + kept)
 
@@ -690,12 +612,7 @@ class Engine:
             tpot_ms=tpot,
             tokens_per_s=1e3 / tpot if tpot else 0.0,
             prompt_tokens_per_s=(len(seq.prompt) - seq.cached_tokens) * 1e3 / seq.prompt_ms if seq.prompt_ms else 0.0,
-            drafted=sum(state.drafted for state in (seq.lookup, seq.model) if state),
-            accepted=sum(state.accepted for state in (seq.lookup, seq.model) if state),
-            lookup_drafted=seq.lookup.drafted if seq.lookup else 0,
-            lookup_accepted=seq.lookup.accepted if seq.lookup else 0,
-            model_drafted=seq.model.drafted if seq.model else 0,
-            model_accepted=seq.model.accepted if seq.model else 0,
+            **(seq.spec.counts() if seq.spec else {}),
             tokens_per_forward=(seq.n_sampled - 1) / seq.n_forwards if seq.n_forwards else 0.0,
         )
 
@@ -708,7 +625,7 @@ class Engine:
         self._stopping = False
         self._thread = threading.Thread(target=self._loop, name="localinfer-engine", daemon=True)
         self._thread.start()
-        if self.draft is not None and self.verify_cost is None:
+        if self.drafting is not None and self.drafting.verify_cost is None:
             self._post(("call", (lambda: None, concurrent.futures.Future())))  # a first step now: it measures the verify cost
 
     def stop(self) -> None:
@@ -768,6 +685,6 @@ class Engine:
         self.stop()
         self._closed = True
         self._watch.close()
-        if self.drafter is not None:
-            self.drafter.close()
+        if self.drafting is not None:
+            self.drafting.close()
         self.backend.close()

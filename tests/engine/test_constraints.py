@@ -118,7 +118,7 @@ def test_speculation_under_a_grammar_equals_plain_constrained_decoding(engine: E
     prompt = chat(engine, f"Copy this record exactly, as JSON:\n{json.dumps(record)}\n{json.dumps(record)}")
     params = SamplingParams(temperature=0, max_tokens=120, constraint=Constraint.json_schema(PERSON))
     spec = Engine(engine.backend, draft=DraftConfig())
-    spec.verify_cost = np.linspace(1.0, 1.5, spec.draft.max_draft + 1)  # cheap verifies: it always drafts
+    spec.drafting.verify_cost = np.linspace(1.0, 1.5, spec.draft.max_draft + 1)  # cheap verifies: it always drafts
     plain_out, spec_out = engine.complete(prompt, params), spec.complete(prompt, params)
     assert spec_out.tokens == plain_out.tokens and spec_out.finish_reason == plain_out.finish_reason == "stop"
     assert spec_out.timings.drafted > 0 and spec_out.timings.accepted > 0

@@ -54,7 +54,7 @@ def engines(target, draft) -> tuple[Engine, Engine]:
     """(plain, speculative with the draft) on one target backend, with a fixed verify-cost
     curve so that draft lengths do not depend on how busy the machine was."""
     spec = Fresh(target, slots=2, draft=DraftConfig(), drafter=DraftModel(draft, 2, "draft"))
-    spec.verify_cost, spec.row_seconds = np.linspace(1.0, 1.5, spec.draft.max_draft + 1), 1.0
+    spec.drafting.verify_cost, spec.drafting.row_seconds = np.linspace(1.0, 1.5, spec.draft.max_draft + 1), 1.0
     spec.drafter.step_seconds = 0.2
     return Fresh(target, slots=2), spec
 
@@ -243,7 +243,7 @@ def test_sampled_answers_with_a_draft_model_follow_the_targets_distribution(mode
     try:
         prompt = engine.tokenize_prompt(engine.render_chat([{"role": "user", "content": "What is the capital of France?"}]))
         exact = outcome_probabilities(target, prompt, Sampler(params), depth=3, floor=0.03)
-        engine.verify_cost, engine.row_seconds, engine.drafter.step_seconds = np.linspace(1.0, 1.2, 11), 1.0, 0.1  # always worth drafting
+        engine.drafting.verify_cost, engine.drafting.row_seconds, engine.drafter.step_seconds = np.linspace(1.0, 1.2, 11), 1.0, 0.1  # always worth drafting
         streams = [engine.submit(prompt, replace(params, seed=seed)) for seed in range(DRAWS)]
         while engine.has_work():
             engine.step()

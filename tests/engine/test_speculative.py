@@ -50,7 +50,7 @@ def engines(backend) -> tuple[Engine, Engine]:
     curve instead of the one it timed at load, so that its draft lengths, and the rollback
     paths a test walks, do not depend on how busy the machine was."""
     spec = Fresh(backend, slots=2, draft=DraftConfig())
-    spec.verify_cost = np.linspace(1.0, 1.5, spec.draft.max_draft + 1)
+    spec.drafting.verify_cost = np.linspace(1.0, 1.5, spec.draft.max_draft + 1)
     return Fresh(backend, slots=2), spec
 
 
@@ -197,21 +197,21 @@ def test_the_verify_cost_is_measured_by_the_thread_that_runs_the_engine(backend,
     import threading
     import time
 
-    from localinfer.engine import engine as engine_module
+    from localinfer.engine import drafting
 
     measured_on = []
-    real = engine_module.forward_seconds
+    real = drafting.forward_seconds
 
     def spy(*args, **kwargs):
         measured_on.append(threading.current_thread().name)
         return real(*args, **kwargs)
 
-    monkeypatch.setattr(engine_module, "forward_seconds", spy)
+    monkeypatch.setattr(drafting, "forward_seconds", spy)
     engine = Engine(backend, slots=2, draft=DraftConfig())
-    assert engine.verify_cost is None  # not at construction, on the caller's thread
+    assert engine.drafting.verify_cost is None  # not at construction, on the caller's thread
     engine.start()
     deadline = time.monotonic() + 60
-    while engine.verify_cost is None and time.monotonic() < deadline:
+    while engine.drafting.verify_cost is None and time.monotonic() < deadline:
         time.sleep(0.01)
     engine.stop()
-    assert measured_on == ["localinfer-engine"] and engine.verify_cost is not None
+    assert measured_on == ["localinfer-engine"] and engine.drafting.verify_cost is not None
