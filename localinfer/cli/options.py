@@ -115,7 +115,7 @@ Think = Annotated[str, typer.Option("--think", help="Let a reasoning model (Qwen
 ThinkBudget = Annotated[Optional[int], typer.Option("--think-budget", help="Most tokens a reasoning model may think; then localinfer closes the think block and the model answers. 0: do not think. [default: no limit]", callback=at_least(0), show_default=False)]
 
 
-# Speculation, on every command that decodes (run, serve); one definition, so their --help agrees.
+# Speculation, on every command that decodes (run, chat, serve); one definition, so their --help agrees.
 Draft = Annotated[str, typer.Option("--draft", metavar="MODEL|auto|prompt-lookup|none", callback=draft_mode,
     help="Speculative decoding, lossless at any temperature, each source switched off where it would not pay: a draft MODEL (a small model of the same vocabulary: catalog alias, file or hub repo) proposes tokens the model verifies in one forward, beside prompt-lookup (drafts copied from the prompt and answer so far); auto: the catalog's draft for the model where it is downloaded, else prompt lookup; prompt-lookup alone; or none.")]  # fmt: skip
 DraftEngine = Annotated[Optional[str], typer.Option("--draft-engine", help="Engine of the draft model: native or llama.cpp. [default: the model's]", callback=lambda v: None if v in (None, "auto") else backend_name(v), show_default=False)]
