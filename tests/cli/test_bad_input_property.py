@@ -131,6 +131,8 @@ def run_parts(files: dict[str, str]) -> Parts:
         "--threads": numbers(["1", "2"], ["0", "100000", "-1"]), "--gpu-layers": (["auto", "0", "99"], ["-1", "many", ""]),
         "--engine": (["llama.cpp", "native"], ["vllm", ""]), "--kernels": (["auto", "c", "numba"], ["avx9"]),
         "--system": (TEXTS, []), "--raw": FLAG, "--json": FLAG, "--verbose": FLAG,
+        "--draft": (["auto", "none", "prompt-lookup", files["model"]], REFS + ["", " "] + sorted(v for k, v in files.items() if k != "model")),
+        "--draft-engine": (["native", "llama.cpp", "auto"], ["vllm", ""]),
         "model": (["", "smollm2:135m", files["model"]], REFS + sorted(v for k, v in files.items() if k != "model")),
         "prompt": ([text for text in TEXTS if text], [""]),  # no prompt at all is an error
     }  # fmt: skip
