@@ -29,6 +29,7 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from localinfer.backends.devices import cpu_name  # noqa: E402
 from localinfer.engine.loader import LoadOptions, open_engine  # noqa: E402
 from localinfer.engine.speculative import DraftConfig  # noqa: E402
 from localinfer.engine.types import SamplingParams  # noqa: E402
@@ -173,13 +174,6 @@ def main() -> None:
             rows += ours(engine, target, draft, args.threads, args.tokens, args.repeats)
     if args.json:
         args.json.write_text(json.dumps({"cpu": cpu_name(), "threads": args.threads, "tokens": args.tokens, "rows": rows}, indent=1))
-
-
-def cpu_name() -> str:
-    for text in Path("/proc/cpuinfo").read_text().splitlines():
-        if text.startswith("model name"):
-            return text.split(":", 1)[1].strip()
-    return "unknown"
 
 
 if __name__ == "__main__":

@@ -90,6 +90,21 @@ class Batch:
             want_logits=want,
         )
 
+    @classmethod
+    def of_rows(cls, rows: Iterable[tuple[int, list[int], int, int]]) -> Batch:
+        """Rows of several sequences, each (seq_id, tokens, start position, how many of its
+        last tokens want logits), in one batch, in that order."""
+        tokens: list[int] = []
+        positions: list[int] = []
+        seq_ids: list[int] = []
+        want: list[bool] = []
+        for seq_id, chunk, start, n_logits in rows:
+            tokens += chunk
+            positions += range(start, start + len(chunk))
+            seq_ids += [seq_id] * len(chunk)
+            want += [False] * (len(chunk) - n_logits) + [True] * n_logits
+        return cls(np.array(tokens, dtype=np.int32), np.array(positions, dtype=np.int32), np.array(seq_ids, dtype=np.int32), np.array(want, dtype=bool))
+
     def __len__(self) -> int:
         return len(self.tokens)
 

@@ -159,8 +159,8 @@ def print_timings(engine: Engine, result: CompletionOutput) -> None:
 
 def speculation_summary(t: Timings, draft_model: str | None) -> str:
     """Drafted and accepted tokens per source, and tokens per target forward, in one line."""
-    sources = [(f"draft model {draft_model}", t.model_drafted, t.model_accepted)] if draft_model else []
-    sources.append(("prompt lookup", t.lookup_drafted, t.lookup_accepted))
+    names = {"model": f"draft model {draft_model}", "lookup": "prompt lookup"}
+    sources = [(names[source], drafted, accepted) for source, drafted, accepted in t.by_source() if draft_model or source != "model"]
     said = [f"{name} {accepted}/{drafted} accepted ({accepted / drafted:.0%})" if drafted else f"{name} drafted nothing" for name, drafted, accepted in sources]
     return f"{'; '.join(said)}; {t.tokens_per_forward:.2f} tokens per target forward"
 

@@ -117,15 +117,8 @@ class DraftModel:
         return keep
 
     def _forward(self, rows: list[tuple[int, list[int], int, bool]]) -> np.ndarray:
-        tokens, positions, seq_ids, want = [], [], [], []
-        for slot, chunk, start, wants in rows:
-            tokens += chunk
-            positions += range(start, start + len(chunk))
-            seq_ids += [slot] * len(chunk)
-            want += [False] * (len(chunk) - 1) + [wants]
-        batch = Batch(np.array(tokens, np.int32), np.array(positions, np.int32), np.array(seq_ids, np.int32), np.array(want, bool))
         try:
-            logits = self.backend.forward(batch)
+            logits = self.backend.forward(Batch.of_rows((slot, chunk, start, int(wants)) for slot, chunk, start, wants in rows))
         except Exception:
             for slot, *_ in rows:
                 self.forget(slot)

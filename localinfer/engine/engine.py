@@ -453,18 +453,7 @@ class Engine:
 
     @staticmethod
     def _batch(rows: list[tuple[_Sequence, list[int], int, int]]) -> Batch:
-        tokens, positions, seq_ids, want = [], [], [], []
-        for seq, chunk, start, n_logits in rows:
-            tokens += chunk
-            positions += range(start, start + len(chunk))
-            seq_ids += [seq.seq_id] * len(chunk)
-            want += [False] * (len(chunk) - n_logits) + [True] * n_logits
-        return Batch(
-            tokens=np.array(tokens, dtype=np.int32),
-            positions=np.array(positions, dtype=np.int32),
-            seq_ids=np.array(seq_ids, dtype=np.int32),
-            want_logits=np.array(want, dtype=bool),
-        )
+        return Batch.of_rows((seq.seq_id, chunk, start, n_logits) for seq, chunk, start, n_logits in rows)
 
     def _apply_inbox(self) -> None:
         while True:

@@ -175,10 +175,11 @@ def plan_draft(options: LoadOptions, src: ModelSource, target_engine: str, targe
         info = inspect(path)
         engine = options.draft_engine or target_engine
         backend_cls = get_backend(engine)
-        why_not = backend_cls.capabilities().refusal(info.architecture, info.tensor_types)
+        caps = backend_cls.capabilities()
+        why_not = caps.refusal(info.architecture, info.tensor_types)
         if why_not is not None:
             raise UserError(f"the {engine} engine does not run {why_not}")
-        kv = target.cache_types if set(target.cache_types) <= set(backend_cls.capabilities().kv_types) else ("f16", "f16")
+        kv = target.cache_types if set(target.cache_types) <= set(caps.kv_types) else ("f16", "f16")
         plan = memory.plan(info, n_ctx * options.n_seq_max, 0, (), target.ram_free - target.total, kv,
                            lambda types: backend_cls.kv_cache_bytes(info, n_ctx, options.n_seq_max, types))  # fmt: skip
     except UserError as e:

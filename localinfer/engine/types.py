@@ -61,6 +61,10 @@ class Timings:
     model_accepted: int = 0
     tokens_per_forward: float = 0.0  # tokens sampled after the first, per decode forward (1 without speculation)
 
+    def by_source(self) -> list[tuple[str, int, int]]:
+        """(source, drafted, accepted) for the draft model and prompt lookup."""
+        return [("model", self.model_drafted, self.model_accepted), ("lookup", self.lookup_drafted, self.lookup_accepted)]
+
     def as_dict(self) -> dict[str, float]:
         return {k: round(v, 3) for k, v in asdict(self).items()}
 

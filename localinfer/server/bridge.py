@@ -241,7 +241,7 @@ class Bridge:
         metrics.generation_tokens.inc(out.completion_tokens)
         metrics.prefix_hit_tokens.inc(out.cached_tokens)
         t = out.timings
-        for source, drafted, accepted in (("model", t.model_drafted, t.model_accepted), ("lookup", t.lookup_drafted, t.lookup_accepted)):
+        for source, drafted, accepted in t.by_source():
             metrics.drafted.labels(source=source).inc(drafted)
             metrics.accepted.labels(source=source).inc(accepted)
         if out.timings.tokens_per_forward:

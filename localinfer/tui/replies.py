@@ -38,8 +38,7 @@ class ReplyFigures:
     cache_types: tuple[str, str] | None = None
     drafted: int = 0  # speculation: drafted and accepted tokens, both sources
     accepted: int = 0
-    model_drafted: int = 0  # of those, the draft model's
-    model_accepted: int = 0
+    sources: list[tuple[str, int, int]] = field(default_factory=list)  # ... and per source: (name, drafted, accepted)
     tokens_per_forward: float = 0.0
     finish_reason: str | None = None  # None while streaming
     error: str | None = None
@@ -141,7 +140,7 @@ class _LocalReply(Reply):
                 f.ttft_ms, f.tokens, f.finish_reason = t.ttft_ms, event.completion_tokens, event.finish_reason
                 f.tokens_per_s = t.tokens_per_s or f.tokens_per_s  # one token has no decode rate
                 f.drafted, f.accepted, f.tokens_per_forward = t.drafted, t.accepted, t.tokens_per_forward
-                f.model_drafted, f.model_accepted = t.model_drafted, t.model_accepted
+                f.sources = t.by_source()
                 f.error = str(event.error) if event.error else None
                 f.reasoning_tokens = event.reasoning_tokens or None
                 self._kv(f)

@@ -146,9 +146,7 @@ def status_text(model: str, engine: str, figures: ReplyFigures | None, streaming
 
 def speculation_rates(f: ReplyFigures) -> str:
     """Acceptance per source that drafted: "model 91% lookup 40%"."""
-    lookup_drafted, lookup_accepted = f.drafted - f.model_drafted, f.accepted - f.model_accepted
-    rates = [(name, accepted / drafted) for name, drafted, accepted in (("model", f.model_drafted, f.model_accepted), ("lookup", lookup_drafted, lookup_accepted)) if drafted]
-    return " ".join(f"{name} {rate:.0%}" for name, rate in rates)
+    return " ".join(f"{name} {accepted / drafted:.0%}" for name, drafted, accepted in f.sources if drafted)
 
 
 class StatusLine(Static):

@@ -13,6 +13,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from localinfer.backends import get_backend
 from localinfer.backends.base import LoadParams
 from localinfer.engine.draft_model import DraftModel, check_vocab
 from localinfer.engine.engine import Engine
@@ -29,20 +30,10 @@ PROMPTS = ["Write a Python function that checks whether a number is prime.", "Te
 GREEDY = SamplingParams(temperature=0, max_tokens=96, repeat_penalty=1.0)
 
 
-def backend_class(name: str):
-    if name == "native":
-        from localinfer.backends.native import NativeBackend
-
-        return NativeBackend
-    from localinfer.backends.llamacpp import LlamaCppBackend
-
-    return LlamaCppBackend
-
-
 @pytest.fixture(scope="module", params=["llama.cpp", "native"])
 def pair(request, f32_path: Path, model_path: Path):
     """(target F32, draft Q4_1) on one engine, two sequences each."""
-    cls = backend_class(request.param)
+    cls = get_backend(request.param)
     params = LoadParams(n_ctx=2048, n_threads=THREADS, n_seq_max=2)
     target, draft = cls.load(f32_path, params), cls.load(model_path, params)
     yield target, draft
