@@ -114,8 +114,9 @@ class DecodeLayer:
 class DecodePlan:
     """What a decode step binds once: the layers, the shapes, the RoPE tables (as `rope`
     takes them; the local layers' apart), the KV cache's types and positions, the FFN's
-    activation, and one-row float32 buffers that the step writes (h [n_embd], q [n_head *
-    hd], k and v [n_head_kv * hd], attn, o [n_embd], gate and up [n_ff])."""
+    activation, and float32 buffers of up to max_rows rows that the step writes (h [rows,
+    n_embd], q [rows, n_head * hd], k and v [rows, n_head_kv * hd], attn, o [rows, n_embd],
+    gate and up [rows, n_ff])."""
 
     layers: Sequence[DecodeLayer]
     n_head: int
@@ -133,13 +134,18 @@ class DecodePlan:
     sin_local: np.ndarray | None = None
     gelu: bool = False  # GeGLU (gelu's tanh approximation) instead of SwiGLU
 
+    @property
+    def max_rows(self) -> int:
+        return len(self.buffers["h"])
 
-# step(x, position, keys, values): one token through every layer, in place on x (float32
-# [1, n_embd]: its embedding in, the last layer's output out), storing its keys and values
-# at `position` of one sequence's cache (uint8 [n_layer, n_head_kv, n_ctx, row bytes]). The
-# result equals the per-operation calls' bit for bit (rms_norm, the products with n_fast = 0,
-# bias adds, norms, rope, attention, swiglu or geglu, residual adds, in the forward's order).
-DecodeStep = Callable[[np.ndarray, int, np.ndarray, np.ndarray], None]
+
+# step(x, positions, keys, values): n tokens of one sequence (n <= plan.max_rows) through
+# every layer, in place on x (float32 [n, n_embd]: their embeddings in, the last layer's
+# outputs out), storing their keys and values at `positions` (int32 [n], in order) of that
+# sequence's cache (uint8 [n_layer, n_head_kv, n_ctx, row bytes]). The result equals the
+# per-operation calls' bit for bit (rms_norm, the products with n_fast = 0, bias adds, norms,
+# rope, attention, swiglu or geglu, residual adds, in the forward's order).
+DecodeStep = Callable[[np.ndarray, np.ndarray, np.ndarray, np.ndarray], None]
 
 
 class Kernels(Protocol):

@@ -18,7 +18,7 @@
 #include <omp.h>
 #endif
 
-#define LI_ABI_VERSION 5
+#define LI_ABI_VERSION 6
 
 /* ---- legacy.c --------------------------------------------------------------------- */
 typedef struct {

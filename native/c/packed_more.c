@@ -1,5 +1,5 @@
 /* Packed panels (see packed.c) of the float types and the low-bit types people download:
- * F16, BF16, Q2_K, Q3_K, IQ4_NL, IQ4_XS. packed.c asks here for what it does not pack itself.
+ * F32, F16, BF16, Q2_K, Q3_K, IQ4_NL, IQ4_XS. packed.c asks here for what it does not pack itself.
  *
  * The same contract as packed.c: panels of 16 weight rows, lane i of every vector is weight
  * row i, a register tile of R activation rows shares each unpacked chunk, and every output
@@ -45,6 +45,7 @@
 int li_pack_more_block(int type, int *values, int *bytes) {
 #ifdef LP_R
     switch (type) {
+    case LI_F32: *values = 1; *bytes = 4; return 1;
     case LI_F16:
     case LI_BF16: *values = 1; *bytes = 2; return 1;
     case LI_IQ4_NL: *values = 32; *bytes = 18; return 1;
@@ -86,6 +87,7 @@ static void lpm_q3_hbits(uint8_t *dst, const uint8_t *src, int64_t row_bytes) {
 /* one panel block: block b of 16 rows at src (row_bytes apart) into dst (16 * bytes) */
 void li_pack_more(int type, uint8_t *dst, const uint8_t *src, int64_t row_bytes) {
     switch (type) {
+    case LI_F32: lpm_interleave4(dst, src, row_bytes, 1); break;
     case LI_F16:
     case LI_BF16: lpm_fields16(dst, src, row_bytes, 0); break;
     case LI_IQ4_NL:
@@ -229,7 +231,7 @@ LP_INLINE vi lpm_part_scaled(vi sumi, vi part, vi sc) {
 #endif
 }
 
-/* ---- F16 and BF16 against float activations ------------------------------------------------ */
+/* ---- F32, F16 and BF16 against float activations ------------------------------------------- */
 
 /* Two accumulators a row, even columns in one and odd in the other (added at the end), so
  * that decode (R = 1) is not held to one FMA's latency a column. Float tiles: AVX-512's 32
@@ -240,20 +242,29 @@ LP_INLINE vi lpm_part_scaled(vi sumi, vi part, vi sc) {
 #define LPM_FTILE 3
 #endif
 
-LP_INLINE void lpm_float(const int BF, const int R, const uint8_t *pw, int64_t k, const float *x, float *y,
+enum { LPM_F16 = 0, LPM_BF16 = 1, LPM_F32 = 2 };
+
+/* the 16 rows' weights of column b, the panel in format WF */
+LP_INLINE vf lpm_column(const int WF, const uint8_t *pw, int64_t b) {
+    return WF == LPM_F32 ? vf_f32(pw + 64 * b) : WF == LPM_BF16 ? vm_bf16(pw + 32 * b) : vf_f16(pw + 32 * b);
+}
+
+LP_INLINE void lpm_float(const int WF, const int R, const uint8_t *pw, int64_t k, const float *x, float *y,
                          int64_t ldy) {
     vf acc[2][LPM_FTILE];
     for (int r = 0; r < R; r++) acc[0][r] = acc[1][r] = vf_zero();
+    const int64_t stride = WF == LPM_F32 ? 64 : 32; /* a column's bytes */
     int64_t b = 0;
     for (; b + 2 <= k; b += 2) {
-        __builtin_prefetch(pw + 32 * b + LI_PREFETCH, 0, 3); /* one cache line per two columns */
+        __builtin_prefetch(pw + stride * b + LI_PREFETCH, 0, 3);
+        if (WF == LPM_F32) __builtin_prefetch(pw + stride * b + 64 + LI_PREFETCH, 0, 3);
         for (int s = 0; s < 2; s++) {
-            const vf w = BF ? vm_bf16(pw + 32 * (b + s)) : vf_f16(pw + 32 * (b + s));
+            const vf w = lpm_column(WF, pw, b + s);
             for (int r = 0; r < R; r++) acc[s][r] = vf_fmadd(w, vf_set1(x[r * k + b + s]), acc[s][r]);
         }
     }
     if (b < k) {
-        const vf w = BF ? vm_bf16(pw + 32 * b) : vf_f16(pw + 32 * b);
+        const vf w = lpm_column(WF, pw, b);
         for (int r = 0; r < R; r++) acc[0][r] = vf_fmadd(w, vf_set1(x[r * k + b]), acc[0][r]);
     }
     for (int r = 0; r < R; r++) vf_store(y + r * ldy, vf_add(acc[0][r], acc[1][r]));
@@ -477,14 +488,16 @@ void li_packed_rows_more_q8k(int type, const uint8_t *packed, int64_t p0, int64_
 
 void li_packed_rows_float(int type, const uint8_t *packed, int64_t p0, int64_t p1, int64_t k, const float *x,
                           int64_t n, float *y, int64_t ldy) {
-    const int bf = type == LI_BF16;
-    if (type != LI_F16 && !bf) return;
+    if (type != LI_F32 && type != LI_F16 && type != LI_BF16) return;
+    const int64_t panel_bytes = k * 16 * (type == LI_F32 ? 4 : 2);
     for (int64_t p = p0; p < p1; p++) {
-        const uint8_t *pw = packed + p * k * 32;
-#define LP_CALL(R)                                                                  \
-    do {                                                                            \
-        if (bf) lpm_float(1, R, pw, k, x + j * k, y + j * ldy + 16 * p, ldy);      \
-        else lpm_float(0, R, pw, k, x + j * k, y + j * ldy + 16 * p, ldy);         \
+        const uint8_t *pw = packed + p * panel_bytes;
+#define LP_CALL(R)                                                                      \
+    do {                                                                                \
+        float *yt = y + j * ldy + 16 * p;                                               \
+        if (type == LI_F32) lpm_float(LPM_F32, R, pw, k, x + j * k, yt, ldy);           \
+        else if (type == LI_BF16) lpm_float(LPM_BF16, R, pw, k, x + j * k, yt, ldy);    \
+        else lpm_float(LPM_F16, R, pw, k, x + j * k, yt, ldy);                          \
     } while (0)
 #ifdef LP_512
         LP_TILES(LP_CALL)

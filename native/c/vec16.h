@@ -69,6 +69,7 @@ static inline vi vi_cvt_i8(const uint8_t *p) { return _mm512_cvtepi8_epi32(_mm_l
 static inline vf vf_zero(void) { return _mm512_setzero_ps(); }
 static inline vf vf_set1(float x) { return _mm512_set1_ps(x); }
 static inline vf vf_f16(const uint8_t *p) { return _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)p)); }
+static inline vf vf_f32(const uint8_t *p) { return _mm512_loadu_ps((const float *)p); }
 static inline vf vf_cvt(vi a) { return _mm512_cvtepi32_ps(a); }
 static inline vf vf_mul(vf a, vf b) { return _mm512_mul_ps(a, b); }
 static inline vf vf_fmadd(vf a, vf b, vf c) { return _mm512_fmadd_ps(a, b, c); }
@@ -121,6 +122,7 @@ static inline vf vf_set1(float x) { return (vf){_mm256_set1_ps(x), _mm256_set1_p
 static inline vf vf_f16(const uint8_t *p) {
     return (vf){_mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)p)), _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(p + 16)))};
 }
+static inline vf vf_f32(const uint8_t *p) { return (vf){_mm256_loadu_ps((const float *)p), _mm256_loadu_ps((const float *)(p + 32))}; }
 static inline vf vf_cvt(vi a) { return (vf){_mm256_cvtepi32_ps(a.l), _mm256_cvtepi32_ps(a.h)}; }
 static inline vf vf_mul(vf a, vf b) { return (vf){_mm256_mul_ps(a.l, b.l), _mm256_mul_ps(a.h, b.h)}; }
 static inline vf vf_fmadd(vf a, vf b, vf c) { return (vf){_mm256_fmadd_ps(a.l, b.l, c.l), _mm256_fmadd_ps(a.h, b.h, c.h)}; }

@@ -1,5 +1,6 @@
 """The C set's fused decode step (native/c/decode.c) against the forward's own
-one-operation-at-a-time path, on the same weights: the logits of every decode token must be
+one-operation-at-a-time path, on the same weights: the logits of every decode token, and of
+a verify's rows (the same tokens in one batch, as a speculative verify sends them), must be
 the same bit for bit, for the embedded llama model (f16 and quantized KV caches) and for
 tiny models of the other architectures (test_architectures.py's): qwen2's biases, qwen3's
 q/k norms, gemma3's post-norms, GeGLU, local layers' RoPE and window (decoding past it),
@@ -33,34 +34,44 @@ class PerOperation(CKernels):
         return None
 
 
-def greedy_logits(path: Path, kernels: CKernels, cache_types: tuple[str, str], prompt: list[int], steps: int) -> tuple[list[np.ndarray], bool]:
-    """The logits of `steps` greedy decode tokens after `prompt`, and whether the fused step ran them."""
+def open_model(path: Path, kernels: CKernels, cache_types: tuple[str, str]) -> tuple[Transformer, Weights]:
     info = inspect(path)
     config = ModelConfig.from_gguf(info)
     weights = Weights.open(path, info, config, kernels)
-    model = Transformer(config, weights, kernels, KVCache(config, 64, 1, cache_types))
+    return Transformer(config, weights, kernels, KVCache(config, 64, 1, cache_types)), weights
+
+
+def run(model: Transformer, tokens: list[int], start: int, all_logits: bool) -> np.ndarray:
+    n = len(tokens)
+    want = np.ones(n, bool) if all_logits else np.arange(n) == n - 1
+    return model.forward(np.array(tokens), np.arange(start, start + n, dtype=np.int32), np.zeros(n, np.int32), want)
+
+
+def greedy_logits(path: Path, kernels: CKernels, cache_types: tuple[str, str], prompt: list[int], steps: int) -> tuple[list[np.ndarray], np.ndarray, bool]:
+    """The logits of `steps` greedy decode tokens after `prompt`; the logits of the same
+    tokens sent again as one verify batch; and whether the fused step ran them."""
+    model, weights = open_model(path, kernels, cache_types)
     try:
-        n = len(prompt)
-        want = np.zeros(n, bool)
-        want[-1] = True
-        logits = model.forward(np.array(prompt), np.arange(n, dtype=np.int32), np.zeros(n, np.int32), want)
-        out = []
+        logits = run(model, prompt, 0, False)
+        out, fed = [], []
         for i in range(steps):
-            token = int(logits[0].argmax())
-            logits = model.forward(np.array([token]), np.array([n + i], np.int32), np.zeros(1, np.int32), np.ones(1, bool))
+            fed.append(int(logits[0].argmax()))
+            logits = run(model, fed[-1:], len(prompt) + i, True)
             out.append(logits.copy())
-        return out, model.decode_step is not None
+        return out, run(model, fed, len(prompt), True), model.decode_step is not None
     finally:
         weights.close()
 
 
 def assert_same_decode(path: Path, cache_types: tuple[str, str], steps: int = 8) -> None:
     prompt = [1, 504, 3458, 282, 4649, 314, 253, 1789, 28, 1041]
-    fused, ran_fused = greedy_logits(path, CKernels(THREADS), cache_types, prompt, steps)
-    per_op, ran_per_op = greedy_logits(path, PerOperation(THREADS), cache_types, prompt, steps)
+    fused, fused_verify, ran_fused = greedy_logits(path, CKernels(THREADS), cache_types, prompt, steps)
+    per_op, per_op_verify, ran_per_op = greedy_logits(path, PerOperation(THREADS), cache_types, prompt, steps)
     assert ran_fused and not ran_per_op
     for step, (a, b) in enumerate(zip(fused, per_op)):
         assert np.array_equal(a, b), f"decode token {step}: the fused step's logits differ by up to {np.abs(a - b).max()}"
+    assert np.array_equal(fused_verify, per_op_verify), "a verify batch through the fused step differs from the operations'"
+    assert np.array_equal(fused_verify, np.concatenate(fused)), "a verify batch differs from decoding its tokens one by one"
 
 
 @pytest.mark.parametrize("cache_types", [("f16", "f16"), ("q8_0", "q4_0")])

@@ -23,7 +23,7 @@ from tests.native.blocks import F16_FIELDS, random_qmatrix, reference_matmul
 from .conftest import build_library, cpu_flags
 
 PACKED = [Q.Q4_0, Q.Q4_1, Q.Q5_0, Q.Q5_1, Q.Q8_0, Q.Q4_K, Q.Q5_K, Q.Q6_K]
-PACKED_MORE = [Q.F16, Q.BF16, Q.IQ4_NL, Q.IQ4_XS, Q.Q2_K, Q.Q3_K]  # packed_more.c
+PACKED_MORE = [Q.F32, Q.F16, Q.BF16, Q.IQ4_NL, Q.IQ4_XS, Q.Q2_K, Q.Q3_K]  # packed_more.c
 
 
 @pytest.fixture(scope="session")
@@ -89,7 +89,7 @@ def test_a_matrix_of_many_rows_packs_like_an_output_head(library, qtype):
     np.testing.assert_array_equal(got, singles)
 
 
-@pytest.mark.parametrize("qtype", [t for t in PACKED + PACKED_MORE if t not in (Q.F16, Q.BF16)], ids=lambda t: t.name)
+@pytest.mark.parametrize("qtype", [t for t in PACKED + PACKED_MORE if t not in (Q.F32, Q.F16, Q.BF16)], ids=lambda t: t.name)
 def test_extreme_blocks_do_not_overflow(library, qtype):
     """Panels of blocks whose every byte is 0x00, 0xFF or 0x5A (the largest values and scales of
     either sign) against saturated activations: no int16 or int8 step of a kernel may wrap."""
@@ -111,7 +111,7 @@ def test_extreme_blocks_do_not_overflow(library, qtype):
 
 
 @pytest.mark.parametrize("cols", [1, 7, 99, 130])
-@pytest.mark.parametrize("qtype", [Q.F16, Q.BF16], ids=lambda t: t.name)
+@pytest.mark.parametrize("qtype", [Q.F32, Q.F16, Q.BF16], ids=lambda t: t.name)
 def test_float_panels_take_any_row_length(library, qtype, cols):
     """A float panel's block is one column, so every k packs; the kernel walks columns in
     pairs (two accumulators a row), which leaves an odd k one column over."""

@@ -4,9 +4,9 @@ Every step is a kernel call (C or Numba, the same protocol): products over the q
 weights, and the small per-token operations (RMSNorm, RoPE, attention, SwiGLU), which
 cost more than the products when numpy runs them as a dozen calls each. A batch may hold
 tokens of several sequences at any positions: products run over all rows at once,
-attention runs per sequence against that sequence's cache. A decode token (one row that
-wants logits) runs through the kernel set's fused decode step where it has one: the same
-operations in the same order, every layer in one call.
+attention runs per sequence against that sequence's cache. A few rows of one sequence (a
+decode token, a speculative verify, a draft's catch-up) run through the kernel set's fused
+decode step where it has one: the same operations in the same order, every layer in one call.
 """
 
 from __future__ import annotations
@@ -74,6 +74,11 @@ class Workspace:
         self.gate_up_out = (self.gate, self.up)
 
 
+# The most rows of one sequence the fused decode step takes: a speculative verify's K + 1;
+# more rows are a prefill chunk, whose products gain from the kernels' fast path.
+FUSED_ROWS = 16
+
+
 class Transformer:
     def __init__(self, config: ModelConfig, weights: Weights, kernels: Kernels, cache: KVCache) -> None:
         self.config, self.weights, self.kernels, self.cache = config, weights, kernels, cache
@@ -94,7 +99,7 @@ class Transformer:
 
     def _decode_plan(self) -> DecodePlan:
         """Every layer and shape a fused decode step binds, with buffers of its own."""
-        c, rope, ws = self.config, self.rope, Workspace(self.config, 1)
+        c, rope, ws = self.config, self.rope, Workspace(self.config, FUSED_ROWS)
         layers = [
             DecodeLayer(self.qkv[i], self.attn_out[i], self.gate_up[i], self.down[i], lw.attn_norm, lw.ffn_norm, lw.q_bias, lw.k_bias, lw.v_bias,
                         lw.q_norm, lw.k_norm, lw.post_attn_norm, lw.post_ffn_norm, self.windows[i])
@@ -128,8 +133,8 @@ class Transformer:
     def forward(self, tokens: np.ndarray, positions: np.ndarray, seq_ids: np.ndarray, want: np.ndarray, hidden: bool = False) -> np.ndarray:
         """Run n tokens through every layer; returns logits [n_wanted, n_vocab], or with
         `hidden` the final-norm hidden states [n_wanted, n_embd] (for embeddings)."""
-        if len(tokens) == 1 and want[0] and self.decode_step is not None:
-            x = self._decode(int(tokens[0]), int(positions[0]), int(seq_ids[0]))
+        if self.decode_step is not None and len(tokens) <= FUSED_ROWS and (seq_ids == seq_ids[0]).all():
+            x = self._decode(tokens, positions, int(seq_ids[0]), want)
         else:
             x = self._layers(tokens, positions, seq_ids, want)
         out = np.empty_like(x)
@@ -144,15 +149,16 @@ class Transformer:
             np.multiply(np.tanh(logits * (np.float32(1) / cap)), cap, out=logits)  # as ggml: scale, tanh, scale
         return logits
 
-    def _decode(self, token: int, position: int, seq: int) -> np.ndarray:
-        """One token of one sequence whose logits are wanted: the fused step, all layers in one call."""
+    def _decode(self, tokens: np.ndarray, positions: np.ndarray, seq: int, want: np.ndarray) -> np.ndarray:
+        """A few tokens of one sequence through the fused step, all layers in one call; the
+        last layer's output for the rows that want logits."""
         cache = self.cache
-        cache.reserve(seq, np.array([position]))
-        self._note_activations(1, position + 1, 1)
-        x = self.embed(np.array([token]))
+        cache.reserve(seq, positions)
+        self._note_activations(len(tokens), int(positions.max()) + 1, int(np.count_nonzero(want)))
+        x = self.embed(tokens)
         keys, values = cache.sequence(seq)
-        self.decode_step(x, position, keys, values)
-        return x
+        self.decode_step(x, np.ascontiguousarray(positions, dtype=np.int32), keys, values)
+        return x if want.all() else np.ascontiguousarray(x[want])
 
     def _layers(self, tokens: np.ndarray, positions: np.ndarray, seq_ids: np.ndarray, want: np.ndarray) -> np.ndarray:
         """Every layer, one operation at a time; returns the last layer's output for the rows
