@@ -12,7 +12,7 @@ answers are identical. The anchor: llama.cpp's own draft-model speculation as
 llama-cpp-python drives it (`Llama(draft_model=...)`, a LlamaDraftModel that drafts greedily
 with the same Q4_1), against the same Llama without a draft.
 
-    .venv/bin/python bench/draft_model.py [--threads 2] [--tokens 128] [--repeats 5] [--json OUT]
+    .venv/bin/python bench/draft_model.py [--threads 2] [--tokens 128] [--repeats 5] [--engines ...] [--json OUT]
 """
 
 from __future__ import annotations
@@ -60,9 +60,11 @@ def self_pair() -> tuple[Path, Path]:
     return target, draft
 
 
-def ours(engine: str, target: Path, draft: Path, threads: int, tokens: int, repeats: int) -> list[dict]:
+def ours(engines: str, target: Path, draft: Path, threads: int, tokens: int, repeats: int) -> list[dict]:
+    """`engines`: the target's engine, or target/draft engines (llama.cpp/native)."""
+    engine, _, draft_engine = engines.partition("/")
     plain = open_engine(str(target), LoadOptions(engine=engine, threads=threads, ctx=2048, draft=None))
-    spec = open_engine(str(target), LoadOptions(engine=engine, threads=threads, ctx=2048, draft=DraftConfig(), draft_model=str(draft)))
+    spec = open_engine(str(target), LoadOptions(engine=engine, threads=threads, ctx=2048, draft=DraftConfig(), draft_model=str(draft), draft_engine=draft_engine or None))
     rows = []
     try:
         for task, prompt in TASKS.items():
@@ -75,7 +77,7 @@ def ours(engine: str, target: Path, draft: Path, threads: int, tokens: int, repe
                     for e, out in order if r % 2 == 0 else order[::-1]:  # alternate who runs first: memory speed drifts
                         e._slot_tokens = [[] for _ in e._slot_tokens]  # noqa: SLF001 - no prefix reuse between runs
                         out.append(e.complete(ids, params))
-                rows.append(row(engine, task, temperature, *runs))
+                rows.append(row(engines, task, temperature, *runs))
                 print(line(rows[-1]), flush=True)
     finally:
         spec.close()
@@ -162,7 +164,8 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--tokens", type=int, default=128)
     ap.add_argument("--repeats", type=int, default=5)
-    ap.add_argument("--engines", default="native,llama.cpp,anchor", help="comma-separated, of native, llama.cpp, anchor")
+    ap.add_argument("--engines", default="native,llama.cpp,llama.cpp/native,anchor",
+                    help="comma-separated, of native, llama.cpp, TARGET/DRAFT engines (llama.cpp/native: drafting on native), anchor")
     ap.add_argument("--json", type=Path, help="write the rows here")
     args = ap.parse_args()
     target, draft = self_pair()

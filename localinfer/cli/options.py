@@ -118,7 +118,7 @@ ThinkBudget = Annotated[Optional[int], typer.Option("--think-budget", help="Most
 # Speculation, on every command that decodes (run, chat, serve); one definition, so their --help agrees.
 Draft = Annotated[str, typer.Option("--draft", metavar="MODEL|auto|prompt-lookup|none", callback=draft_mode,
     help="Speculative decoding, lossless at any temperature, each source switched off where it would not pay: a draft MODEL (a small model of the same vocabulary: catalog alias, file or hub repo) proposes tokens the model verifies in one forward, beside prompt-lookup (drafts copied from the prompt and answer so far); auto: the catalog's draft for the model where it is downloaded, else prompt lookup; prompt-lookup alone; or none.")]  # fmt: skip
-DraftEngine = Annotated[Optional[str], typer.Option("--draft-engine", help="Engine of the draft model: native or llama.cpp. [default: the model's]", callback=lambda v: None if v in (None, "auto") else backend_name(v), show_default=False)]
+DraftEngine = Annotated[Optional[str], typer.Option("--draft-engine", help="Engine of the draft model: native or llama.cpp (native drafts a small model fastest, also for a llama.cpp model). [default: the model's]", callback=lambda v: None if v in (None, "auto") else backend_name(v), show_default=False)]
 DraftMax = Annotated[int, typer.Option("--draft-max", help="Most tokens drafted per step.", callback=between(1, 32))]
 DraftNgramMin = Annotated[int, typer.Option("--draft-ngram-min", help="Shortest n-gram looked up to draft from.", callback=between(1, 16))]
 DraftNgramMax = Annotated[int, typer.Option("--draft-ngram-max", help="Longest n-gram looked up to draft from.", callback=between(1, 16))]

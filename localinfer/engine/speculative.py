@@ -49,7 +49,7 @@ class DraftConfig:
     ngram_max: int = 4
     max_draft: int = 10  # K at most
     window: int = 16  # verifications the acceptance rate is measured over
-    evidence: int = 8  # drafted tokens seen before drafting may be switched off
+    evidence: int = 8  # drafted tokens judged before drafting may be switched off
     retry_after: int = 128  # decode steps a request waits before drafting again once switched off
 
 
@@ -134,10 +134,17 @@ class DraftState:
         self.accepted = 0
 
     @property
+    def judged(self) -> int:
+        """Recent drafted tokens the target judged: those it kept and each draft's first miss
+        (the tokens after a miss were never tried)."""
+        return sum(a + (a < d) for d, a in self.recent)
+
+    @property
     def rate(self) -> float:
-        """Recent per-token acceptance (Laplace: one of each before any evidence)."""
-        drafted = sum(d for d, _ in self.recent)
-        return (sum(a for _, a in self.recent) + 1) / (drafted + 2)
+        """Recent per-token acceptance, over the tokens judged (Laplace: one of each before any
+        evidence). Counting a long draft's untried tail as misses would make a 5-of-8 draft
+        look like 62 % where the target agreed 5 times in 6, and cut K after every long draft."""
+        return (sum(a for _, a in self.recent) + 1) / (self.judged + 2)
 
     def draft_length(self, cost: np.ndarray) -> int:
         """K for this step: the best tokens per cost (cost[k]: drafting and verifying k tokens,
@@ -148,7 +155,7 @@ class DraftState:
         rate = self.rate
         gains = [expected_tokens(rate, k) / cost[k] for k in range(1, self.config.max_draft + 1)]
         best = int(np.argmax(gains))
-        if gains[best] <= 1.0 and sum(d for d, _ in self.recent) >= self.config.evidence:
+        if gains[best] <= 1.0 and self.judged >= self.config.evidence:
             self.paused, self.recent = self.config.retry_after, deque(maxlen=self.config.window)
             return 0
         return best + 1

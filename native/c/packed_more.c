@@ -7,8 +7,8 @@
  * operations whatever R is (a row's result never depends on the rows beside it; decode
  * equals prefill, bit for bit). A panel block has the bytes of the 16 row blocks it
  * replaces. Per type ("chunk" = 64 bytes, byte 4r+j of a chunk belongs to row r):
- *   F16, BF16  a block is one value (so every k packs): the 16 rows' values of column b,
- *         16 x 2 bytes; two blocks make a chunk. Floats multiply the activations as they
+ *   F32, F16, BF16  a block is one value (so every k packs): the 16 rows' values of column
+ *         b, 16 x 4 bytes (one chunk) or 16 x 2 (two blocks make a chunk). Floats multiply the activations as they
  *         are (vdpbf16ps would round them to bf16): one FMA per column and row, into two
  *         accumulators a row (even and odd columns, added at the end), in tiles of 8 rows
  *         (AVX-512) or 3 (AVX2).

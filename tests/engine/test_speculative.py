@@ -84,6 +84,17 @@ def test_draft_length_grows_with_acceptance_and_pauses_below_break_even() -> Non
     assert [state.draft_length(dear) for _ in range(4)] == [0, 0, 0, 1]  # ... and it tries again later
 
 
+def test_acceptance_counts_the_tokens_the_target_judged() -> None:
+    """A draft's tokens after its first miss were never tried: 5 of 8 kept is 5 agreements in 6
+    tries, so a long draft's miss does not look like three more."""
+    state = DraftState(DraftConfig(window=4))
+    state.record(8, 5)
+    assert state.rate == (5 + 1) / (6 + 2)
+    state.record(4, 4)  # all kept: four tries, no miss
+    assert state.rate == (9 + 1) / (10 + 2)
+    assert (state.drafted, state.accepted) == (12, 9)  # what timings report stays every drafted token
+
+
 def test_the_sampling_rule_keeps_the_samplers_distribution() -> None:
     """A drafted token x is kept with probability p(x); a rejection draws from p without x,
     renormalised; so every token's overall frequency is p. Chi-square on 20,000 draws, with
