@@ -42,6 +42,7 @@ class LoadOptions:
     # pair for the model, where it is downloaded), or None: prompt lookup alone
     draft_model: str | None = None
     draft_engine: str | None = None  # the draft model's engine; None: the target's
+    draft_optional: bool = False  # a named draft that cannot be used is a warning, as auto's is
     # KV-cache K and V types (None: the catalog's cache_type / cache_type_k / cache_type_v,
     # else f16), or "auto": the first of f16, q8_0, q4_0 that fits
     cache: tuple[str | None, str | None] | str = (None, None)
@@ -155,16 +156,18 @@ class DraftPlan:
     path: Path
     engine: str
     plan: memory.MemoryPlan
-    auto: bool  # chosen by --draft auto: a failure to use it is a warning, not an error
+    lenient: bool  # --draft auto's, or optional: a failure to use it is a warning, not an error
 
 
 def plan_draft(options: LoadOptions, src: ModelSource, target_engine: str, target: memory.MemoryPlan, n_ctx: int, warnings: list[str],
                progress: Progress | None) -> DraftPlan | None:  # fmt: skip
     """The draft model to load beside the target: the one named (pulled if need be), or for
     "auto" the catalog's pair where it is downloaded. Its memory counts on top of the target's.
-    A draft that cannot be used is an error when named, a warning (and none) for auto."""
+    A draft that cannot be used is an error when named, a warning (and none) for auto or
+    where the options call it optional."""
     auto = options.draft_model == "auto"
     ref = src.draft if auto else options.draft_model
+    lenient = auto or options.draft_optional
     if ref is None:
         return None
     try:
@@ -183,10 +186,10 @@ def plan_draft(options: LoadOptions, src: ModelSource, target_engine: str, targe
         plan = memory.plan(info, n_ctx * options.n_seq_max, 0, (), target.ram_free - target.total, kv,
                            lambda types: backend_cls.kv_cache_bytes(info, n_ctx, options.n_seq_max, types))  # fmt: skip
     except UserError as e:
-        return _draft_failed(ref, e, auto, warnings)
+        return _draft_failed(ref, e, lenient, warnings)
     if plan.weights >= target.weights:
         warnings.append(f"the draft model {ref} is no smaller than its target ({plan.weights / 1e6:.0f} MB against {target.weights / 1e6:.0f} MB): drafting will slow decoding, not speed it")
-    return DraftPlan(ref, path, engine, plan, auto)
+    return DraftPlan(ref, path, engine, plan, lenient)
 
 
 def load_draft(draft: DraftPlan, target: Backend, params: LoadParams, warnings: list[str]) -> DraftModel | None:
@@ -195,17 +198,17 @@ def load_draft(draft: DraftPlan, target: Backend, params: LoadParams, warnings: 
     try:
         backend = get_backend(draft.engine).load(draft.path, replace(params, n_gpu_layers=0, cache_types=draft.plan.cache_types))
     except UserError as e:
-        return _draft_failed(draft.name, e, draft.auto, warnings)
+        return _draft_failed(draft.name, e, draft.lenient, warnings)
     try:
         check_vocab(target, backend)
     except UserError as e:
         backend.close()
-        return _draft_failed(draft.name, e, draft.auto, warnings)
+        return _draft_failed(draft.name, e, draft.lenient, warnings)
     return DraftModel(backend, params.n_seq_max, draft.name)
 
 
-def _draft_failed(name: str, error: Exception, auto: bool, warnings: list[str]) -> None:
+def _draft_failed(name: str, error: Exception, lenient: bool, warnings: list[str]) -> None:
     message = f"cannot use the draft model {name}: {error}"
-    if not auto:
+    if not lenient:
         raise UserError(message)
     warnings.append(message + "; decoding with prompt lookup alone")

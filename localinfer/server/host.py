@@ -8,7 +8,7 @@ import asyncio
 import logging
 import re
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from localinfer.engine.engine import Engine
 from localinfer.engine.loader import LoadOptions, open_engine
@@ -43,6 +43,9 @@ class ModelHost:
         self.default_ref = default_ref
         self.allow_paths = allow_paths  # may a request's `model` name any file on this machine?
         self.options = options
+        # A model loaded on demand takes serve's --draft MODEL where it can (the same
+        # tokenizer); where not, it decodes with prompt lookup and the log says why.
+        self._on_demand = replace(options, draft_optional=True)
         self.max_loaded = max(1, max_loaded)
         self.keep_alive = keep_alive  # seconds; < 0: forever
         self.models: dict[str, Loaded] = {}
@@ -53,7 +56,7 @@ class ModelHost:
         src = resolve(ref)
         if local_path(src) is None:
             raise ModelNotFound(f"model '{ref}' is not downloaded; run 'localinfer pull {ref}' first")
-        engine = open_engine(ref, self.options)
+        engine = open_engine(ref, self.options if ref == self.default_ref else self._on_demand)
         for warning in engine.warnings:  # a memory plan's, a draft model it could not use
             log.warning("%s: %s", engine.name, warning)
         engine.start()

@@ -6,8 +6,14 @@ import re
 import threading
 from pathlib import Path
 
+import pytest
+
 from localinfer.engine.loader import LoadOptions, open_engine
+from localinfer.engine.speculative import DraftConfig
 from localinfer.engine.types import SamplingParams
+from localinfer.errors import UserError
+from localinfer.server.host import ModelHost
+from tests.engine.test_draft_model import with_token
 
 from .test_serve import Server
 
@@ -59,3 +65,19 @@ def test_four_streams_two_drafting_and_two_not_each_answer_as_plain_decoding(f32
         assert metrics['localinfer_draft_tokens_total{source="model"}'] >= metrics['localinfer_draft_accepted_tokens_total{source="model"}'] > 0
     finally:
         server.stop()
+
+
+def test_a_model_loaded_on_demand_takes_the_draft_only_where_it_fits(model_path: Path, tmp_path: Path) -> None:
+    """serve's --draft MODEL is an error for the model serve starts with; a model a request
+    loads later, of another tokenizer, runs with prompt lookup alone and a warning instead of
+    being refused."""
+    other = str(with_token(model_path, tmp_path / "other-vocab.gguf", 1000, "zzqx"))
+    host = ModelHost(other, LoadOptions(engine="llama.cpp", ctx=256, draft=DraftConfig(), draft_model=str(model_path)))
+    with pytest.raises(UserError, match="cannot use the draft model .*not the same tokenizer"):
+        host._load(other)  # noqa: SLF001 - the default model: the draft was asked for it
+    host = ModelHost(str(model_path), host.options)
+    engine = host._load(other)  # noqa: SLF001 - a model on demand
+    try:
+        assert engine.drafter is None and any("not the same tokenizer" in w and "prompt lookup alone" in w for w in engine.warnings)
+    finally:
+        engine.close()
