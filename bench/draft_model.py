@@ -48,13 +48,13 @@ TEMPERATURES = (0.0, 0.7)
 
 def self_pair() -> tuple[Path, Path]:
     """(target F32, draft Q4_1): the embedded model and its F32, made once."""
-    import llama_cpp
-
-    from tests.conftest import llama_quantize
-
     draft = local_path(resolve(None))
     target = Path.home() / ".cache" / "localinfer" / "bench-models" / "smollm2-135m-f32.gguf"
     if not target.exists():
+        import llama_cpp
+
+        from tests.conftest import llama_quantize
+
         target.parent.mkdir(parents=True, exist_ok=True)
         llama_quantize(draft, target, llama_cpp.LLAMA_FTYPE_ALL_F32)
     return target, draft
