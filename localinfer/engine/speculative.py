@@ -85,6 +85,7 @@ def forward_seconds(backend: Backend, slot: int, max_rows: int, repeats: int = 3
     token = backend.vocab.bos_id if backend.vocab.bos_id is not None else 0
     # A model's first forward pays for first touches (pages, buffers): untimed, so that the
     # 1-row forward, timed first, does not look dear and every verify cheap.
+    backend.kv_clear(slot)
     backend.forward(Batch.for_sequence([token] * max_rows, 0, slot, all_logits=True))
     best = np.full(len(rows), np.inf)
     for _ in range(repeats):
