@@ -291,6 +291,7 @@ void li_packed_rows_q8k(int type, const uint8_t *packed, int64_t p0, int64_t p1,
 /* packed_more.c: the float and low-bit types' panels, for packed.c */
 int li_pack_more_block(int type, int *values, int *bytes);
 void li_pack_more(int type, uint8_t *dst, const uint8_t *src, int64_t row_bytes);
+void li_pack_more_floats(int type, uint8_t *dst, const uint8_t *src, int64_t row_bytes, int64_t k);
 void li_packed_rows_more_q8s(int type, const uint8_t *packed, int64_t p0, int64_t p1, int64_t k, const li_q8s *a,
                              int64_t n, float *y, int64_t ldy);
 void li_packed_rows_more_q8k(int type, const uint8_t *packed, int64_t p0, int64_t p1, int64_t k,

@@ -170,20 +170,6 @@ static void lp_pack_q6_K(uint8_t *dst, const uint8_t *src, int64_t row_bytes) {
     }
 }
 
-/* A float panel (a block is one value of `bytes`, 2 or 4): column c's 16 values at dst +
- * 16 * bytes * c, as li_pack_more lays out a block, in one pass instead of a call a column */
-static void lp_pack_columns(uint8_t *dst, const uint8_t *src, int64_t row_bytes, int64_t k, int bytes) {
-    if (bytes == 4) {
-        uint32_t *d = (uint32_t *)dst;
-        for (int64_t c = 0; c < k; c++)
-            for (int r = 0; r < LP_PANEL; r++) memcpy(d + c * LP_PANEL + r, src + r * row_bytes + 4 * c, 4);
-    } else {
-        uint16_t *d = (uint16_t *)dst;
-        for (int64_t c = 0; c < k; c++)
-            for (int r = 0; r < LP_PANEL; r++) memcpy(d + c * LP_PANEL + r, src + r * row_bytes + 2 * c, 2);
-    }
-}
-
 /* Packs the first rows / 16 * 16 rows of w (rows x k, GGUF rows of `type`) into out
  * (li_pack_bytes). Returns 0, or 1 where the type does not pack. Panels are independent,
  * so threads split them. */
@@ -196,7 +182,7 @@ int li_pack(int type, const void *w, int64_t rows, int64_t k, void *out) {
         const uint8_t *src = (const uint8_t *)w + p * LP_PANEL * row_bytes;
         uint8_t *dst = (uint8_t *)out + p * nb * pb;
         if (values == 1) { /* F32, F16, BF16 */
-            lp_pack_columns(dst, src, row_bytes, k, bytes);
+            li_pack_more_floats(type, dst, src, row_bytes, k);
             continue;
         }
         for (int64_t b = 0; b < nb; b++) {

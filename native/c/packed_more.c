@@ -84,12 +84,22 @@ static void lpm_q3_hbits(uint8_t *dst, const uint8_t *src, int64_t row_bytes) {
         }
 }
 
-/* one panel block: block b of 16 rows at src (row_bytes apart) into dst (16 * bytes) */
+/* the 16 rows' values of each of k columns, SIZE bytes each: column c at dst + 16 * SIZE * c */
+static inline __attribute__((always_inline)) void lpm_columns(const int SIZE, uint8_t *dst, const uint8_t *src,
+                                                              int64_t row_bytes, int64_t k) {
+    for (int64_t c = 0; c < k; c++)
+        for (int r = 0; r < LP_PANEL; r++) memcpy(dst + (c * LP_PANEL + r) * SIZE, src + r * row_bytes + SIZE * c, SIZE);
+}
+
+/* a whole float panel (F32, F16, BF16: a block is one value) in one pass, not a call a column */
+void li_pack_more_floats(int type, uint8_t *dst, const uint8_t *src, int64_t row_bytes, int64_t k) {
+    if (type == LI_F32) lpm_columns(4, dst, src, row_bytes, k);
+    else lpm_columns(2, dst, src, row_bytes, k);
+}
+
+/* one panel block of the low-bit types: block b of 16 rows at src (row_bytes apart) into dst (16 * bytes) */
 void li_pack_more(int type, uint8_t *dst, const uint8_t *src, int64_t row_bytes) {
     switch (type) {
-    case LI_F32: lpm_interleave4(dst, src, row_bytes, 1); break;
-    case LI_F16:
-    case LI_BF16: lpm_fields16(dst, src, row_bytes, 0); break;
     case LI_IQ4_NL:
         lpm_fields16(dst, src, row_bytes, 0);
         lpm_interleave4(dst + 32, src + 2, row_bytes, 4);
