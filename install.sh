@@ -116,6 +116,15 @@ cpu_flags() {
 
 cpu_args() { if [[ "$arch" == x86_64 || "$arch" == amd64 ]]; then cpu_flags; else echo "-DGGML_NATIVE=ON"; fi; }
 
+# The compute capabilities of the cards nvidia-smi lists ("8.6" -> 86), so nvcc builds for
+# them alone: with GGML_NATIVE off, ggml would otherwise build for a dozen architectures,
+# several times as long. Nothing where the driver does not say (an old driver): ggml's list.
+cuda_arch_args() {
+    local caps
+    caps="$(nvidia-smi --query-gpu=compute_cap --format=csv,noheader 2>/dev/null | tr -d ' .' | grep -E '^[0-9]+$' | sort -u | tr '\n' ';')" || true
+    if [[ -n "$caps" ]]; then echo "-DCMAKE_CUDA_ARCHITECTURES=${caps%;}"; fi
+}
+
 # macOS has shasum, not sha256sum; either will do, and Python is the last resort.
 sha256_of_stdin() {
     if command -v sha256sum >/dev/null; then sha256sum | cut -d' ' -f1
@@ -140,7 +149,7 @@ if [[ -z "${CMAKE_ARGS:-}" ]]; then
     case "$backend" in
         cpu)    CMAKE_ARGS="$(cpu_args)"
                 if [[ "$os" == "Darwin" ]]; then CMAKE_ARGS="-DGGML_METAL=OFF $CMAKE_ARGS"; fi ;;
-        cuda)   CMAKE_ARGS="-DGGML_CUDA=on $(cpu_args)" ;;
+        cuda)   CMAKE_ARGS="-DGGML_CUDA=on $(cuda_arch_args) $(cpu_args)" ;;
         metal)  CMAKE_ARGS="-DGGML_METAL=on" ;;
         vulkan) CMAKE_ARGS="-DGGML_VULKAN=on $(cpu_args)" ;;
         *) echo "error: LOCALINFER_BACKEND must be cpu, cuda, metal or vulkan, not '$backend'" >&2; exit 2 ;;

@@ -30,6 +30,7 @@ class MemoryPlan:
     warnings: list[str] = field(default_factory=list)
     cache_types: tuple[str, str] = ("f16", "f16")  # K and V
     cache_note: str = ""  # why --cache-type auto chose what it chose
+    placement: str = "every layer on the CPU"  # where the layers went, and why
 
     @property
     def total(self) -> int:
@@ -99,21 +100,36 @@ def plan(info: GGUFInfo, n_ctx: int, gpu_layers: int | str, devices: Sequence[De
     shared = bool(targets) and not discrete
     vram_free = sum(d.free_bytes for d in targets)
     warnings = []
+    per_layer = (weights + kv) / n_layer
     if not targets:
         if gpu_layers not in ("auto", 0):
             warnings.append("this engine has no GPU to offload to, so --gpu-layers is ignored and every layer runs on the CPU")
         n_gpu = 0
     elif gpu_layers == "auto":
-        per_layer = (weights + kv) / n_layer
         n_gpu = max(0, min(n_layer + 1, int((vram_free - compute) // per_layer)))
     else:
-        n_gpu = int(gpu_layers)
+        n_gpu = n_layer + 1 if gpu_layers == "all" else int(gpu_layers)
+        if min(n_gpu, n_layer) * per_layer + compute > vram_free:
+            warnings.append(f"{min(n_gpu, n_layer)} layers take {(min(n_gpu, n_layer) * per_layer + compute) / GiB:.2f} GiB but the GPU has "
+                            f"{vram_free / GiB:.2f} GiB free; loading may fail (--gpu-layers auto takes what fits)")  # fmt: skip
     on_gpu_fraction = 0.0 if shared else min(n_gpu, n_layer) / n_layer
     needed_ram = (weights + kv) * (1 - on_gpu_fraction) + (compute if n_gpu == 0 or shared else 0)
-    result = MemoryPlan(weights, kv, compute, n_gpu, ram_free, vram_free, warnings, cache_types)
+    where = placement(n_gpu, n_layer, gpu_layers, targets, vram_free, per_layer, compute) if targets else "every layer on the CPU"
+    result = MemoryPlan(weights, kv, compute, n_gpu, ram_free, vram_free, warnings, cache_types, placement=where)
     if needed_ram > ram_free:
         raise OutOfMemory(
             f"the model needs {needed_ram / GiB:.2f} GiB of RAM ({result.describe()}) "
             f"but only {ram_free / GiB:.2f} GiB is free; try a smaller --ctx or a smaller quantization"
         )
     return result
+
+
+def placement(n_gpu: int, n_layer: int, asked: int | str, targets: Sequence[Device], vram_free: int, per_layer: float, compute: int) -> str:
+    """Where the layers go and why, in words (`run --verbose`, the server's load log)."""
+    names = ", ".join(f"{d.name} ({d.description})" for d in targets)
+    n = min(n_gpu, n_layer + 1)
+    where = f"{n} of {n_layer + 1} layers (the output layer counted) on {names}" if n else f"every layer on the CPU, none on {names}"
+    if asked != "auto":
+        return f"{where}: --gpu-layers {asked}"
+    free = f"{vram_free / GiB:.2f} GiB free, {per_layer / GiB:.3f} GiB a layer with its KV cache, {compute / GiB:.2f} GiB for compute"
+    return f"{where}: {'all fit' if n == n_layer + 1 else 'what fits'} in {free}"

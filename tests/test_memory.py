@@ -80,3 +80,25 @@ def test_embedded_model_fits_any_card(model_path) -> None:
     info = inspect(model_path)
     for card in (GTX_1650, RTX_3070, IRIS_XE):
         assert plan(info, 4096, "auto", [CPU, card], ram_free=RAM).n_gpu_layers == info.n_layer + 1
+
+
+def test_all_layers_asked_for() -> None:
+    """`--gpu-layers all` (llama-bench's -ngl 99): every layer and the output, with a warning
+    where the arithmetic says they will not fit, since the user asked for it."""
+    info = seven_b()
+    p = plan(info, 4096, "all", [CPU, RTX_3070], ram_free=RAM)
+    assert p.n_gpu_layers == info.n_layer + 1 and p.warnings == []
+    assert p.placement == f"{info.n_layer + 1} of {info.n_layer + 1} layers (the output layer counted) on CUDA0 (NVIDIA GeForce RTX 3070): --gpu-layers all"
+    p = plan(info, 4096, "all", [CPU, GTX_1650], ram_free=RAM)
+    assert p.n_gpu_layers == info.n_layer + 1 and "loading may fail" in p.warnings[0]
+    assert plan(info, 4096, "all", [CPU], ram_free=RAM).n_gpu_layers == 0  # no GPU: ignored, as a number is
+
+
+def test_placement_says_where_and_why() -> None:
+    info, n_ctx = seven_b(), 4096
+    assert plan(info, n_ctx, "auto", [CPU], ram_free=RAM).placement == "every layer on the CPU"
+    whole = plan(info, n_ctx, "auto", [CPU, RTX_3070], ram_free=RAM).placement
+    assert whole.startswith("33 of 33 layers (the output layer counted) on CUDA0 (NVIDIA GeForce RTX 3070): all fit in 7.50 GiB free")
+    part = plan(info, n_ctx, "auto", [CPU, GTX_1650], ram_free=RAM)
+    per_layer = layer_bytes(info, n_ctx) / GiB
+    assert part.placement.startswith(f"{part.n_gpu_layers} of 33 layers") and f"what fits in 3.60 GiB free, {per_layer:.3f} GiB a layer" in part.placement

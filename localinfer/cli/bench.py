@@ -69,7 +69,7 @@ def model(
     cache_k: Annotated[str, typer.Option("--cache-type-k", "-ctk", help="K cache types, comma-separated (f16, q8_0, q4_0; llama.cpp also q4_1, q5_0, q5_1, iq4_nl).")] = "f16",
     cache_v: Annotated[str, typer.Option("--cache-type-v", "-ctv", help="V cache types, comma-separated.")] = "f16",
     draft: Annotated[str, typer.Option("--draft", help="Speculation, comma-separated: off, on (prompt lookup), or a draft model (catalog alias, file or repo; beside prompt lookup). The table gives each source's acceptance.")] = "off",
-    gpu_layers: Annotated[str, typer.Option("--gpu-layers", "-ngl", help="llama.cpp: layers on the GPU, comma-separated (numbers or auto).")] = "0",
+    gpu_layers: Annotated[str, typer.Option("--gpu-layers", "-ngl", help="llama.cpp: layers on the GPU, comma-separated (numbers, all or auto).")] = "0",
     json_out: Annotated[bool, typer.Option("--json", help="Print the results as JSON (one record per test, fields as in docs/benchmarks.md).")] = False,
     csv_out: Annotated[bool, typer.Option("--csv", help="Print the results as CSV.")] = False,
     output: Annotated[Optional[Path], typer.Option("-o", "--output", help="Also write the results as JSON to this file.", show_default=False)] = None,

@@ -8,14 +8,14 @@ import typer
 
 
 def gpu_layers(value: str) -> int | str:
-    if value == "auto":
+    if value in ("auto", "all"):
         return value
     try:
         n = int(value)
     except ValueError:
-        raise typer.BadParameter(f"'{value}' is not a number of layers or 'auto'") from None
+        raise typer.BadParameter(f"'{value}' is not a number of layers, 'all' or 'auto'") from None
     if n < 0:
-        raise typer.BadParameter("must be 0 or more (or 'auto')")
+        raise typer.BadParameter("must be 0 or more (or 'all', or 'auto')")
     return n
 
 
@@ -94,7 +94,7 @@ Engine = Annotated[str, typer.Option("--engine", help="Inference engine: auto (n
 Kernels = Annotated[Optional[str], typer.Option("--kernels", envvar="LOCALINFER_KERNELS", help="Native engine kernels: auto (C where it compiled, else Numba), c, or numba. [default: auto]", callback=kernel_set, show_default=False)]
 Threads = Annotated[Optional[int], typer.Option("--threads", help="CPU threads. [default: physical cores]", callback=threads)]
 Ctx = Annotated[Optional[int], typer.Option("--ctx", help="Context of each sequence in tokens, prompt and answer together. [default: the model's, at most 4096]", callback=at_least(16))]
-GpuLayers = Annotated[str, typer.Option("--gpu-layers", help="Layers to offload to the GPU, or 'auto' to fit free VRAM (engines that offload: llama.cpp).", callback=gpu_layers)]
+GpuLayers = Annotated[str, typer.Option("--gpu-layers", help="Layers to offload to the GPU, 'all', or 'auto' to fit free VRAM (engines that offload: llama.cpp).", callback=gpu_layers)]
 ENGINE_DEFAULT = "auto"
 
 

@@ -124,7 +124,7 @@ def tell_about(engine: Engine, verbose: bool, raw: bool) -> None:
     if verbose and engine.drafter is not None:
         err.print(f"[dim]draft model: {engine.drafter.name} on the {engine.drafter.backend.name} engine[/dim]", soft_wrap=True)
     if verbose and engine.memory is not None:
-        err.print(f"[dim]{engine.name}: {engine.memory.describe()}, {engine.memory.n_gpu_layers} layers on GPU[/dim]", soft_wrap=True)
+        err.print(f"[dim]{engine.name}: {engine.memory.describe()}; {engine.memory.placement}[/dim]", soft_wrap=True)
     for warning in engine.warnings:
         err.print(f"[yellow]warning:[/yellow] {warning}", soft_wrap=True)
     if not raw and engine.backend.facts.chat_template is None:
