@@ -32,11 +32,21 @@ def saved_chat(tmp_path: Path) -> tuple[ChatStore, int]:
     return store, chat.id
 
 
+async def steady_cursors(pilot) -> None:
+    """A blinking cursor is drawn or not by when the screenshot falls (on a slow machine, often
+    off): with blinking stopped, a focused field always shows its cursor."""
+    for field in pilot.app.screen.query("Input, TextArea"):
+        field.cursor_blink = False
+        field.notify_style_update()  # TextArea caches lines drawn without the cursor: redraw them
+        field.refresh()
+    await pilot.pause()
+
+
 async def loaded(pilot) -> None:
     app = pilot.app
     while app.model is None:
         await pilot.pause(0.05)
-    await pilot.pause()
+    await steady_cursors(pilot)
 
 
 def test_the_main_screen(snap_compare, tmp_path: Path) -> None:
@@ -52,7 +62,7 @@ def test_the_settings_screen(snap_compare, tmp_path: Path) -> None:
     async def open_settings(pilot) -> None:
         await loaded(pilot)
         await pilot.press("ctrl+s")
-        await pilot.pause()
+        await steady_cursors(pilot)
 
     assert snap_compare(app, terminal_size=SIZE, run_before=open_settings)
 
@@ -64,6 +74,6 @@ def test_an_error_notification(snap_compare, tmp_path: Path) -> None:
     async def failed(pilot) -> None:
         while not pilot.app._notifications:
             await pilot.pause(0.05)
-        await pilot.pause()
+        await steady_cursors(pilot)
 
     assert snap_compare(app, terminal_size=SIZE, run_before=failed)
