@@ -19,7 +19,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 BASE_PYTHON = getattr(sys, "_base_executable", sys.executable)  # not the venv's: a plain Python, as on a fresh machine
-UTILS = ["bash", "sed", "cat", "grep", "cut", "tr", "mkdir", "rm", "mv", "ls", "dirname", "head", "sha256sum"]
+UTILS = ["bash", "sed", "cat", "grep", "cut", "tr", "sort", "mkdir", "rm", "mv", "ls", "dirname", "head", "sha256sum"]
 COMPILERS = ["cc", "gcc", "c++", "g++", "cmake"]
 
 
@@ -92,8 +92,21 @@ def test_cuda_needs_a_working_gpu_and_nvcc(machine: FakeMachine) -> None:
     machine.script("nvidia-smi", 'echo "GPU 0: NVIDIA GeForce RTX 3060 (UUID: GPU-0)"')
     p = plan(machine.install("--dry-run"))
     assert p["backend"] == "cuda" and p["CMAKE_ARGS"].startswith("-DGGML_CUDA=on")
+    assert "CMAKE_CUDA_ARCHITECTURES" not in p["CMAKE_ARGS"]  # a driver that does not say: ggml's own list
     machine.remove("nvcc")
     assert plan(machine.install("--dry-run"))["backend"] == "cpu"  # a GPU but no toolkit to build for it
+
+
+def test_cuda_builds_for_the_cards_it_finds(machine: FakeMachine) -> None:
+    """nvcc compiles for the compute capabilities nvidia-smi reports, each once (a dozen
+    architectures by default: several times the build time)."""
+    machine.script("nvcc", "echo 'Cuda compilation tools, release 13.0'")
+    smi = 'case "$*" in *compute_cap*) printf "%s\\n" {caps};; *) echo "GPU 0: NVIDIA (UUID: GPU-0)";; esac'
+    machine.script("nvidia-smi", smi.format(caps="9.0"))
+    args = plan(machine.install("--dry-run"))["CMAKE_ARGS"].split()
+    assert args[:2] == ["-DGGML_CUDA=on", "-DCMAKE_CUDA_ARCHITECTURES=90"]
+    machine.script("nvidia-smi", smi.format(caps="8.9 8.6 8.6"))  # three cards, two kinds
+    assert "-DCMAKE_CUDA_ARCHITECTURES=86;89" in plan(machine.install("--dry-run"))["CMAKE_ARGS"].split()
 
 
 def test_apple_silicon_gets_metal(tmp_path: Path) -> None:
