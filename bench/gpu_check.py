@@ -13,6 +13,10 @@ with the GPU hidden, CUDA_VISIBLE_DEVICES='', is the CPU reference), bench (`ben
 q8_0, prompt lookup on and off), memory (`--gpu-layers auto` with most of the card taken by
 another process, so that not every layer fits: predicted against nvidia-smi), reliability
 (bench/reliability.py load and disconnects on the GPU build).
+
+Its first run (an H200, docs/benchmarks.md) needed a sitecustomize.py that imports llama_cpp
+before anything else: in that Python environment the CUDA build crashed at model load when
+numpy had been imported first (an open defect, described there).
 """
 
 from __future__ import annotations

@@ -125,7 +125,7 @@ def plan(info: GGUFInfo, n_ctx: int, gpu_layers: int | str, devices: Sequence[De
 
 
 def placement(n_gpu: int, n_layer: int, asked: int | str, targets: Sequence[Device], vram_free: int, per_layer: float, compute: int) -> str:
-    """Where the layers go and why, in words (`run --verbose`, the server's load log)."""
+    """Where the layers go and why, in words (`run --verbose`)."""
     names = ", ".join(f"{d.name} ({d.description})" for d in targets)
     n = min(n_gpu, n_layer + 1)
     where = f"{n} of {n_layer + 1} layers (the output layer counted) on {names}" if n else f"every layer on the CPU, none on {names}"
