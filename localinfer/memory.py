@@ -87,16 +87,17 @@ def plan(info: GGUFInfo, n_ctx: int, gpu_layers: int | str, devices: Sequence[De
     """Choose GPU layers (for "auto") and check that the rest fits in RAM; raises OutOfMemory.
 
     `devices` are the ones the chosen engine can offload to (none on a CPU-only build).
-    Layers go to the discrete GPUs if there are any, else to an integrated GPU; an
-    integrated GPU's memory is the system's RAM, so its layers still count against RAM.
+    Layers go to the discrete GPUs if there are any (their free memory added up: llama.cpp
+    splits layers across them), else to a GPU that shares the system's RAM (an integrated
+    GPU, Apple silicon), whose layers still count against RAM.
     llama.cpp counts the output layer as one more, so "all layers" is n_layer + 1.
     """
     kv = kv_bytes(cache_types) if kv_bytes else kv_cache_bytes(info, n_ctx, cache_types)
     weights, compute = info.tensor_bytes, compute_bytes(info, n_ctx)
     ram_free = psutil.virtual_memory().available if ram_free is None else ram_free
     n_layer = max(1, info.n_layer)
-    discrete = [d for d in devices if d.kind == "GPU"]
-    targets = discrete or [d for d in devices if d.kind == "iGPU"]
+    discrete = [d for d in devices if d.kind == "GPU" and not d.unified]
+    targets = discrete or [d for d in devices if d.unified]
     shared = bool(targets) and not discrete
     vram_free = sum(d.free_bytes for d in targets)
     warnings = []

@@ -15,6 +15,9 @@ CPU = Device("CPU", "Intel(R) Core(TM) i7-12700", "CPU", 0, 0)
 GTX_1650 = Device("CUDA0", "NVIDIA GeForce GTX 1650", "GPU", int(3.6 * GiB), 4 * GiB)  # 4 GB card, desktop using some
 RTX_3070 = Device("CUDA0", "NVIDIA GeForce RTX 3070", "GPU", int(7.5 * GiB), 8 * GiB)
 IRIS_XE = Device("Vulkan0", "Intel(R) Iris(R) Xe Graphics", "iGPU", int(7.8 * GiB), int(15.6 * GiB))  # reports shared RAM
+RTX_4090 = Device("CUDA0", "NVIDIA GeForce RTX 4090", "GPU", int(22.9 * GiB), 24 * GiB)
+RTX_3060 = Device("CUDA1", "NVIDIA GeForce RTX 3060", "GPU", int(11.6 * GiB), 12 * GiB)
+M2_PRO = Device("MTL0", "Apple M2 Pro", "GPU", int(21.3 * GiB), int(21.3 * GiB))  # Metal: type GPU, the working-set limit of 32 GB
 RAM = 16 * GiB
 
 
@@ -102,3 +105,45 @@ def test_placement_says_where_and_why() -> None:
     part = plan(info, n_ctx, "auto", [CPU, GTX_1650], ram_free=RAM)
     per_layer = layer_bytes(info, n_ctx) / GiB
     assert part.placement.startswith(f"{part.n_gpu_layers} of 33 layers") and f"what fits in 3.60 GiB free, {per_layer:.3f} GiB a layer" in part.placement
+
+
+def thirty_b() -> GGUFInfo:
+    """A 30B-class model at Q4_K_M (60 layers, 8 KV heads): 18.6 GiB of weights."""
+    return GGUFInfo(
+        path=None, file_size=int(18.6 * GiB), architecture="llama", name="30B", n_params=32_500_000_000,
+        context_length=32768, n_layer=60, n_embd=6656, n_head=52, n_head_kv=8, head_dim=128, n_vocab=32000,
+        tensor_types={"Q4_K": 400, "Q6_K": 60}, tensor_bytes=int(18.6 * GiB), chat_template=None, license=None,
+    )  # fmt: skip
+
+
+def test_24_gb_card() -> None:
+    """The whole 7B with room to spare; a 30B at 8k context does not fit whole, so the
+    layers that fit go to the card, the rest stay in RAM."""
+    assert plan(seven_b(), 4096, "auto", [CPU, RTX_4090], ram_free=RAM).n_gpu_layers == seven_b().n_layer + 1
+    info, n_ctx = thirty_b(), 16384
+    p = plan(info, n_ctx, "auto", [CPU, RTX_4090], ram_free=RAM)
+    used = p.n_gpu_layers * layer_bytes(info, n_ctx) + compute_bytes(info, n_ctx)
+    assert 0 < p.n_gpu_layers < info.n_layer and used <= RTX_4090.free_bytes < used + layer_bytes(info, n_ctx)
+
+
+def test_two_cards_add_up() -> None:
+    """llama.cpp splits layers across the cards, so their free memory adds up: the 30B fits on
+    a 24 GB and a 12 GB card together, where the 24 GB alone took only part of it."""
+    info, n_ctx = thirty_b(), 16384
+    p = plan(info, n_ctx, "auto", [CPU, RTX_4090, RTX_3060], ram_free=RAM)
+    assert p.vram_free == RTX_4090.free_bytes + RTX_3060.free_bytes
+    assert p.n_gpu_layers == info.n_layer + 1
+    assert (info.tensor_bytes + kv_cache_bytes(info, n_ctx)) + compute_bytes(info, n_ctx) <= p.vram_free
+    assert "CUDA0 (NVIDIA GeForce RTX 4090), CUDA1 (NVIDIA GeForce RTX 3060)" in p.placement
+
+
+def test_apple_silicon_shares_ram() -> None:
+    """A Metal device is reported as a plain GPU, but its memory is the system's: the layers go
+    to it, and RAM must still hold them (unlike a discrete card's)."""
+    info = seven_b()
+    assert M2_PRO.unified and not RTX_3070.unified and IRIS_XE.unified
+    p = plan(info, 4096, "auto", [CPU, M2_PRO], ram_free=RAM)
+    assert p.n_gpu_layers == info.n_layer + 1 and p.vram_free == M2_PRO.free_bytes
+    with pytest.raises(OutOfMemory):
+        plan(info, 4096, "auto", [CPU, M2_PRO], ram_free=4 * GiB)
+    plan(info, 4096, "auto", [CPU, RTX_3070], ram_free=4 * GiB)  # the same RAM does for a discrete card

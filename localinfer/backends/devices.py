@@ -53,6 +53,13 @@ class Device:
     free_bytes: int
     total_bytes: int
 
+    @property
+    def unified(self) -> bool:
+        """Does this GPU use the system's RAM (an integrated GPU; Apple silicon, whose Metal
+        devices ggml names MTL0, MTL1, ... and reports as plain GPUs)? Then layers put on it
+        still take RAM."""
+        return self.kind == "iGPU" or (self.kind == "GPU" and self.name.startswith("MTL"))
+
 
 def _ggml() -> ctypes.CDLL | None:
     import llama_cpp
