@@ -84,11 +84,28 @@ detect_backend() {
         return
     fi
     # A GPU must be present, not only a toolkit: nvcc alone does not make a CUDA machine.
-    if command -v nvidia-smi >/dev/null && nvidia-smi -L >/dev/null 2>&1 && command -v nvcc >/dev/null; then
-        echo cuda; return
+    local nvidia=0 vulkan_gpu=0 summary
+    if command -v nvidia-smi >/dev/null && nvidia-smi -L >/dev/null 2>&1; then
+        if command -v nvcc >/dev/null; then echo cuda; return; fi
+        nvidia=1
+    fi
+    # Vulkan for a discrete GPU (AMD, Intel Arc, NVIDIA without CUDA's compiler), never for
+    # an integrated one (slower than the CPU engines) or a software one (llvmpipe).
+    if command -v vulkaninfo >/dev/null; then
+        summary="$(vulkaninfo --summary 2>/dev/null || true)"
+        if [[ "$summary" == *PHYSICAL_DEVICE_TYPE_DISCRETE_GPU* ]]; then vulkan_gpu=1; fi
+    fi
+    if [[ "$vulkan_gpu" == 1 ]] && command -v glslc >/dev/null; then echo vulkan; return; fi
+    if [[ "$nvidia" == 1 ]]; then
+        say "an NVIDIA GPU is here but not CUDA's compiler nvcc, so llama.cpp is built for the CPU; for the GPU install it ($(packages nvidia-cuda-toolkit cuda-toolkit cuda)) and run install.sh again"
+    elif [[ "$vulkan_gpu" == 1 ]]; then
+        say "a discrete GPU answers through Vulkan but the shader compiler glslc is missing, so llama.cpp is built for the CPU; for the GPU install it and Vulkan's headers ($(packages 'glslc libvulkan-dev' 'glslc vulkan-headers vulkan-loader-devel' 'shaderc vulkan-headers')) and run install.sh again"
     fi
     echo cpu
 }
+
+# What to install, by distribution, for the one-line hints: Debian/Ubuntu, Fedora, Arch.
+packages() { echo "Debian/Ubuntu: sudo apt install $1; Fedora: sudo dnf install $2; Arch: sudo pacman -S $3"; }
 
 # The CPU's feature names, lower-case: /proc/cpuinfo on Linux, sysctl on an Intel Mac.
 cpu_features() {

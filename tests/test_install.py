@@ -109,6 +109,53 @@ def test_cuda_builds_for_the_cards_it_finds(machine: FakeMachine) -> None:
     assert "-DCMAKE_CUDA_ARCHITECTURES=86;89" in plan(machine.install("--dry-run"))["CMAKE_ARGS"].split()
 
 
+VULKAN_SUMMARY = """Devices:
+========
+GPU0:
+	apiVersion         = 1.3.280
+	deviceType         = {kind}
+	deviceName         = {name}
+"""
+
+
+def fake_vulkaninfo(machine: FakeMachine, kind: str, name: str) -> None:
+    machine.script("vulkaninfo", "cat <<'EOF'\n" + VULKAN_SUMMARY.format(kind=kind, name=name) + "EOF")
+
+
+def one_note(r: subprocess.CompletedProcess[str], *needles: str) -> None:
+    """A missing prerequisite for the GPU: the CPU build goes ahead, with one line that names
+    the package on each distribution."""
+    notes = [line for line in r.stderr.splitlines() if line.strip()]
+    assert len(notes) == 1, r.stderr
+    for needle in ("Debian/Ubuntu: sudo apt install", "Fedora: sudo dnf install", "Arch: sudo pacman -S", *needles):
+        assert needle in notes[0], notes[0]
+
+
+def test_vulkan_for_a_discrete_gpu_only(machine: FakeMachine) -> None:
+    fake_vulkaninfo(machine, "PHYSICAL_DEVICE_TYPE_DISCRETE_GPU", "AMD Radeon RX 7800 XT (RADV NAVI32)")
+    r = machine.install("--dry-run")
+    assert plan(r)["backend"] == "cpu"  # no shader compiler: it cannot build for it
+    one_note(r, "glslc", "libvulkan-dev", "vulkan-headers", "shaderc")
+    machine.script("glslc", "echo 'shaderc v2023.8'")
+    p = plan(machine.install("--dry-run"))
+    assert p["backend"] == "vulkan" and p["CMAKE_ARGS"].startswith("-DGGML_VULKAN=on -DGGML_NATIVE=OFF")
+    for kind, name in (("PHYSICAL_DEVICE_TYPE_CPU", "llvmpipe (LLVM 15.0.7, 256 bits)"), ("PHYSICAL_DEVICE_TYPE_INTEGRATED_GPU", "Intel(R) UHD Graphics 620")):
+        fake_vulkaninfo(machine, kind, name)  # a software device, or an integrated GPU: the CPU engines are faster
+        r = machine.install("--dry-run")
+        assert plan(r)["backend"] == "cpu" and r.stderr.strip() == "", r.stderr
+
+
+def test_nvidia_gpu_without_nvcc_names_the_toolkit(machine: FakeMachine) -> None:
+    machine.script("nvidia-smi", 'echo "GPU 0: NVIDIA GeForce RTX 3060 (UUID: GPU-0)"')
+    r = machine.install("--dry-run")
+    assert plan(r)["backend"] == "cpu"
+    one_note(r, "nvcc", "nvidia-cuda-toolkit", "cuda-toolkit")
+    assert machine.install("--dry-run").stderr == r.stderr  # the same each time; nothing else said
+    machine.remove("nvidia-smi")
+    r = machine.install("--dry-run")
+    assert plan(r)["backend"] == "cpu" and r.stderr.strip() == ""  # nothing to offload to: nothing to say
+
+
 def test_apple_silicon_gets_metal(tmp_path: Path) -> None:
     mac = FakeMachine(tmp_path, "Darwin", "arm64")
     mac.remove("sha256sum")  # macOS has shasum, not sha256sum
