@@ -52,6 +52,8 @@ how_to_get_python() {
                echo "install one with 'sudo apt install python3.11 python3.11-venv' (Ubuntu 22.04: from the deadsnakes PPA), or set LOCALINFER_PYTHON"
            elif command -v dnf >/dev/null; then
                echo "install one with 'sudo dnf install python3.11', or set LOCALINFER_PYTHON"
+           elif command -v pacman >/dev/null; then
+               echo "install one with 'sudo pacman -S python', or set LOCALINFER_PYTHON"
            else
                echo "install Python 3.11 or newer (python.org, pyenv, uv), or set LOCALINFER_PYTHON"
            fi ;;
@@ -155,6 +157,7 @@ how_to_get_compilers() {
         Darwin) echo "install Xcode's command-line tools with 'xcode-select --install'" ;;
         *) if command -v apt-get >/dev/null; then echo "install them with 'sudo apt install build-essential cmake' (Debian, Ubuntu)"
            elif command -v dnf >/dev/null; then echo "install them with 'sudo dnf install gcc gcc-c++ cmake' (Fedora)"
+           elif command -v pacman >/dev/null; then echo "install them with 'sudo pacman -S base-devel cmake' (Arch)"
            else echo "install gcc and g++ (or clang) and cmake with your package manager"
            fi ;;
     esac

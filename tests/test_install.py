@@ -183,6 +183,9 @@ def test_no_compiler_fails_at_once_and_names_the_packages(tmp_path: Path) -> Non
     bare.remove("apt-get")
     bare.script("dnf", "exit 0")
     one_error_line(bare.install(), "sudo dnf install gcc gcc-c++ cmake")
+    bare.remove("dnf")
+    bare.script("pacman", "exit 0")
+    one_error_line(bare.install(), "sudo pacman -S base-devel cmake")
 
 
 def test_no_compiler_is_fine_with_a_cached_wheel(tmp_path: Path) -> None:
@@ -204,6 +207,9 @@ def test_macos_without_compilers_names_xcode(tmp_path: Path) -> None:
 def test_old_python_is_named_with_a_way_to_a_new_one(machine: FakeMachine) -> None:
     machine.script("python3", 'case "$*" in *version_info*) echo 3.9;; *) exit 1;; esac')
     one_error_line(machine.install(), "needs Python 3.11 or newer", "python3 is Python 3.9", "sudo apt install python3.11 python3.11-venv")
+    machine.remove("apt-get")
+    machine.script("pacman", "exit 0")
+    one_error_line(machine.install(), "sudo pacman -S python")
     machine.script("python3.12", f'exec "{BASE_PYTHON}" "$@"')  # a newer one beside it is found
     assert plan(machine.install("--dry-run"))["python"].endswith("python3.12 (Python %d.%d)" % sys.version_info[:2])
     one_error_line(machine.install(env={"LOCALINFER_PYTHON": str(machine.bin / "python3")}), "LOCALINFER_PYTHON", "is Python 3.9")
