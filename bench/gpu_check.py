@@ -86,7 +86,7 @@ def step_bench(out: Path) -> dict[str, object]:
     codes = {}
     for name, path in models().items():
         codes[name] = sh([*CLI, "bench", "model", str(path), "-p", "512", "-n", "128", "-ngl", "0,all", "--engine", "llama.cpp", "-r", "3",
-                          "--json"], out / f"bench-{name}.json", 400)  # fmt: skip
+                          "-o", str(out / f"bench-{name}.json")], out / "bench.log", 400)  # fmt: skip
     return {"exit_codes": codes}
 
 
@@ -134,9 +134,10 @@ from localinfer.modelfile import inspect
 n_layer = inspect(__import__("pathlib").Path(sys.argv[1])).n_layer
 e = open_engine(sys.argv[1], LoadOptions(engine="llama.cpp", ctx=int(sys.argv[2]), gpu_layers="auto", draft=None))
 m = e.memory
-out = e.complete(e.tokenize_prompt(e.render_chat([{"role": "user", "content": "Hi"}])), SamplingParams(temperature=0, max_tokens=16))
 print(json.dumps({"n_layer": n_layer, "n_gpu_layers": m.n_gpu_layers, "vram_free_gib": m.vram_free / 2**30, "weights_gib": m.weights / 2**30, "kv_gib": m.kv_cache / 2**30,
-                  "compute_gib": m.compute / 2**30, "placement": m.placement, "tokens": len(out.tokens)}), flush=True)
+                  "compute_gib": m.compute / 2**30, "placement": m.placement}), flush=True)  # before decoding: a crash there keeps the plan
+out = e.complete(e.tokenize_prompt(e.render_chat([{"role": "user", "content": "Hi"}])), SamplingParams(temperature=0, max_tokens=16))
+print(json.dumps({"tokens": len(out.tokens)}), flush=True)
 time.sleep(3)
 """
 
@@ -154,7 +155,10 @@ def step_memory(out: Path, leave_gib: float = 1.2, ctx: int = 16384) -> dict[str
         stdout, stderr = proc.communicate(timeout=30)
     finally:
         hog.kill()
-    planned = json.loads(stdout.strip().splitlines()[-1]) if proc.returncode == 0 and stdout.strip() else {"error": stderr[-2000:]}
+    lines = [json.loads(line) for line in stdout.splitlines() if line.startswith("{")]
+    planned = {k: v for line in lines for k, v in line.items()}
+    if proc.returncode != 0:
+        planned["error"] = stderr[-2000:]
     n_layer = planned.get("n_layer", 1)
     per_layer = (planned.get("weights_gib", 0) + planned.get("kv_gib", 0)) / n_layer
     predicted = planned.get("n_gpu_layers", 0) and min(planned["n_gpu_layers"], n_layer) * per_layer + planned.get("compute_gib", 0)
