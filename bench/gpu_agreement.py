@@ -27,6 +27,7 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from bench.draft_model import self_pair  # noqa: E402
 from localinfer.engine.loader import LoadOptions, open_engine  # noqa: E402
 from localinfer.engine.types import SamplingParams  # noqa: E402
 from localinfer.quality.evaluate import chunks_of, scored_logprobs  # noqa: E402
@@ -34,17 +35,6 @@ from localinfer.quality.evaluate import chunks_of, scored_logprobs  # noqa: E402
 PROMPT = "Write a short story about a lighthouse keeper who finds a message in a bottle."
 CTX = 512
 GREEDY_TOKENS = 64
-
-
-def f32_model() -> Path:
-    """The embedded model widened to F32 by llama.cpp's quantizer (made once, in /tmp)."""
-    from localinfer_quant.source import embedded_model_path
-    from tests.conftest import llama_quantize
-
-    path = Path("/tmp/localinfer-agreement-f32.gguf")
-    if not path.exists():
-        llama_quantize(embedded_model_path(), path.with_suffix(".part"), 0).rename(path)  # LLAMA_FTYPE_ALL_F32
-    return path
 
 
 def held_out_chunk(engine) -> list[int]:  # type: ignore[no-untyped-def]
@@ -55,17 +45,16 @@ def held_out_chunk(engine) -> list[int]:  # type: ignore[no-untyped-def]
 
 def measure(gpu_layers: int | str) -> tuple[list[int], np.ndarray, str]:
     """(greedy tokens of the F32 model, log-probs [CTX/2 - 1, vocab] of the Q4_1 model, its greedy text)."""
-    from localinfer_quant.source import embedded_model_path
-
+    f32_path, q4_path = self_pair()  # the F32 widening (made once, in the user cache) and the embedded Q4_1
     options = LoadOptions(engine="llama.cpp", ctx=CTX, gpu_layers=gpu_layers, draft=None)
-    f32 = open_engine(str(f32_model()), options)
+    f32 = open_engine(str(f32_path), options)
     try:
         ids = f32.tokenize_prompt(f32.render_chat([{"role": "user", "content": PROMPT}]))
         out = f32.complete(ids, SamplingParams(temperature=0.0, max_tokens=GREEDY_TOKENS, repeat_penalty=1.0))
         greedy, text = list(out.tokens), out.text
     finally:
         f32.close()
-    q4 = open_engine(str(embedded_model_path()), options)
+    q4 = open_engine(str(q4_path), options)
     try:
         logp = scored_logprobs(q4.backend, held_out_chunk(q4)).astype(np.float32)
     finally:

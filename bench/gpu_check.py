@@ -53,10 +53,10 @@ def sh(cmd: list[str], log: Path, timeout: float, env: dict[str, str] | None = N
 
 
 def models() -> dict[str, Path]:
-    from bench.gpu_agreement import f32_model
-    from localinfer_quant.source import embedded_model_path
+    from bench.draft_model import self_pair
 
-    return {"q4_1": embedded_model_path(), "f32": f32_model()}
+    f32, q4_1 = self_pair()
+    return {"q4_1": q4_1, "f32": f32}
 
 
 def step_system(out: Path) -> dict[str, object]:
@@ -130,12 +130,10 @@ PLANNED = """
 import json, sys, time
 from localinfer.engine.loader import LoadOptions, open_engine
 from localinfer.engine.types import SamplingParams
-from localinfer.modelfile import inspect
-n_layer = inspect(__import__("pathlib").Path(sys.argv[1])).n_layer
 e = open_engine(sys.argv[1], LoadOptions(engine="llama.cpp", ctx=int(sys.argv[2]), gpu_layers="auto", draft=None))
 m = e.memory
-print(json.dumps({"n_layer": n_layer, "n_gpu_layers": m.n_gpu_layers, "vram_free_gib": m.vram_free / 2**30, "weights_gib": m.weights / 2**30, "kv_gib": m.kv_cache / 2**30,
-                  "compute_gib": m.compute / 2**30, "placement": m.placement}), flush=True)  # before decoding: a crash there keeps the plan
+print(json.dumps({"n_gpu_layers": m.n_gpu_layers, "vram_free_gib": m.vram_free / 2**30, "predicted_gpu_gib": m.gpu_bytes / 2**30,
+                  "placement": m.placement}), flush=True)  # before decoding: a crash there keeps the plan
 out = e.complete(e.tokenize_prompt(e.render_chat([{"role": "user", "content": "Hi"}])), SamplingParams(temperature=0, max_tokens=16))
 print(json.dumps({"tokens": len(out.tokens)}), flush=True)
 time.sleep(3)
@@ -159,10 +157,7 @@ def step_memory(out: Path, leave_gib: float = 1.2, ctx: int = 16384) -> dict[str
     planned = {k: v for line in lines for k, v in line.items()}
     if proc.returncode != 0:
         planned["error"] = stderr[-2000:]
-    n_layer = planned.get("n_layer", 1)
-    per_layer = (planned.get("weights_gib", 0) + planned.get("kv_gib", 0)) / n_layer
-    predicted = planned.get("n_gpu_layers", 0) and min(planned["n_gpu_layers"], n_layer) * per_layer + planned.get("compute_gib", 0)
-    return {"hog": held, "ctx": ctx, "planned": planned, "predicted_gpu_gib": predicted, "nvidia_smi_peak_mib": peak, "exit": proc.returncode}
+    return {"hog": held, "ctx": ctx, "planned": planned, "nvidia_smi_peak_mib": peak, "exit": proc.returncode}
 
 
 def step_reliability(out: Path) -> dict[str, object]:

@@ -31,6 +31,7 @@ class MemoryPlan:
     cache_types: tuple[str, str] = ("f16", "f16")  # K and V
     cache_note: str = ""  # why --cache-type auto chose what it chose
     placement: str = "every layer on the CPU"  # where the layers went, and why
+    gpu_bytes: int = 0  # the layers put on the GPU, with the compute buffer there
 
     @property
     def total(self) -> int:
@@ -110,13 +111,14 @@ def plan(info: GGUFInfo, n_ctx: int, gpu_layers: int | str, devices: Sequence[De
         n_gpu = max(0, min(n_layer + 1, int((vram_free - compute) // per_layer)))
     else:
         n_gpu = n_layer + 1 if gpu_layers == "all" else int(gpu_layers)
-        if min(n_gpu, n_layer) * per_layer + compute > vram_free:
-            warnings.append(f"{min(n_gpu, n_layer)} layers take {(min(n_gpu, n_layer) * per_layer + compute) / GiB:.2f} GiB but the GPU has "
-                            f"{vram_free / GiB:.2f} GiB free; loading may fail (--gpu-layers auto takes what fits)")  # fmt: skip
+    on_gpu = int(min(n_gpu, n_layer) * per_layer + compute) if n_gpu else 0
+    if gpu_layers not in ("auto", 0) and targets and on_gpu > vram_free:
+        warnings.append(f"{min(n_gpu, n_layer)} layers take {on_gpu / GiB:.2f} GiB but the GPU has {vram_free / GiB:.2f} GiB free; "
+                        "loading may fail (--gpu-layers auto takes what fits)")  # fmt: skip
     on_gpu_fraction = 0.0 if shared else min(n_gpu, n_layer) / n_layer
     needed_ram = (weights + kv) * (1 - on_gpu_fraction) + (compute if n_gpu == 0 or shared else 0)
-    where = placement(n_gpu, n_layer, gpu_layers, targets, vram_free, per_layer, compute) if targets else "every layer on the CPU"
-    result = MemoryPlan(weights, kv, compute, n_gpu, ram_free, vram_free, warnings, cache_types, placement=where)
+    where = placement(n_gpu, n_layer, gpu_layers, targets, vram_free, per_layer, compute)
+    result = MemoryPlan(weights, kv, compute, n_gpu, ram_free, vram_free, warnings, cache_types, placement=where, gpu_bytes=on_gpu)
     if needed_ram > ram_free:
         raise OutOfMemory(
             f"the model needs {needed_ram / GiB:.2f} GiB of RAM ({result.describe()}) "
@@ -127,6 +129,8 @@ def plan(info: GGUFInfo, n_ctx: int, gpu_layers: int | str, devices: Sequence[De
 
 def placement(n_gpu: int, n_layer: int, asked: int | str, targets: Sequence[Device], vram_free: int, per_layer: float, compute: int) -> str:
     """Where the layers go and why, in words (`run --verbose`)."""
+    if not targets:
+        return "every layer on the CPU"
     names = ", ".join(f"{d.name} ({d.description})" for d in targets)
     n = min(n_gpu, n_layer + 1)
     where = f"{n} of {n_layer + 1} layers (the output layer counted) on {names}" if n else f"every layer on the CPU, none on {names}"
