@@ -47,6 +47,7 @@ from localinfer.modelfile import GGUFInfo
 
 DEFAULT_PREFILL_CHUNK = 512
 MAX_BACKLOG = 256  # unread events after which a request waits for its reader
+Ending = tuple[str, bool, "Exception | None"]  # how a request ends: _finish's reason, flush, error
 
 
 @dataclass
@@ -436,20 +437,23 @@ class Engine:
     def _verify(self, seq: _Sequence, fed: list[int], start: int, logits: np.ndarray) -> None:
         """Sample row by row as plain decoding would (a draft model's token by the
         speculative-sampling rule); keep each drafted token that comes out, then roll the
-        KV cache back past the first one that did not."""
+        KV cache back past the first one that did not. The draft is judged before the
+        request may finish, so a request's last step counts in its timings."""
         slot, seq.n_forwards = seq.seq_id, seq.n_forwards + 1
-        kept, proposals = 0, seq.spec.proposals if seq.spec else None
+        kept, proposals, ending = 0, seq.spec.proposals if seq.spec else None, None
         for row in range(len(fed)):
             kept += 1  # fed[row] is now a valid part of the cache
             seq.n_past = start + kept
             self._slot_tokens[slot].append(fed[row])
-            self._accept(seq, logits[row], (fed[row + 1], proposals[row]) if proposals and row + 1 < len(fed) else None)
-            if seq.seq_id < 0 or row + 1 == len(fed) or seq.pending != fed[row + 1]:
+            ending = self._sample(seq, logits[row], (fed[row + 1], proposals[row]) if proposals and row + 1 < len(fed) else None)
+            if ending is not None or row + 1 == len(fed) or seq.pending != fed[row + 1]:
                 break  # finished, the bonus token, or the draft's first miss
         if seq.spec is not None and seq.spec.source is not None and len(fed) > 1:
             seq.spec.source.record(len(fed) - 1, kept - 1)
         if kept < len(fed):
             self.backend.kv_truncate(slot, start + kept)
+        if ending is not None:
+            self._finish(seq, *ending)
 
     @staticmethod
     def _batch(rows: list[tuple[_Sequence, list[int], int, int]]) -> Batch:
@@ -477,10 +481,16 @@ class Engine:
             self._waiting.remove(seq)
         self._finish(seq, "abort", flush=False)
 
-    def _accept(self, seq: _Sequence, logits: np.ndarray, drafted: tuple[int, Proposal] | None = None) -> None:
-        """Sample the next token of a sequence and decide whether it is finished. `drafted`:
-        the draft model's token for this row and the q it came from, kept or replaced by the
-        speculative-sampling rule (prompt lookup's drafts need no rule: see speculative.py)."""
+    def _accept(self, seq: _Sequence, logits: np.ndarray) -> None:
+        """Sample the next token of a sequence, and finish it if that ends it."""
+        if (ending := self._sample(seq, logits)) is not None:
+            self._finish(seq, *ending)
+
+    def _sample(self, seq: _Sequence, logits: np.ndarray, drafted: tuple[int, Proposal] | None = None) -> Ending | None:
+        """Sample the next token of a sequence and emit it; how the sequence ends, if it
+        does (`_finish`'s arguments). `drafted`: the draft model's token for this row and
+        the q it came from, kept or replaced by the speculative-sampling rule (prompt
+        lookup's drafts need no rule: see speculative.py)."""
         k = seq.params.logprobs
         raw = logits.copy() if k is not None else None  # the sampler edits logits in place
         if seq.params.ignore_eos:
@@ -489,7 +499,7 @@ class Engine:
         mask = None if thinking else seq.mask  # a constraint shapes the answer, not the thinking
         allowed = mask.apply(logits) if mask is not None else None  # before every other step of the sampler
         if allowed is not None and not len(allowed):
-            return self._finish(seq, "error", error=UserError(mask.error))  # type: ignore[union-attr]
+            return "error", True, UserError(mask.error)  # type: ignore[union-attr]
         if seq.forced:  # the engine writes this token itself: the only one left to draw
             forced = seq.forced.popleft()
             logits.fill(-np.inf)
@@ -505,24 +515,25 @@ class Engine:
             seq.t_first = seq.t_last
         seq.pending = None
         if token in self.backend.vocab.eog_ids:
-            return self._finish(seq, "stop")
+            return "stop", True, None
         seq.generated.append(token)
         seq.history.append(token)
         if mask is not None and not mask.advance(token):
-            return self._finish(seq, "error", error=UserError(mask.error))
+            return "error", True, UserError(mask.error)
         reasoning, text, hit_stop = self._text(seq, seq.detok.push(token))
         if seq.splitter is not None:
             self._watch_thinking(seq)
         self._emit(seq, token, text, *(token_logprobs(raw, token, k) if raw is not None else ()), reasoning=reasoning)
         if hit_stop:
-            return self._finish(seq, "stop", flush=False)
+            return "stop", False, None
         if seq.mask is not None and seq.mask.finished:  # the grammar is complete: only end of generation may follow
-            return self._finish(seq, "stop")
+            return "stop", True, None
         if seq.params.max_tokens is not None and len(seq.generated) >= seq.params.max_tokens:
-            return self._finish(seq, "length")
+            return "length", True, None
         if seq.n_past + 1 >= self.n_ctx:
-            return self._finish(seq, "length")
+            return "length", True, None
         seq.pending = token
+        return None
 
     def _watch_thinking(self, seq: _Sequence) -> None:
         """Note where the think block closed, and close it for the model once its budget of
