@@ -7,6 +7,7 @@ or between tests.
 from __future__ import annotations
 
 import ctypes
+import functools
 import os
 import re
 import subprocess
@@ -23,7 +24,11 @@ from localinfer.modelfile import inspect
 from localinfer.store.pull import local_path
 from localinfer.store.refs import resolve
 
-THREADS = 2
+# Two threads per engine, as a 2-core laptop runs; under pytest-xdist the cores are shared
+# out, one worker per core, so that no worker's thread pool waits on another's (spinning
+# OpenMP and ggml barriers on an oversubscribed core cost more than the parallelism gives).
+WORKERS = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
+THREADS = max(1, min(2, (os.cpu_count() or 1) // WORKERS))
 
 # Property tests size their runs for CI (hypothesis's default of 100 examples is the scale);
 # `pytest --hypothesis-profile=long` tries three times as many cases (the long sweep).
@@ -59,7 +64,7 @@ def engine(backend: LlamaCppBackend) -> Engine:
 
 def cli_env(env: dict[str, str] | None = None) -> dict[str, str]:
     """The environment the CLI runs in: this one, offline, without debug output, plus `env`."""
-    full_env = {**os.environ, "HF_HUB_OFFLINE": "1", **(env or {})}
+    full_env = {**os.environ, "HF_HUB_OFFLINE": "1", "LOCALINFER_THREADS": str(THREADS), **(env or {})}
     full_env.pop("LOCALINFER_DEBUG", None)
     return full_env
 
@@ -145,12 +150,27 @@ def f32_path(model_path: Path, tmp_path_factory: pytest.TempPathFactory) -> Path
     return path
 
 
+def read_gguf(path: Path):
+    """gguf-py's reader of a file, shared by the tests of a worker: it parses every metadata
+    array element into a numpy view, seconds for a 49k-token vocabulary, and many tests read
+    the embedded model. Keyed by the file's size and mtime, so a file changed in place is read again."""
+    stat = Path(path).stat()
+    return _read_gguf(str(path), stat.st_size, stat.st_mtime_ns)
+
+
+@functools.lru_cache(maxsize=8)
+def _read_gguf(path: str, size: int, mtime_ns: int):
+    import gguf
+
+    return gguf.GGUFReader(path)
+
+
 def with_template(model_path: Path, out: Path, template: str | None) -> Path:
     """A copy of a GGUF whose chat template is `template`, or that has none (gguf-py's own metadata copier)."""
     import gguf
     from gguf.scripts.gguf_new_metadata import MetadataDetails, copy_with_new_metadata
 
-    reader = gguf.GGUFReader(model_path)
+    reader = read_gguf(model_path)
     writer = gguf.GGUFWriter(out, arch=reader.fields["general.architecture"].contents(), endianess=reader.endianess)
     key = gguf.Keys.Tokenizer.CHAT_TEMPLATE
     new = {key: MetadataDetails(gguf.GGUFValueType.STRING, template)} if template is not None else {}

@@ -92,7 +92,7 @@ def kernel_set(value: str | None) -> str | None:
 # each, so their --help agrees, and one place (load_options) that turns them into LoadOptions.
 Engine = Annotated[str, typer.Option("--engine", help="Inference engine: auto (native where it runs the model's architecture and tensor types, no layer goes to a GPU and llama.cpp was not measured faster; else llama.cpp; --verbose says which and why), native (localinfer's own, CPU) or llama.cpp.", callback=engine_name)]
 Kernels = Annotated[Optional[str], typer.Option("--kernels", envvar="LOCALINFER_KERNELS", help="Native engine kernels: auto (C where it compiled, else Numba), c, or numba. [default: auto]", callback=kernel_set, show_default=False)]
-Threads = Annotated[Optional[int], typer.Option("--threads", help="CPU threads. [default: physical cores]", callback=threads)]
+Threads = Annotated[Optional[int], typer.Option("--threads", envvar="LOCALINFER_THREADS", help="CPU threads. [default: physical cores]", callback=threads)]
 Ctx = Annotated[Optional[int], typer.Option("--ctx", help="Context of each sequence in tokens, prompt and answer together. [default: the model's, at most 4096]", callback=at_least(16))]
 GpuLayers = Annotated[str, typer.Option("--gpu-layers", help="Layers to offload to the GPU, 'all', or 'auto' to fit free VRAM (engines that offload: llama.cpp).", callback=gpu_layers)]
 ENGINE_DEFAULT = "auto"

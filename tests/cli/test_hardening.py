@@ -15,13 +15,13 @@ from localinfer.modelfile import inspect
 import pytest
 from gguf.scripts.gguf_new_metadata import MetadataDetails, copy_with_new_metadata
 
-from ..conftest import cli_env, run_cli
+from ..conftest import cli_env, read_gguf, run_cli
 from .test_errors import assert_one_line_error
 
 
 def rewrite_metadata(src: Path, dst: Path, change: dict[str, MetadataDetails] | None = None, remove: tuple[str, ...] = ()) -> Path:
     """A copy of `src` with metadata keys changed or removed, written by gguf-py's own tool."""
-    reader = gguf.GGUFReader(src)
+    reader = read_gguf(src)
     arch = reader.get_field(gguf.Keys.General.ARCHITECTURE).contents()
     writer = gguf.GGUFWriter(str(dst), arch=arch, endianess=reader.endianess)
     copy_with_new_metadata(reader, writer, dict(change or {}), list(remove))

@@ -5,9 +5,8 @@ import signal
 import subprocess
 import time
 
-from gguf import GGUFReader
 
-from ..conftest import run_cli, start_cli
+from ..conftest import read_gguf, run_cli, start_cli
 
 
 def test_run_json_has_text_usage_and_timings() -> None:
@@ -44,7 +43,7 @@ def test_show_json_reports_the_gguf_metadata(model_path) -> None:
     r = run_cli("show", "smollm2:135m", "--json")
     assert r.returncode == 0, r.stderr
     info = json.loads(r.stdout)
-    ref = GGUFReader(model_path)
+    ref = read_gguf(model_path)
     assert info["architecture"] == "llama"
     assert info["parameters"] == sum(int(t.n_elements) for t in ref.tensors)
     assert info["context_length"] == ref.fields["llama.context_length"].contents()

@@ -24,7 +24,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from gguf import GGUFReader, GGUFWriter, RopeScalingType
+from gguf import GGUFWriter, RopeScalingType
 
 from localinfer.backends.base import Batch, LoadParams
 from localinfer.backends.llamacpp import LlamaCppBackend
@@ -33,7 +33,7 @@ from localinfer.engine.engine import Engine
 from localinfer.engine.types import SamplingParams
 from localinfer.modelfile import inspect
 
-from ..conftest import THREADS, llama_quantize
+from ..conftest import THREADS, llama_quantize, read_gguf
 
 N_EMBD, N_FF, N_LAYER, N_CTX = 64, 128, 2, 256
 HEAD_DIM = {"qwen3": 32, "gemma3": 32}  # where the head size is not n_embd / n_head
@@ -43,8 +43,17 @@ PHI3_ROPE_DIMS, PHI3_ORIG_CTX = 12, 128
 
 @pytest.fixture(scope="module")
 def vocabulary(model_path: Path) -> dict[str, object]:
-    fields = GGUFReader(model_path).fields
+    fields = read_gguf(model_path).fields
     return {key: fields[key].contents() for key in ("tokenizer.ggml.tokens", "tokenizer.ggml.token_type", "tokenizer.ggml.merges")}
+
+
+def first_tokens(vocab: dict[str, object], n: int) -> dict[str, object]:
+    """The vocabulary's first `n` tokens and the merges among them: still a working BPE
+    tokenizer (special tokens, then bytes, then merges in order), with a small output matrix."""
+    tokens = vocab["tokenizer.ggml.tokens"][:n]
+    have = set(tokens)
+    merges = [m for m in vocab["tokenizer.ggml.merges"] if m.replace(" ", "") in have and all(part in have for part in m.split(" "))]
+    return {"tokenizer.ggml.tokens": tokens, "tokenizer.ggml.token_type": vocab["tokenizer.ggml.token_type"][:n], "tokenizer.ggml.merges": merges}
 
 
 def write_metadata(w: GGUFWriter, arch: str, n_head: int, n_head_kv: int, head_dim: int) -> None:
@@ -84,7 +93,9 @@ def write_vocabulary(w: GGUFWriter, vocab: dict[str, object]) -> None:
     w.add_eos_token_id(2)
 
 
-def tiny_model(path: Path, arch: str, vocab: dict[str, object], n_head: int, n_head_kv: int, rng: np.random.Generator) -> Path:
+def tiny_model(path: Path, arch: str, vocab: dict[str, object], n_head: int, n_head_kv: int, rng: np.random.Generator, output_scale: float = 0.0) -> Path:
+    """A random-weight model of `arch`; `output_scale` gives it an output matrix of its own
+    (not the embedding's), that many times the usual size: peaked next-token distributions."""
     n_vocab = len(vocab["tokenizer.ggml.tokens"])
     head_dim = HEAD_DIM.get(arch, N_EMBD // n_head)
     q_dim, kv_dim = n_head * head_dim, n_head_kv * head_dim
@@ -100,8 +111,8 @@ def tiny_model(path: Path, arch: str, vocab: dict[str, object], n_head: int, n_h
 
     w.add_tensor("token_embd.weight", weight(n_vocab, N_EMBD) * (0.5 if arch == "gemma3" else 4))  # gemma3 scales it by 8
     w.add_tensor("output_norm.weight", norm())
-    if arch == "qwen2":
-        w.add_tensor("output.weight", weight(n_vocab, N_EMBD))
+    if arch == "qwen2" or output_scale:
+        w.add_tensor("output.weight", weight(n_vocab, N_EMBD) * (output_scale or 1.0))
     if arch == "phi3":
         half = PHI3_ROPE_DIMS // 2
         w.add_tensor("rope_factors_long.weight", (1 + 3 * rng.random(half)).astype(np.float32))

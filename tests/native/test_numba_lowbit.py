@@ -18,6 +18,7 @@ from localinfer_native.numba_ir import INT8_TYPES, Q8K_TYPES
 from localinfer_native.numba_kernels import NumbaKernels
 from localinfer_native.types import QMatrix
 from tests.native.blocks import dequantized, random_qmatrix
+from tests.conftest import read_gguf
 from tests.native.test_numba_kernels import quantized_x, quantized_x_k
 
 LOWBIT = [Q.Q2_K, Q.Q3_K, Q.IQ4_NL, Q.IQ4_XS]
@@ -109,7 +110,7 @@ def model_weights(model_path) -> dict[int, np.ndarray]:
     """Real weights by row length: 64 rows of the embedded model's ffn_down (1536) and attn_q (576)."""
     import gguf
 
-    tensors = {t.name: t for t in gguf.GGUFReader(model_path).tensors}
+    tensors = {t.name: t for t in read_gguf(model_path).tensors}
     out = {}
     for name in ("blk.0.ffn_down.weight", "blk.0.attn_q.weight"):
         t = tensors[name]

@@ -18,12 +18,12 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from gguf import GGML_QUANT_SIZES, GGMLQuantizationType as Q, GGUFReader
+from gguf import GGML_QUANT_SIZES, GGMLQuantizationType as Q
 from gguf.quants import dequantize as gguf_dequantize
 
 from localinfer.modelfile import inspect
 from localinfer_quant import codecs
-from ..conftest import THREADS
+from ..conftest import THREADS, read_gguf
 
 LEGACY = [Q.Q8_0, Q.Q4_0, Q.Q4_1, Q.Q5_0, Q.Q5_1]
 K_TYPES = [Q.Q2_K, Q.Q3_K, Q.Q4_K, Q.Q5_K, Q.Q6_K]
@@ -167,7 +167,7 @@ def _in_sample_layers(name: str) -> bool:
 
 def test_dequantize_embedded_model_matches_gguf(model_path: Path):
     seen = set()
-    for t in GGUFReader(model_path).tensors:
+    for t in read_gguf(model_path).tensors:
         if t.tensor_type not in codecs.SUPPORTED or not _in_sample_layers(t.name):
             continue
         data = _rows(t)

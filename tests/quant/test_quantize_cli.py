@@ -15,7 +15,7 @@ from gguf import GGMLQuantizationType, GGUFReader
 
 from localinfer.modelfile import inspect
 
-from ..conftest import run_cli, start_cli
+from ..conftest import read_gguf, run_cli, start_cli
 
 
 def model_files(folder: Path) -> list[Path]:
@@ -195,7 +195,7 @@ def test_leave_output_tensor(model_path: Path, tmp_path: Path) -> None:
 
     from ..native.test_architectures import tiny_model
 
-    fields = GGUFReader(model_path).fields
+    fields = read_gguf(model_path).fields
     vocab = {key: fields[key].contents() for key in ("tokenizer.ggml.tokens", "tokenizer.ggml.token_type", "tokenizer.ggml.merges")}
     src = tiny_model(tmp_path / "tiny-qwen2.gguf", "qwen2", vocab, 4, 2, np.random.default_rng(0))
     types = {}

@@ -32,6 +32,13 @@ OPTIONS = LoadOptions(threads=THREADS, ctx=1024)
 GREEDY = {"temperature": 0.0, "max_tokens": 24}
 
 
+@pytest.fixture(autouse=True)
+def lasting_notifications(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Notifications stay until a test reads them: Textual's 5 s toast can expire before a
+    slow machine has finished the reply that a test checks it after."""
+    monkeypatch.setattr(ChatApp, "NOTIFICATION_TIMEOUT", 3600)
+
+
 def run(test: Callable[[], Awaitable[None]]) -> None:
     asyncio.run(test())
 
