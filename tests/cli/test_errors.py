@@ -53,6 +53,11 @@ def test_invalid_option_values(args, needle) -> None:
     assert_one_line_error(run_cli("run", *args, "hi"), needle, code=2)
 
 
+@pytest.mark.parametrize("value", ["0", "many"])
+def test_a_bad_thread_count_in_the_environment(value: str) -> None:
+    assert_one_line_error(run_cli("run", "hi", env={"LOCALINFER_THREADS": value}), "LOCALINFER_THREADS", code=2)
+
+
 def test_pull_without_network() -> None:
     assert_one_line_error(run_cli("pull", "someone/some-model-GGUF"), "cannot reach the Hugging Face hub")
 
