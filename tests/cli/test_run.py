@@ -5,7 +5,6 @@ import signal
 import subprocess
 import time
 
-
 from ..conftest import read_gguf, run_cli, start_cli
 
 

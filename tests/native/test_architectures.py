@@ -43,7 +43,12 @@ PHI3_ROPE_DIMS, PHI3_ORIG_CTX = 12, 128
 
 @pytest.fixture(scope="module")
 def vocabulary(model_path: Path) -> dict[str, object]:
-    fields = read_gguf(model_path).fields
+    return vocabulary_of(model_path)
+
+
+def vocabulary_of(path: Path) -> dict[str, object]:
+    """A GGUF's BPE tokenizer (tokens, their types, merges), for tiny models to carry."""
+    fields = read_gguf(path).fields
     return {key: fields[key].contents() for key in ("tokenizer.ggml.tokens", "tokenizer.ggml.token_type", "tokenizer.ggml.merges")}
 
 

@@ -17,8 +17,8 @@ from gguf import GGML_QUANT_SIZES, GGMLQuantizationType as Q
 from localinfer_native.numba_ir import INT8_TYPES, Q8K_TYPES
 from localinfer_native.numba_kernels import NumbaKernels
 from localinfer_native.types import QMatrix
-from tests.native.blocks import dequantized, random_qmatrix
 from tests.conftest import read_gguf
+from tests.native.blocks import dequantized, random_qmatrix
 from tests.native.test_numba_kernels import quantized_x, quantized_x_k
 
 LOWBIT = [Q.Q2_K, Q.Q3_K, Q.IQ4_NL, Q.IQ4_XS]

@@ -15,7 +15,7 @@ from gguf import GGMLQuantizationType, GGUFReader
 
 from localinfer.modelfile import inspect
 
-from ..conftest import read_gguf, run_cli, start_cli
+from ..conftest import run_cli, start_cli
 
 
 def model_files(folder: Path) -> list[Path]:
@@ -193,11 +193,9 @@ def test_leave_output_tensor(model_path: Path, tmp_path: Path) -> None:
     keeps its F32 with --leave-output-tensor and is quantized without it."""
     import numpy as np
 
-    from ..native.test_architectures import tiny_model
+    from ..native.test_architectures import tiny_model, vocabulary_of
 
-    fields = read_gguf(model_path).fields
-    vocab = {key: fields[key].contents() for key in ("tokenizer.ggml.tokens", "tokenizer.ggml.token_type", "tokenizer.ggml.merges")}
-    src = tiny_model(tmp_path / "tiny-qwen2.gguf", "qwen2", vocab, 4, 2, np.random.default_rng(0))
+    src = tiny_model(tmp_path / "tiny-qwen2.gguf", "qwen2", vocabulary_of(model_path), 4, 2, np.random.default_rng(0))
     types = {}
     for flag in ([], ["--leave-output-tensor"]):
         out = tmp_path / f"q8{len(flag)}.gguf"
