@@ -12,6 +12,7 @@ import os
 import re
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -117,6 +118,28 @@ def check_batched_sequences_match_single_runs(backend) -> None:
         assert np.abs(got - want).max() < 1e-2
 
 
+# --- files made once per run ---------------------------------------------------------
+
+def made_once(tmp_path_factory: pytest.TempPathFactory, name: str, make: Callable[[Path], object]) -> Path:
+    """`make(path)`'s file or folder, made once per test run: under pytest-xdist every worker
+    of the run shares one folder and a lock, so a model or build that costs seconds is made by
+    the first worker that needs it and read by the others (a session fixture alone is per
+    worker). Made under a temporary name and renamed, so no worker reads half a file."""
+    from filelock import FileLock
+
+    root = tmp_path_factory.getbasetemp()
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        root = root.parent  # the run's folder, above each worker's own
+    path = root / "made-once" / name
+    path.parent.mkdir(exist_ok=True)
+    with FileLock(f"{path}.lock"):
+        if not path.exists():
+            part = path.with_name(f"part-{path.name}")
+            make(part)
+            part.rename(path)
+    return path
+
+
 # --- models made from the embedded one by llama.cpp's own quantizer ---------------------
 
 def llama_quantize(src: Path, dst: Path, ftype: int) -> Path:
@@ -135,7 +158,7 @@ def llama_quantize(src: Path, dst: Path, ftype: int) -> Path:
 def q4_k_m_path(model_path: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
     import llama_cpp
 
-    path = llama_quantize(model_path, tmp_path_factory.mktemp("q4km") / "smollm2-135m-q4_k_m.gguf", llama_cpp.LLAMA_FTYPE_MOSTLY_Q4_K_M)
+    path = made_once(tmp_path_factory, "smollm2-135m-q4_k_m.gguf", lambda out: llama_quantize(model_path, out, llama_cpp.LLAMA_FTYPE_MOSTLY_Q4_K_M))
     types = inspect(path).tensor_types
     assert types.get("Q4_K") and types.get("Q6_K"), types  # the K-quant kernels really run
     return path
@@ -145,7 +168,7 @@ def q4_k_m_path(model_path: Path, tmp_path_factory: pytest.TempPathFactory) -> P
 def f32_path(model_path: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
     import llama_cpp
 
-    path = llama_quantize(model_path, tmp_path_factory.mktemp("f32") / "smollm2-135m-f32.gguf", llama_cpp.LLAMA_FTYPE_ALL_F32)
+    path = made_once(tmp_path_factory, "smollm2-135m-f32.gguf", lambda out: llama_quantize(model_path, out, llama_cpp.LLAMA_FTYPE_ALL_F32))
     assert set(inspect(path).tensor_types) == {"F32"}
     return path
 
@@ -186,14 +209,14 @@ def r1_model_path(model_path: Path, tmp_path_factory: pytest.TempPathFactory) ->
     """The embedded model under DeepSeek-R1-Distill-Qwen's chat template, whose generation
     prompt opens a think block: a real model that thinks until it closes the block, or until
     a thinking budget makes the engine close it."""
-    return with_template(model_path, tmp_path_factory.mktemp("r1") / "smollm2-135m-r1.gguf", R1_TEMPLATE.read_text())
+    return made_once(tmp_path_factory, "smollm2-135m-r1.gguf", lambda out: with_template(model_path, out, R1_TEMPLATE.read_text()))
 
 
 @pytest.fixture(scope="session")
 def r1_f32_path(f32_path: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The same in F32, where greedy answers do not depend on what shares a batch (a
     server's second request reuses the first's cached prefix)."""
-    return with_template(f32_path, tmp_path_factory.mktemp("r1f32") / "smollm2-135m-r1-f32.gguf", R1_TEMPLATE.read_text())
+    return made_once(tmp_path_factory, "smollm2-135m-r1-f32.gguf", lambda out: with_template(f32_path, out, R1_TEMPLATE.read_text()))
 
 
 def parse_metrics(text: str) -> dict[str, float]:

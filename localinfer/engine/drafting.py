@@ -59,6 +59,13 @@ class Drafting:
             self.drafter.forget(slot)
             self.drafter.step_seconds = float(forward_seconds(self.drafter.backend, slot, 1)[0])
 
+    @staticmethod
+    def may_draft(params: SamplingParams) -> bool:
+        """Whether a request could ever take a draft: a step drafts at most max_tokens - 2
+        tokens after the first (k drafted: k + 1 out), so an answer of 2 tokens or fewer never
+        does, and needs no calibration (a 2-token `run` would otherwise pay it in full)."""
+        return params.draft_max != 0 and (params.max_tokens is None or params.max_tokens > 2)
+
     def admit(self, params: SamplingParams) -> RequestDrafts:
         """A new request's speculation state (no draft model where it asked draft_max 0)."""
         spec = RequestDrafts(DraftState(self.config))

@@ -337,7 +337,8 @@ class Engine:
         self._apply_inbox()
         if self.broken or (self._running or self._waiting or self._calls) and self._check_file():
             return
-        if self.drafting is not None and self.drafting.verify_cost is None and len(self._free_slots) == len(self._slot_tokens):
+        if (self.drafting is not None and self.drafting.verify_cost is None and len(self._free_slots) == len(self._slot_tokens)
+                and (not self._waiting or any(self.drafting.may_draft(seq.params) for seq in self._waiting))):
             self._calibrate()
         self._run_calls()
         while self._waiting and self._free_slots:

@@ -202,6 +202,17 @@ def test_the_cache_after_rollbacks_is_the_one_plain_decoding_builds(engines, bac
     assert np.abs(logits[0] - logits[1]).max() < 0.1 and logits[0].argmax() == logits[1].argmax()
 
 
+def test_answers_too_short_to_draft_are_not_kept_waiting_for_the_measurement(backend) -> None:
+    """A 2-token answer can never take a draft, so it skips the verify-cost measurement (about
+    20 forwards); the first request that could draft pays it."""
+    engine = Engine(backend, slots=2, draft=DraftConfig())
+    prompt = engine.tokenize_prompt("The capital of France is")
+    short = engine.complete(prompt, SamplingParams(temperature=0, max_tokens=2))
+    assert len(short.tokens) == 2 and engine.drafting.verify_cost is None
+    longer = engine.complete(prompt, SamplingParams(temperature=0, max_tokens=3))
+    assert longer.tokens[:2] == short.tokens and engine.drafting.verify_cost is not None
+
+
 def test_the_verify_cost_is_measured_by_the_thread_that_runs_the_engine(backend, monkeypatch) -> None:
     """Measured on another thread, the backend's threads (OpenMP teams are per calling thread)
     would keep spinning beside the engine's and slow every later forward (seen: 2.5x)."""

@@ -18,7 +18,7 @@ from gguf import GGML_QUANT_SIZES, GGMLQuantizationType as Q
 from localinfer_native.c_kernels import CKernels
 from localinfer_native.types import QMatrix
 
-from ..conftest import llama_quantize
+from ..conftest import llama_quantize, made_once
 
 __all__ = ["llama_quantize"]  # benchmarks import it from here
 
@@ -53,7 +53,7 @@ def cpu_flags() -> set[str]:
 @pytest.fixture(scope="session")
 def portable_library(tmp_path_factory) -> Path:
     """native/c compiled without -march: the scalar paths, single-threaded (no OpenMP)."""
-    return build_library(tmp_path_factory.mktemp("portable") / "_ckernels_portable.so", [])
+    return made_once(tmp_path_factory, "_ckernels_portable.so", lambda out: build_library(out, []))
 
 
 @pytest.fixture(scope="session")
@@ -61,7 +61,7 @@ def avx2_library(tmp_path_factory) -> Path:
     """native/c for AVX2 alone (no AVX-512, no VNNI), so the AVX2 paths stay tested on CPUs that have more."""
     if not {"avx2", "fma", "f16c"} <= cpu_flags():
         pytest.skip("this CPU has no AVX2")
-    return build_library(tmp_path_factory.mktemp("avx2") / "_ckernels_avx2.so", ["-mavx2", "-mfma", "-mf16c"])
+    return made_once(tmp_path_factory, "_ckernels_avx2.so", lambda out: build_library(out, ["-mavx2", "-mfma", "-mf16c"]))
 
 
 @pytest.fixture(scope="session", params=["installed", "avx2", "portable"])

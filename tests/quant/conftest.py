@@ -14,14 +14,16 @@ import pytest
 from localinfer_quant.hf import export_hf
 from localinfer_quant.source import embedded_f16
 
+from ..conftest import made_once
+
 
 @pytest.fixture(scope="session")
 def f16_source_path(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """SmolLM2-135M-Instruct as an F16 GGUF (matrices F16, norms F32)."""
-    return embedded_f16(tmp_path_factory.mktemp("f16-source") / "SmolLM2-135M-Instruct.F16.gguf")
+    return made_once(tmp_path_factory, "SmolLM2-135M-Instruct.F16.gguf", embedded_f16)
 
 
 @pytest.fixture(scope="session")
 def hf_folder(f16_source_path: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The F16 source as a Hugging Face folder: config.json, tokenizer files, model.safetensors."""
-    return export_hf(f16_source_path, tmp_path_factory.mktemp("hf") / "SmolLM2-135M-Instruct")
+    return made_once(tmp_path_factory, "SmolLM2-135M-Instruct", lambda out: export_hf(f16_source_path, out))

@@ -3,8 +3,9 @@
 * dequantize == gguf-py's dequantizer, exactly, on the embedded model (Q4_1, Q8_0) and on
   models llama.cpp made of every other type;
 * quantize == llama.cpp's own quantizer (llama_model_quantize, no imatrix, `pure`), byte for
-  byte, on the real weights of an F32 model made from the embedded one; and every tensor of
-  the mixed files people download (Q2_K, Q3_K_M, IQ4_XS as llama.cpp lays them out);
+  byte, on the real weights of an F32 model made from the embedded one (IQ4: on the weights
+  compared, through the ggml_quantize_chunk it calls per tensor); and every tensor of the
+  mixed files people download (Q2_K, Q3_K_M as llama.cpp lays them out);
 * quantize == ggml_quantize_chunk (the function llama_model_quantize calls) on random and
   edge-case data: zeros, signed zeros, constants, ties, tiny and huge values;
 * round trips on random data with bounded error, and clear errors for bad input.
@@ -44,10 +45,6 @@ FTYPES = {
     Q.Q6_K: "LLAMA_FTYPE_MOSTLY_Q6_K",
     Q.Q2_K: "LLAMA_FTYPE_MOSTLY_Q2_K",
     Q.Q3_K: "LLAMA_FTYPE_MOSTLY_Q3_K_M",  # with `pure`, every tensor Q3_K (no M mix)
-    # llama.cpp's IQ4 search is slow (~20 CPU-s per model): one IQ4_XS file serves both, its
-    # 576-wide matrices falling back to IQ4_NL through the same ggml_quantize_chunk
-    Q.IQ4_NL: "LLAMA_FTYPE_MOSTLY_IQ4_XS",
-    Q.IQ4_XS: "LLAMA_FTYPE_MOSTLY_IQ4_XS",
     Q.BF16: "LLAMA_FTYPE_MOSTLY_BF16",
 }
 
@@ -121,20 +118,33 @@ def f32_model(codecs_f32_path: Path) -> dict[str, np.ndarray]:
     return tensors
 
 
+class _Chunk:
+    """A tensor llama.cpp quantized alone (ggml_quantize_chunk), named as in the model."""
+
+    def __init__(self, name: str, tensor_type: Q, rows: np.ndarray) -> None:
+        self.name, self.tensor_type, self.rows = name, tensor_type, rows
+
+
 @pytest.fixture(scope="session")
-def pure_models(codecs_f32_path: Path, tmp_path_factory: pytest.TempPathFactory):
-    """qtype -> the tensors of the F32 model quantized by llama.cpp to that type (made on first use)."""
+def pure_models(codecs_f32_path: Path, f32_model, tmp_path_factory: pytest.TempPathFactory):
+    """qtype -> the tensors of the F32 model quantized by llama.cpp to that type (made on first
+    use). IQ4: only the tensors _sample compares, each quantized alone by the function
+    llama_model_quantize calls per tensor, since llama.cpp's IQ4 search costs ~45 CPU-s a
+    whole model here (so the file-level choice of types is asserted for the other types only)."""
     import llama_cpp
 
     folder = tmp_path_factory.mktemp("codecs-pure")
-    cache: dict[str, list[_Tensor]] = {}
+    cache: dict[Q, list] = {}
+    quantize_chunk = _ggml_quantize_chunk()
 
-    def get(qtype: Q) -> list[_Tensor]:
-        ftype = FTYPES[qtype]
-        if ftype not in cache:
-            dst = _quantize_pure(codecs_f32_path, folder / f"{ftype}.gguf", getattr(llama_cpp, ftype))
-            cache[ftype] = _read(dst)
-        return cache[ftype]
+    def get(qtype: Q) -> list:
+        if qtype not in cache and qtype in IQ4:
+            # IQ4_NL: the matrices an IQ4_XS file falls back to it for (rows no multiple of 256)
+            wanted = [_Chunk(name, qtype, np.empty(0)) for name, w in f32_model.items() if (w.shape[1] % 256 == 0) == (qtype == Q.IQ4_XS)]
+            cache[qtype] = [_Chunk(t.name, qtype, quantize_chunk(f32_model[t.name], qtype)) for t in _sample(wanted, qtype)]
+        elif qtype not in cache:
+            cache[qtype] = _read(_quantize_pure(codecs_f32_path, folder / f"{qtype.name}.gguf", getattr(llama_cpp, FTYPES[qtype])))
+        return cache[qtype]
 
     return get
 
@@ -199,10 +209,10 @@ def test_quantize_matches_llamacpp_on_model_weights(qtype: Q, f32_model, pure_mo
     # SmolLM2's 576-wide rows are no multiple of 256: llama.cpp falls back there, so the
     # 256-block tensors are exactly the 30 ffn_down matrices (rows of 1536)
     ffn_down = {f"blk.{i}.ffn_down.weight" for i in range(30)}
-    if qtype in SUPER_BLOCK:
+    if qtype in IQ4:
+        pass  # tensors quantized one by one (pure_models): no file chose their types
+    elif qtype in SUPER_BLOCK:
         assert {t.name for t in got} == ffn_down
-    elif qtype == Q.IQ4_NL:
-        assert {t.name for t in got} == set(f32_model) - ffn_down  # the IQ4_XS file's fallbacks
     else:
         assert {t.name for t in got} == set(f32_model)  # pure: every matrix has the type
     sample = _sample(got, qtype)
@@ -241,6 +251,11 @@ def test_quantize_matches_llamacpp_mixed_files(mix: str, codecs_f32_path: Path, 
 
 @pytest.fixture(scope="module")
 def ggml_quantize_chunk():
+    return _ggml_quantize_chunk()
+
+
+def _ggml_quantize_chunk():
+    """llama.cpp's quantizer of one tensor: (float32 [rows, cols], qtype) -> its bytes."""
     import llama_cpp
 
     lib = ctypes.CDLL(os.path.join(os.path.dirname(llama_cpp.__file__), "lib", "libggml-base.so"))
