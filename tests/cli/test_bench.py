@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from ..conftest import run_cli
+from ..conftest import THREADS, run_cli
 
 FIELDS = {
     "model", "engine", "kernels", "threads", "type_k", "type_v", "draft", "gpu_layers",  # the setup
@@ -37,7 +37,7 @@ def test_every_combination_is_a_row_in_json_markdown_and_csv(tmp_path: Path) -> 
     assert {r["kernels_used"].split()[0] for r in records if r["engine"] == "native"} <= {"c", "numba"}
 
     # the other formats from a smaller matrix (one thread count, one repetition): 4 rows
-    small = ("bench", "model", "-p", "16", "-n", "8", "-r", "1", "--engine", "llama.cpp,native", "-t", "2")
+    small = ("bench", "model", "-p", "16", "-n", "8", "-r", "1", "--engine", "llama.cpp,native", "-t", str(THREADS))
     table = run_cli(*small)
     assert table.returncode == 0, table.stderr
     lines = table.stdout.strip().splitlines()
@@ -58,7 +58,7 @@ def test_a_draft_model_row_reports_its_acceptance(model_path: Path, tmp_path: Pa
 
 
 def test_lists_multiply_and_a_native_only_option_is_not_copied() -> None:
-    out = run_cli("bench", "model", "-p", "0", "-n", "4", "-r", "1", "--engine", "llama.cpp,native", "-t", "2", "-ctk", "f16,q8_0", "-ctv", "q8_0", "--draft", "off,on", "--kernels", "c", "--json")
+    out = run_cli("bench", "model", "-p", "0", "-n", "4", "-r", "1", "--engine", "llama.cpp,native", "-t", str(THREADS), "-ctk", "f16,q8_0", "-ctv", "q8_0", "--draft", "off,on", "--kernels", "c", "--json")
     assert out.returncode == 0, out.stderr
     records = json.loads(out.stdout)
     assert len(records) == 2 * 2 * 2  # engines x K types x draft; the kernels list applies to native alone

@@ -27,7 +27,7 @@ from localinfer.backends.base import Batch, LoadParams
 from localinfer.backends.llamacpp import LlamaCppBackend
 from localinfer.backends.native import NativeBackend
 from localinfer.engine.engine import Engine
-from localinfer.engine.types import SamplingParams
+from localinfer.engine.types import CompletionOutput, SamplingParams
 from localinfer.modelfile import inspect
 from localinfer_native.c_kernels import CKernels
 from localinfer_native.types import C_TYPES, QMatrix
@@ -196,13 +196,15 @@ def lowbit_file(request, f32_path: Path, tmp_path_factory) -> Path:
 
 
 def greedy(engine: Engine) -> dict[str, tuple[list[int], list[int]]]:
-    """prompt -> (its tokens, the 32 greedy tokens that follow)"""
+    """prompt -> (its tokens, the 32 greedy tokens that follow): the prompts together, as many
+    at once as the engine has slots (a row's logits do not depend on the rows beside it)."""
     params = SamplingParams(temperature=0, repeat_penalty=1.0, max_tokens=N_GREEDY)
-    out = {}
-    for prompt in PROMPTS:
-        tokens = engine.tokenize_prompt(engine.render_chat([{"role": "user", "content": prompt}]))
-        out[prompt] = (tokens, engine.complete(tokens, params).tokens)
-    return out
+    tokens = {prompt: engine.tokenize_prompt(engine.render_chat([{"role": "user", "content": prompt}])) for prompt in PROMPTS}
+    streams = {prompt: engine.submit(tokens[prompt], params) for prompt in PROMPTS}
+    while engine.has_work():
+        engine.step()
+    done = {prompt: next(e for e in iter(stream.get_nowait, None) if isinstance(e, CompletionOutput)) for prompt, stream in streams.items()}
+    return {prompt: (tokens[prompt], done[prompt].tokens) for prompt in PROMPTS}
 
 
 @pytest.fixture(scope="module")
@@ -267,10 +269,10 @@ def test_native_agrees_with_llama_cpp(kernels: str, lowbit_file: Path, reference
     if not runs_here(kernels, lowbit_file):
         pytest.skip(f"the {kernels} kernels run end to end on {', '.join(NUMBA_FILES)} only (see NUMBA_FILES)")
     backend, answers, tokens, theirs, (self_top1, self_mean, self_worst) = reference
-    native = NativeBackend.load(lowbit_file, LoadParams(n_ctx=N_CTX, n_threads=THREADS, kernels=kernels))
+    native = NativeBackend.load(lowbit_file, LoadParams(n_ctx=N_CTX, n_threads=THREADS, kernels=kernels, n_seq_max=len(PROMPTS)))
     try:
         forced = forced_logits(native, tokens)
-        ours = greedy(Engine(native))
+        ours = greedy(Engine(native, slots=len(PROMPTS)))
     finally:
         native.close()
     top1, mean, worst = agreement(forced, theirs)

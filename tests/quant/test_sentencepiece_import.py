@@ -18,7 +18,7 @@ from localinfer.backends.llamacpp import LlamaCppBackend
 from localinfer_quant.hf import import_hf, write_safetensors
 from localinfer_quant.source import TensorPlan
 
-from ..conftest import run_cli
+from ..conftest import THREADS, run_cli
 
 TEXT = Path(__file__).resolve().parents[1] / "data" / "alice_in_wonderland.txt"
 N_VOCAB, N_EMBD, N_FF, N_LAYER, N_HEAD, N_HEAD_KV = 512, 64, 128, 2, 4, 2
@@ -63,7 +63,7 @@ def mistral_folder(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def test_llama_cpp_tokenizes_as_sentencepiece(mistral_folder: Path, tmp_path: Path) -> None:
     gguf_path = import_hf(mistral_folder, tmp_path / "tiny-mistral-F16.gguf")
     reference = spm.SentencePieceProcessor(model_file=str(mistral_folder / "tokenizer.model"))
-    backend = LlamaCppBackend.load(gguf_path, LoadParams(n_ctx=128, n_threads=2))
+    backend = LlamaCppBackend.load(gguf_path, LoadParams(n_ctx=128, n_threads=THREADS))
     try:
         assert backend.vocab.bos_id == 1 and backend.vocab.eos_id == 2 and backend.vocab.add_bos
         for text in SAMPLES:

@@ -27,6 +27,8 @@ from localinfer_quant.hf import (
 )
 from localinfer_quant.source import TensorPlan, embedded_model_path
 
+from ..conftest import THREADS
+
 N_TOKENS = 128
 TEXT = (
     "The lighthouse keeper climbed the spiral stairs every evening at dusk, carrying a small "
@@ -53,7 +55,7 @@ HPARAM_KEYS = [
 
 def teacher_forced(path: Path) -> tuple[list[int], np.ndarray]:
     """The first N_TOKENS tokens of TEXT and llama.cpp's logits at every position."""
-    backend = LlamaCppBackend.load(path, LoadParams(n_ctx=512, n_threads=2))
+    backend = LlamaCppBackend.load(path, LoadParams(n_ctx=512, n_threads=THREADS))
     try:
         tokens = backend.tokenize(TEXT, add_special=True)[:N_TOKENS]
         assert len(tokens) == N_TOKENS

@@ -15,6 +15,7 @@ from localinfer.errors import UserError
 from localinfer.server.host import ModelHost
 from tests.engine.test_draft_model import with_token
 
+from ..conftest import THREADS
 from .test_serve import Server
 
 PROMPTS = ["Write a Python function that reverses a list.", "Tell me about the moon.", "Name three rivers.", "Explain what a CPU cache is."]
@@ -25,7 +26,7 @@ def test_four_streams_two_drafting_and_two_not_each_answer_as_plain_decoding(f32
     """Native engine, F32 target (a row's logits do not depend on the rows beside it, so a
     greedy answer does not depend on what shares its batch), the embedded Q4_1 as the draft;
     two of four concurrent streams ask for no drafting (llama-server's speculative.n_max 0)."""
-    reference = open_engine(str(f32_path), LoadOptions(engine="native", ctx=1024, threads=2, draft=None))
+    reference = open_engine(str(f32_path), LoadOptions(engine="native", ctx=1024, threads=THREADS, draft=None))
     greedy = SamplingParams(temperature=0, max_tokens=MAX_TOKENS, repeat_penalty=1.0)
     try:
         want = [reference.complete(reference.tokenize_prompt(reference.render_chat([{"role": "user", "content": p}])), greedy).text for p in PROMPTS]

@@ -20,7 +20,7 @@ import jsonschema
 import openai
 import pytest
 
-from ..conftest import parse_metrics, start_cli
+from ..conftest import THREADS, parse_metrics, start_cli
 
 MODEL = "smollm2:135m"
 CHAT = [{"role": "user", "content": "Why is the sky blue?"}]
@@ -39,7 +39,7 @@ class Server:
         # The log goes to a file, not a pipe: a pipe nobody reads fills up after ~600 request
         # lines, and then the server blocks in its logger.
         self.log = tempfile.TemporaryFile()
-        self.proc = start_cli("serve", "--port", str(self.port), "--threads", "2", *args, env=env, stdout=subprocess.DEVNULL, stderr=self.log)
+        self.proc = start_cli("serve", "--port", str(self.port), "--threads", str(THREADS), *args, env=env, stdout=subprocess.DEVNULL, stderr=self.log)
         deadline = time.time() + 120
         while time.time() < deadline:
             assert self.proc.poll() is None, self.log_text()
