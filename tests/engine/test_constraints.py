@@ -17,7 +17,7 @@ from localinfer.backends.base import LoadParams
 from localinfer.engine.constraints import Constraint
 from localinfer.engine.engine import Engine
 from localinfer.engine.speculative import DraftConfig
-from localinfer.engine.types import SamplingParams
+from localinfer.engine.types import CompletionOutput, SamplingParams
 from localinfer.errors import ConstraintError
 
 from ..conftest import THREADS
@@ -53,6 +53,7 @@ day ::= "0" [1-9] | [12] [0-9] | "3" [01]
 DATE = r"(19[0-9][0-9]|20[0-2][0-9])-(0[1-9]|1[0-2])-(0[1-9]|[12][0-9]|3[01])"
 DATES_RE = rf"Dates: {DATE}(, {DATE}){{0,2}}\."
 PHONE_RE = r"\(\d{3}\) \d{3}-\d{4}"
+SLOTS = 4
 SAMPLED = SamplingParams(temperature=0.9, top_k=40, top_p=0.95, min_p=0.0, max_tokens=160)
 
 
@@ -62,7 +63,7 @@ def engine(request, model_path: Path):
         from localinfer.backends.native import NativeBackend as cls
     else:
         from localinfer.backends.llamacpp import LlamaCppBackend as cls
-    e = Engine(cls.load(model_path, LoadParams(n_ctx=1024, n_threads=THREADS)))
+    e = Engine(cls.load(model_path, LoadParams(n_ctx=1024, n_threads=THREADS, n_seq_max=SLOTS)), slots=SLOTS)
     yield e
     e.close()
 
@@ -72,8 +73,12 @@ def chat(engine: Engine, prompt: str) -> list[int]:
 
 
 def answers(engine: Engine, prompt: str, constraint: Constraint, n: int = 20) -> list[str]:
+    """n seeded answers, SLOTS of them decoding at once (each with its own constraint state)."""
     tokens = chat(engine, prompt)
-    outs = [engine.complete(tokens, SAMPLED.with_overrides(seed=seed, constraint=constraint)) for seed in range(n)]
+    streams = [engine.submit(tokens, SAMPLED.with_overrides(seed=seed, constraint=constraint)) for seed in range(n)]
+    while engine.has_work():
+        engine.step()
+    outs = [next(e for e in iter(stream.get_nowait, None) if isinstance(e, CompletionOutput)) for stream in streams]
     assert [o.finish_reason for o in outs] == ["stop"] * n, [o.text for o in outs if o.finish_reason != "stop"]
     return [o.text for o in outs]
 
