@@ -36,26 +36,6 @@ THREADS = max(1, min(2, (os.cpu_count() or 1) // WORKERS))
 settings.register_profile("long", max_examples=300)
 
 
-# The files that take longest (a minute or more of a fresh-clone CI run on 2 cores; Numba's
-# two compile on a cold cache), longest first. pytest-xdist hands out files in collection
-# order (with --no-loadscope-reorder, else by test count, which put these few-but-long files
-# last, one worker left running them alone); started first, they end beside the short ones.
-LONGEST_FIRST = (
-    "engine/test_draft_model.py", "cli/test_bad_input_property.py", "native/test_c_lowbit.py", "quant/test_codecs.py",
-    "native/test_native_vs_llamacpp.py", "engine/test_speculative.py", "reliability/test_server.py", "native/test_numba_lowbit.py",
-    "engine/test_constraints.py", "quant/test_quantize_cli.py", "quality/test_eval.py", "server/test_serve.py",
-    "cli/test_hardening.py", "native/test_numba_kernels.py", "cli/test_bench.py", "tui/test_app.py", "engine/test_engine_threads.py",
-    "server/test_draft_serve.py", "reliability/test_api_fuzz.py",
-)  # fmt: skip
-
-
-def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """The longest files first; the rest, and every file's own tests, in collection order."""
-    here = Path(__file__).parent
-    rank = {name: i for i, name in enumerate(LONGEST_FIRST)}
-    items.sort(key=lambda item: rank.get(item.path.relative_to(here).as_posix(), len(rank)))
-
-
 @pytest.fixture(autouse=True)
 def isolated_home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     home = tmp_path / "home"
