@@ -21,6 +21,7 @@ from hypothesis import settings
 from localinfer.backends.base import LoadParams
 from localinfer.backends.llamacpp import LlamaCppBackend
 from localinfer.engine.engine import Engine
+from localinfer.engine.types import CompletionOutput, SamplingParams
 from localinfer.modelfile import inspect
 from localinfer.store.pull import local_path
 from localinfer.store.refs import resolve
@@ -116,6 +117,19 @@ def check_batched_sequences_match_single_runs(backend) -> None:
     for got, want in zip(logits, singles):
         assert int(np.argmax(got)) == int(np.argmax(want))
         assert np.abs(got - want).max() < 1e-2
+
+
+def complete_together(engine: Engine, requests: list[tuple[list[int], SamplingParams]]) -> list[CompletionOutput]:
+    """Each (prompt tokens, params) submitted at once and stepped to its end on this thread,
+    as many decoding together as the engine has slots; their results in order (a failed
+    request raises, as Engine.complete does)."""
+    streams = [engine.submit(tokens, params) for tokens, params in requests]
+    while engine.has_work():
+        engine.step()
+    outs = [next(e for e in iter(stream.get_nowait, None) if isinstance(e, CompletionOutput)) for stream in streams]
+    for out in outs:
+        out.raise_error()
+    return outs
 
 
 # --- files made once per run ---------------------------------------------------------

@@ -17,10 +17,10 @@ from localinfer.backends.base import LoadParams
 from localinfer.engine.constraints import Constraint
 from localinfer.engine.engine import Engine
 from localinfer.engine.speculative import DraftConfig
-from localinfer.engine.types import CompletionOutput, SamplingParams
+from localinfer.engine.types import SamplingParams
 from localinfer.errors import ConstraintError
 
-from ..conftest import THREADS
+from ..conftest import THREADS, complete_together
 
 PERSON = {
     "type": "object",
@@ -75,10 +75,7 @@ def chat(engine: Engine, prompt: str) -> list[int]:
 def answers(engine: Engine, prompt: str, constraint: Constraint, n: int = 20) -> list[str]:
     """n seeded answers, SLOTS of them decoding at once (each with its own constraint state)."""
     tokens = chat(engine, prompt)
-    streams = [engine.submit(tokens, SAMPLED.with_overrides(seed=seed, constraint=constraint)) for seed in range(n)]
-    while engine.has_work():
-        engine.step()
-    outs = [next(e for e in iter(stream.get_nowait, None) if isinstance(e, CompletionOutput)) for stream in streams]
+    outs = complete_together(engine, [(tokens, SAMPLED.with_overrides(seed=seed, constraint=constraint)) for seed in range(n)])
     assert [o.finish_reason for o in outs] == ["stop"] * n, [o.text for o in outs if o.finish_reason != "stop"]
     return [o.text for o in outs]
 

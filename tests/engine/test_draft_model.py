@@ -24,7 +24,7 @@ from localinfer.engine.speculative import DraftConfig, speculative_choice
 from localinfer.engine.types import SamplingParams
 from localinfer.errors import UserError
 
-from ..conftest import THREADS, llama_quantize, read_gguf
+from ..conftest import THREADS, complete_together, llama_quantize, read_gguf
 from ..native.test_architectures import first_tokens, tiny_model, vocabulary  # noqa: F401 - vocabulary: the fixture
 from .test_constraints import PERSON
 from .test_speculative import Fresh, chat, fits
@@ -230,12 +230,7 @@ def test_sampled_answers_with_a_draft_model_follow_the_targets_distribution(mode
     drafted by a Q4_0 of the same weights (it disagrees often enough for both the rule's
     accept and its residual to matter), follow the target's exact distribution; and a shift
     of SHIFT points off the likeliest outcome is caught."""
-    import llama_cpp
-
-    slots = 16
-    target = NativeBackend.load(model_path, LoadParams(n_ctx=64, n_threads=THREADS, n_seq_max=slots))
-    draft = NativeBackend.load(llama_quantize(model_path, tmp_path / "q4_0.gguf", llama_cpp.LLAMA_FTYPE_MOSTLY_Q4_0), LoadParams(n_ctx=64, n_threads=THREADS, n_seq_max=slots))
-    observed, expected, acceptance = sampled_outcomes(target, draft, DRAWS, slots, floor=0.03)
+    observed, expected, acceptance = sampled_outcomes(model_path, tmp_path / "q4_0.gguf", DRAWS, slots=16, floor=0.03)
     assert 0.1 < acceptance < 0.9  # accepts and rejections both common
     assert len(expected) >= 4 and fits(observed, expected) and not fits(observed, shifted(expected, SHIFT))
 
@@ -250,35 +245,32 @@ def test_enough_sampled_answers_to_catch_a_two_point_shift(vocabulary, tmp_path:
     (15 of them, 1-25 %, and 3.5 % of the rest); the chi-square test passes, and fails once
     2 points move off the likeliest outcome (in 1,000 of 1,000 multinomial simulations of
     8,000 draws from these probabilities; the unshifted test passed 999)."""
-    import llama_cpp
-
-    slots = 32
     path = tiny_model(tmp_path / "tiny.gguf", "llama", first_tokens(vocabulary, 1024), 6, 3, np.random.default_rng(7), output_scale=6.0)
-    target = NativeBackend.load(path, LoadParams(n_ctx=64, n_threads=THREADS, n_seq_max=slots))
-    draft = NativeBackend.load(llama_quantize(path, tmp_path / "tiny-q4_0.gguf", llama_cpp.LLAMA_FTYPE_MOSTLY_Q4_0), LoadParams(n_ctx=64, n_threads=THREADS, n_seq_max=slots))
-    observed, expected, acceptance = sampled_outcomes(target, draft, TINY_DRAWS, slots, floor=0.01)
+    observed, expected, acceptance = sampled_outcomes(path, tmp_path / "tiny-q4_0.gguf", TINY_DRAWS, slots=32, floor=0.01)
     assert 0.1 < acceptance < 0.9
     assert len(expected) >= 4 and fits(observed, expected) and not fits(observed, shifted(expected, 0.02))
 
 
-def sampled_outcomes(target, draft, draws: int, slots: int, floor: float) -> tuple[np.ndarray, np.ndarray, float]:
-    """Temperature 1.0, `draws` seeded answers drafted by `draft`: how many began with each
-    three-token sequence at least `floor` likely under the target, and with any other (last);
-    those outcomes' exact probabilities (each prefix's own forward and the sampler's
-    distribution); and the share of drafted tokens accepted. Closes both backends."""
-    from localinfer.engine.sampler import Sampler
-    from localinfer.engine.types import CompletionOutput
+def sampled_outcomes(path: Path, draft_path: Path, draws: int, slots: int, floor: float) -> tuple[np.ndarray, np.ndarray, float]:
+    """Temperature 1.0, `draws` seeded answers of the model at `path` on the native engine,
+    drafted by its Q4_0 (made at `draft_path`): how many began with each three-token sequence
+    at least `floor` likely under the target, and with any other (last); those outcomes'
+    exact probabilities (each prefix's own forward and the sampler's distribution); and the
+    share of drafted tokens accepted. Closes both backends."""
+    import llama_cpp
 
+    from localinfer.engine.sampler import Sampler
+
+    load_params = LoadParams(n_ctx=64, n_threads=THREADS, n_seq_max=slots)
+    target = NativeBackend.load(path, load_params)
+    draft = NativeBackend.load(llama_quantize(path, draft_path, llama_cpp.LLAMA_FTYPE_MOSTLY_Q4_0), load_params)
     params = SamplingParams(temperature=1.0, max_tokens=4)
     engine = Engine(target, slots=slots, draft=DraftConfig(), drafter=DraftModel(draft, slots, "draft"))
     try:
         prompt = engine.tokenize_prompt(engine.render_chat([{"role": "user", "content": "What is the capital of France?"}]))
         exact = outcome_probabilities(target, prompt, Sampler(params), depth=3, floor=floor)
         engine.drafting.verify_cost, engine.drafting.row_seconds, engine.drafter.step_seconds = np.linspace(1.0, 1.2, 11), 1.0, 0.1  # always worth drafting
-        streams = [engine.submit(prompt, replace(params, seed=seed)) for seed in range(draws)]
-        while engine.has_work():
-            engine.step()
-        outs = [e for s in streams for e in iter(s.get_nowait, None) if isinstance(e, CompletionOutput)]
+        outs = complete_together(engine, [(prompt, replace(params, seed=seed)) for seed in range(draws)])
     finally:
         engine.close()
     assert len(outs) == draws

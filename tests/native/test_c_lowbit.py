@@ -27,7 +27,7 @@ from localinfer.backends.base import Batch, LoadParams
 from localinfer.backends.llamacpp import LlamaCppBackend
 from localinfer.backends.native import NativeBackend
 from localinfer.engine.engine import Engine
-from localinfer.engine.types import CompletionOutput, SamplingParams
+from localinfer.engine.types import SamplingParams
 from localinfer.modelfile import inspect
 from localinfer_native.c_kernels import CKernels
 from localinfer_native.types import C_TYPES, QMatrix
@@ -35,7 +35,7 @@ from tests.native.blocks import F16_FIELDS, dequantized, random_qmatrix
 from tests.native.test_c_kernels import q8_0_values, q8_k_values  # also: the C library must load
 from tests.native.test_native_vs_llamacpp import N_CTX, PROMPTS, TEXT, agreement, forced_logits, llama_cpp_without_flash_attention
 
-from ..conftest import THREADS
+from ..conftest import THREADS, complete_together
 
 LOWBIT = [Q.Q2_K, Q.Q3_K, Q.IQ4_NL, Q.IQ4_XS, Q.BF16]
 Q8K_TYPES = {Q.Q2_K, Q.Q3_K, Q.IQ4_XS}
@@ -199,12 +199,9 @@ def greedy(engine: Engine) -> dict[str, tuple[list[int], list[int]]]:
     """prompt -> (its tokens, the 32 greedy tokens that follow): the prompts together, as many
     at once as the engine has slots (a row's logits do not depend on the rows beside it)."""
     params = SamplingParams(temperature=0, repeat_penalty=1.0, max_tokens=N_GREEDY)
-    tokens = {prompt: engine.tokenize_prompt(engine.render_chat([{"role": "user", "content": prompt}])) for prompt in PROMPTS}
-    streams = {prompt: engine.submit(tokens[prompt], params) for prompt in PROMPTS}
-    while engine.has_work():
-        engine.step()
-    done = {prompt: next(e for e in iter(stream.get_nowait, None) if isinstance(e, CompletionOutput)) for prompt, stream in streams.items()}
-    return {prompt: (tokens[prompt], done[prompt].tokens) for prompt in PROMPTS}
+    tokens = [engine.tokenize_prompt(engine.render_chat([{"role": "user", "content": prompt}])) for prompt in PROMPTS]
+    done = complete_together(engine, [(t, params) for t in tokens])
+    return {prompt: (t, out.tokens) for prompt, t, out in zip(PROMPTS, tokens, done)}
 
 
 @pytest.fixture(scope="module")

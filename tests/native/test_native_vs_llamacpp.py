@@ -28,10 +28,10 @@ from localinfer.backends.base import Batch, LoadParams
 from localinfer.backends.llamacpp import LlamaCppBackend
 from localinfer.backends.native import NativeBackend
 from localinfer.engine.engine import Engine
-from localinfer.engine.types import CompletionOutput, SamplingParams
+from localinfer.engine.types import SamplingParams
 from localinfer.modelfile import inspect
 
-from ..conftest import THREADS
+from ..conftest import THREADS, complete_together
 
 # Lewis Carroll, Alice's Adventures in Wonderland (1865), public domain.
 TEXT = (
@@ -138,12 +138,8 @@ def test_greedy_continuations_identical_on_f32(f32_path: Path) -> None:
     for kernels in ("c", "numba"):  # all prompts in one batch: a row's logits do not depend on its neighbours
         native = NativeBackend.load(f32_path, LoadParams(n_ctx=N_CTX, n_threads=THREADS, kernels=kernels, n_seq_max=len(PROMPTS)))
         ours = Engine(native, slots=len(PROMPTS))
-        streams = {prompt: ours.submit(tokens, greedy) for prompt, (tokens, _) in expected.items()}
-        while ours.has_work():
-            ours.step()
-        for prompt, stream in streams.items():
-            got = next(e for e in iter(stream.get_nowait, None) if isinstance(e, CompletionOutput))
-            want = expected[prompt][1]
+        done = complete_together(ours, [(tokens, greedy) for tokens, _ in expected.values()])
+        for (prompt, (_, want)), got in zip(expected.items(), done):
             assert got.tokens == want.tokens, f"[{kernels}] {prompt!r}:\n ours: {got.text!r}\n llama.cpp: {want.text!r}"
         native.close()
 
