@@ -144,6 +144,14 @@ cuda_arch_args() {
     if [[ -n "$caps" ]]; then echo "-DCMAKE_CUDA_ARCHITECTURES=${caps%;}"; fi
 }
 
+# NCCL serves only several GPUs (ggml's all-reduce between cards), and ggml links it whenever
+# it finds it: on one card a large library loaded for nothing. Off unless two cards or more.
+cuda_nccl_args() {
+    local n
+    n="$(nvidia-smi -L 2>/dev/null | grep -c '^GPU ')" || true
+    if [[ "${n:-0}" -lt 2 ]]; then echo "-DGGML_CUDA_NCCL=OFF"; fi
+}
+
 # macOS has shasum, not sha256sum; either will do, and Python is the last resort.
 sha256_of_stdin() {
     if command -v sha256sum >/dev/null; then sha256sum | cut -d' ' -f1
@@ -169,7 +177,7 @@ if [[ -z "${CMAKE_ARGS:-}" ]]; then
     case "$backend" in
         cpu)    CMAKE_ARGS="$(cpu_args)"
                 if [[ "$os" == "Darwin" ]]; then CMAKE_ARGS="-DGGML_METAL=OFF $CMAKE_ARGS"; fi ;;
-        cuda)   CMAKE_ARGS="-DGGML_CUDA=on $(cuda_arch_args) $(cpu_args)" ;;
+        cuda)   CMAKE_ARGS="-DGGML_CUDA=on $(cuda_arch_args) $(cuda_nccl_args) $(cpu_args)" ;;
         metal)  CMAKE_ARGS="-DGGML_METAL=on" ;;
         vulkan) CMAKE_ARGS="-DGGML_VULKAN=on $(cpu_args)" ;;
         *) echo "error: LOCALINFER_BACKEND must be cpu, cuda, metal or vulkan, not '$backend'" >&2; exit 2 ;;

@@ -11,7 +11,7 @@ attn_v and ffn_down in Q6_K, a tied embedding becomes Q6_K, and so on). The arch
 tensor names and metadata keys are llama.cpp's: q/k/v biases for qwen2, the llama3 RoPE
 frequency factors (rope_freqs.weight) for Llama 3.2, per-head q/k norms for qwen3, gemma3's
 post-norms and sliding window, phi3's fused q/k/v and gate/up with partial RoPE and its
-long and short factors, no output.weight where the embedding is tied. The vocabulary is the embedded model's BPE tokenizer (its tokens, merges, types and
+long and short factors, no output.weight where the embedding is tied. The vocabulary is the embedded model's BPE tokenizer, or --tokenizer's (its tokens, merges, types and
 special ids), padded to the shape's size with unused [PADn] tokens as llama.cpp's converter
 pads Qwen's: both engines load it, tokenize and detokenize with it. Greedy text from random
 weights repeats one token, so measure with speculation off (`bench model`'s default): every
@@ -49,6 +49,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from localinfer.errors import UserError  # noqa: E402
+from localinfer_quant.source import embedded_model_path  # noqa: E402
 
 DEFAULT_TYPES = "Q4_K_M,Q4_0,Q8_0"
 WEIGHT_STD = 0.02  # the usual initialiser's scale; trained models' matrices are of that order
@@ -189,16 +190,15 @@ def tensor_values(s: Shape, spec: TensorSpec, rng: np.random.Generator) -> np.nd
 
 
 @functools.cache
-def embedded_tokenizer() -> dict[str, tuple[object, list]]:
-    """The embedded model's tokenizer.* metadata: key -> (value, [GGUF type, element type]).
+def gguf_tokenizer(path: Path) -> dict[str, tuple[object, list]]:
+    """A GGUF's tokenizer.* metadata (the embedded model's by default): key -> (value, [GGUF
+    type, element type]).
 
     Read with struct rather than gguf's GGUFReader, which makes a numpy view per string and
     takes seconds for 49,152 tokens and as many merges."""
     from gguf import GGUFValueType as V
 
-    from localinfer_quant.source import embedded_model_path
-
-    data = embedded_model_path().read_bytes()
+    data = path.read_bytes()
     scalars = {V.UINT8: "<B", V.INT8: "<b", V.UINT16: "<H", V.INT16: "<h", V.UINT32: "<I", V.INT32: "<i", V.FLOAT32: "<f",
                V.BOOL: "<?", V.UINT64: "<Q", V.INT64: "<q", V.FLOAT64: "<d"}  # fmt: skip
     pos = 8  # after the magic and the version
@@ -256,7 +256,7 @@ def add_metadata(w, s: Shape, tokenizer: dict[str, tuple[object, list]]) -> None
     w.add_vocab_size(s.n_vocab)
     tokens, types = list(tokenizer["tokenizer.ggml.tokens"][0]), list(tokenizer["tokenizer.ggml.token_type"][0])
     if len(tokens) > s.n_vocab:
-        raise UserError(f"{s.name} has {s.n_vocab:,} tokens, fewer than the embedded tokenizer's {len(tokens):,}")
+        raise UserError(f"{s.name} has {s.n_vocab:,} tokens, fewer than the tokenizer's {len(tokens):,}")
     pad = range(len(tokens), s.n_vocab)
     tokens += [f"[PAD{i}]" for i in pad]
     types += [int(TokenType.UNUSED)] * len(pad)
@@ -269,7 +269,7 @@ def add_metadata(w, s: Shape, tokenizer: dict[str, tuple[object, list]]) -> None
             w.add_key_value(key, value, vtypes[0])
 
 
-def write_source(s: Shape, path: Path, seed: int, progress: Callable[[int, int, str], None]) -> None:
+def write_source(s: Shape, path: Path, seed: int, progress: Callable[[int, int, str], None], tokenizer: Path) -> None:
     """The F16 GGUF, streamed: tensor infos first, then each tensor's data as it is drawn."""
     from gguf import GGUFWriter
 
@@ -277,7 +277,7 @@ def write_source(s: Shape, path: Path, seed: int, progress: Callable[[int, int, 
     tmp = path.with_name(f".{path.name}.partial")
     try:
         w = GGUFWriter(str(tmp), s.arch)
-        add_metadata(w, s, embedded_tokenizer())
+        add_metadata(w, s, gguf_tokenizer(tokenizer))
         for spec in plan:
             w.add_tensor_info(spec.name, spec.shape, np.dtype(spec.dtype), spec.nbytes)
         w.write_header_to_file()
@@ -312,7 +312,8 @@ def check_disk(folder: Path, need: float, what: str) -> None:
         raise UserError(f"{folder} has {free / 1e9:.1f} GB free; {what} needs about {need / 1e9:.1f} GB")
 
 
-def make(s: Shape, types: list[str], out: Path, *, seed: int, threads: int | None, keep_source: bool, log: Callable[[str], None]) -> list[Path]:
+def make(s: Shape, types: list[str], out: Path, *, seed: int, threads: int | None, keep_source: bool, log: Callable[[str], None],
+         tokenizer: Path) -> list[Path]:  # fmt: skip
     """The shape's file of each type in `out`, made from one F16 source; returns their paths."""
     from localinfer.cli.progress import work_bar
     from localinfer_quant.quantize import quantize
@@ -330,7 +331,7 @@ def make(s: Shape, types: list[str], out: Path, *, seed: int, threads: int | Non
         check_disk(out, params * 2 + sum(params * main_type_bytes(t) for t in todo), f"{s.name} ({params / 1e9:.2f} B parameters)")
         started = time.perf_counter()
         with work_bar(f"writing {source.name}", enabled=sys.stderr.isatty()) as bar:
-            write_source(s, source, seed, bar)
+            write_source(s, source, seed, bar, tokenizer)
         wrote_source = True
         log(f"{source.name}: {source.stat().st_size / 1e9:.2f} GB in {time.perf_counter() - started:.0f} s")
     try:
@@ -384,6 +385,7 @@ def main() -> None:
     ap.add_argument("--keep-source", action="store_true", help="keep the F16 source this run writes (it is deleted after quantizing otherwise)")
     ap.add_argument("--threads", type=int, default=None, help="quantizer threads (default: every core)")
     ap.add_argument("--seed", type=int, default=0, help="seed of the random weights (default 0)")
+    ap.add_argument("--tokenizer", type=Path, default=None, help="a GGUF whose tokenizer the files get (default: the embedded model's)")
     ap.add_argument("--list", action="store_true", help="list the shapes and the types, and exit")
     args = ap.parse_args()
     if args.list:
@@ -399,11 +401,14 @@ def main() -> None:
         if args.threads is not None and args.threads < 1:
             raise UserError("--threads must be at least 1")
         types = parse_types(args.types)
+        tokenizer = args.tokenizer or embedded_model_path()
+        if not tokenizer.is_file():
+            raise UserError(f"--tokenizer {tokenizer}: no such file")
         from localinfer.paths import ensure_dir
 
         out = ensure_dir((args.out or default_out()).expanduser())
         for name in dict.fromkeys(args.shapes):
-            for path in make(SHAPES[name], types, out, seed=args.seed, threads=args.threads, keep_source=args.keep_source, log=log):
+            for path in make(SHAPES[name], types, out, seed=args.seed, threads=args.threads, keep_source=args.keep_source, log=log, tokenizer=tokenizer):
                 print(path, flush=True)
     except UserError as e:
         raise SystemExit(f"error: {e}") from None

@@ -17,6 +17,11 @@ from localinfer.errors import OutOfMemory
 from localinfer.modelfile import GGUFInfo
 
 GiB = 1024**3
+# Left free on each discrete GPU for what the plan does not itemise: the CUDA context,
+# cuBLAS's workspace, ggml's memory pool. An H200 with 1.2 GiB free and no headroom ran
+# out of memory in the first decode (docs/benchmarks.md); 1 GiB is what llama.cpp's own
+# --fit leaves by default (common.h, fit_params_target).
+GPU_HEADROOM = 1 * GiB
 
 
 @dataclass
@@ -101,6 +106,7 @@ def plan(info: GGUFInfo, n_ctx: int, gpu_layers: int | str, devices: Sequence[De
     targets = discrete or [d for d in devices if d.unified]
     shared = bool(targets) and not discrete
     vram_free = sum(d.free_bytes for d in targets)
+    usable = max(0, vram_free - GPU_HEADROOM * len(discrete))
     warnings = []
     per_layer = (weights + kv) / n_layer
     if not targets:
@@ -108,16 +114,17 @@ def plan(info: GGUFInfo, n_ctx: int, gpu_layers: int | str, devices: Sequence[De
             warnings.append("this engine has no GPU to offload to, so --gpu-layers is ignored and every layer runs on the CPU")
         n_gpu = 0
     elif gpu_layers == "auto":
-        n_gpu = max(0, min(n_layer + 1, int((vram_free - compute) // per_layer)))
+        n_gpu = max(0, min(n_layer + 1, int((usable - compute) // per_layer)))
     else:
         n_gpu = n_layer + 1 if gpu_layers == "all" else int(gpu_layers)
     on_gpu = int(min(n_gpu, n_layer) * per_layer + compute) if n_gpu else 0
-    if gpu_layers not in ("auto", 0) and targets and on_gpu > vram_free:
-        warnings.append(f"{min(n_gpu, n_layer)} layers take {on_gpu / GiB:.2f} GiB but the GPU has {vram_free / GiB:.2f} GiB free; "
+    if gpu_layers not in ("auto", 0) and targets and on_gpu > usable:
+        warnings.append(f"{min(n_gpu, n_layer)} layers take {on_gpu / GiB:.2f} GiB but the GPU has {vram_free / GiB:.2f} GiB free"
+                        f"{f' ({GPU_HEADROOM * len(discrete) / GiB:.0f} GiB of it kept for the GPU runtime)' if discrete else ''}; "
                         "loading may fail (--gpu-layers auto takes what fits)")  # fmt: skip
     on_gpu_fraction = 0.0 if shared else min(n_gpu, n_layer) / n_layer
     needed_ram = (weights + kv) * (1 - on_gpu_fraction) + (compute if n_gpu == 0 or shared else 0)
-    where = placement(n_gpu, n_layer, gpu_layers, targets, vram_free, per_layer, compute)
+    where = placement(n_gpu, n_layer, gpu_layers, targets, vram_free, per_layer, compute, GPU_HEADROOM * len(discrete))
     result = MemoryPlan(weights, kv, compute, n_gpu, ram_free, vram_free, warnings, cache_types, placement=where, gpu_bytes=on_gpu)
     if needed_ram > ram_free:
         raise OutOfMemory(
@@ -127,7 +134,7 @@ def plan(info: GGUFInfo, n_ctx: int, gpu_layers: int | str, devices: Sequence[De
     return result
 
 
-def placement(n_gpu: int, n_layer: int, asked: int | str, targets: Sequence[Device], vram_free: int, per_layer: float, compute: int) -> str:
+def placement(n_gpu: int, n_layer: int, asked: int | str, targets: Sequence[Device], vram_free: int, per_layer: float, compute: int, kept: int) -> str:
     """Where the layers go and why, in words (`run --verbose`)."""
     if not targets:
         return "every layer on the CPU"
@@ -136,5 +143,6 @@ def placement(n_gpu: int, n_layer: int, asked: int | str, targets: Sequence[Devi
     where = f"{n} of {n_layer + 1} layers (the output layer counted) on {names}" if n else f"every layer on the CPU, none on {names}"
     if asked != "auto":
         return f"{where}: --gpu-layers {asked}"
-    free = f"{vram_free / GiB:.2f} GiB free, {per_layer / GiB:.3f} GiB a layer with its KV cache, {compute / GiB:.2f} GiB for compute"
+    kept_note = f" less {kept / GiB:.0f} GiB kept for the GPU runtime" if kept else ""
+    free = f"{vram_free / GiB:.2f} GiB free{kept_note}, {per_layer / GiB:.3f} GiB a layer with its KV cache, {compute / GiB:.2f} GiB for compute"
     return f"{where}: {'all fit' if n == n_layer + 1 else 'what fits'} in {free}"

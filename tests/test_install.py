@@ -101,12 +101,13 @@ def test_cuda_builds_for_the_cards_it_finds(machine: FakeMachine) -> None:
     """nvcc compiles for the compute capabilities nvidia-smi reports, each once (a dozen
     architectures by default: several times the build time)."""
     machine.script("nvcc", "echo 'Cuda compilation tools, release 13.0'")
-    smi = 'case "$*" in *compute_cap*) printf "%s\\n" {caps};; *) echo "GPU 0: NVIDIA (UUID: GPU-0)";; esac'
+    smi = 'case "$*" in *compute_cap*) printf "%s\\n" {caps};; *) for c in {caps}; do echo "GPU 0: NVIDIA (UUID: GPU-$c)"; done;; esac'
     machine.script("nvidia-smi", smi.format(caps="9.0"))
     args = plan(machine.install("--dry-run"))["CMAKE_ARGS"].split()
-    assert args[:2] == ["-DGGML_CUDA=on", "-DCMAKE_CUDA_ARCHITECTURES=90"]
+    assert args[:3] == ["-DGGML_CUDA=on", "-DCMAKE_CUDA_ARCHITECTURES=90", "-DGGML_CUDA_NCCL=OFF"]  # NCCL serves several cards only
     machine.script("nvidia-smi", smi.format(caps="8.9 8.6 8.6"))  # three cards, two kinds
-    assert "-DCMAKE_CUDA_ARCHITECTURES=86;89" in plan(machine.install("--dry-run"))["CMAKE_ARGS"].split()
+    args = plan(machine.install("--dry-run"))["CMAKE_ARGS"].split()
+    assert "-DCMAKE_CUDA_ARCHITECTURES=86;89" in args and "-DGGML_CUDA_NCCL=OFF" not in args
 
 
 VULKAN_SUMMARY = """Devices:

@@ -145,7 +145,9 @@ def measure(setup: Setup, prompts: list[int], gens: list[int], reps: int) -> Ite
         def tokens(n: int) -> list[int]:  # random tokens, as llama-bench uses: a new first token each time, so no prefix is reused
             return rng.choice(ordinary, size=n).tolist()
 
-        engine.complete(tokens(8), SamplingParams(temperature=0, max_tokens=4, ignore_eos=True))  # warm-up
+        # Warm-up at the largest prompt size, as llama-bench runs each test once untimed: on a
+        # GPU the first large batch picks cuBLAS's kernels and was 10x slower (docs/benchmarks.md).
+        engine.complete(tokens(max([*prompts, 8])), SamplingParams(temperature=0, max_tokens=4, ignore_eos=True))
         facts = {"model_file": str(backend.facts.path), "model_bytes": os.path.getsize(backend.facts.path), "n_params": backend.facts.n_params,
                  "kernels_used": str(backend.runtime_report().get("kernels", ""))}  # fmt: skip
         tests = [("pp", n, 0) for n in prompts] + [("tg", 0, n) for n in gens]

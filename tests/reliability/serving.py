@@ -137,9 +137,34 @@ def concurrently(fns: list[Callable[[], object]]) -> list[object]:
 # --- 3. load ----------------------------------------------------------------------------------
 
 
-def load(url: str, parallel: int, clients: int = 100, n_prompts: int = 20, max_tokens: int = 24, immediate: float = 1.0) -> dict[str, object]:
+def common_words(a: str, b: str) -> int:
+    """How many words two texts start with alike (words, not characters: many answers of
+    random weights start with a space, which says nothing about where they came from)."""
+    n = 0
+    for x, y in zip(a.split(), b.split()):
+        if x != y:
+            break
+        n += 1
+    return n
+
+
+def is_its_own(text: str, prompt: str, refs: dict[str, str], exact: bool) -> bool:
+    """Whether a streamed answer is its prompt's greedy answer. Where the kernels round by the
+    batch they run in (a GPU: `exact` False), the answer may part from the reference anywhere,
+    at the first token where the top two logits are close (random weights), but another
+    stream's tokens still show: the answer may not start with more words of another prompt's
+    reference than of its own, and it is empty only if the reference is."""
+    own = refs[prompt]
+    if exact or text == own:
+        return text == own
+    others = [common_words(text, r) for p, r in refs.items() if p != prompt and r != own]
+    return bool(text) == bool(own) and common_words(text, own) >= max(others, default=0)
+
+
+def load(url: str, parallel: int, clients: int = 100, n_prompts: int = 20, max_tokens: int = 24, immediate: float = 1.0,
+         exact: bool = True) -> dict[str, object]:  # fmt: skip
     """`clients` streaming clients at once. Each ends complete with its prompt's own greedy
-    answer, or with a 503 and Retry-After within `immediate` seconds."""
+    answer (is_its_own), or with a 503 and Retry-After within `immediate` seconds."""
     prompts = distinct_prompts(n_prompts)
     refs = references(url, prompts, max_tokens)
     started = time.monotonic()
@@ -151,7 +176,7 @@ def load(url: str, parallel: int, clients: int = 100, n_prompts: int = 20, max_t
         prompt = prompts[i % n_prompts]
         if a.status == 200 and a.error is None and a.finish in ("stop", "length"):
             complete += 1
-            if a.text != refs[prompt]:
+            if not is_its_own(a.text, prompt, refs, exact):
                 problems.append(f"client {i}: its answer differs from the prompt's own: {a.text[:60]!r} vs {refs[prompt][:60]!r}")
         elif a.status == 503:
             refused += 1
