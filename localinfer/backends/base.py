@@ -203,6 +203,18 @@ class Backend(ABC):
         """Share positions [0, n_tokens) of `src_seq` with an empty `dst_seq` (prefix reuse).
         Returns how many it shared: n_tokens, or 0 as kv_truncate."""
 
+    @abstractmethod
+    def kv_read(self, seq_id: int, start: int, end: int) -> bytes:
+        """Positions [start, end) of a sequence's KV cache as bytes, in this backend's own
+        layout (the prompt cache keeps them; nothing above reads them). The sequence holds them."""
+
+    @abstractmethod
+    def kv_write(self, seq_id: int, start: int, data: bytes) -> int:
+        """Put back bytes kv_read gave, at the positions they were read from, into a sequence
+        that holds exactly its first `start` positions. Returns how many positions it holds
+        after: `start` where the bytes do not fit this cache (another layout, type or
+        context), which is then unchanged."""
+
     def runtime_report(self) -> dict[str, object]:
         """Engine-specific facts for --verbose (kernels, memory); empty when there are none."""
         return {}

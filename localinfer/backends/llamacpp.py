@@ -156,7 +156,10 @@ class LlamaCppBackend(LlamaTokenized, Backend):
         cparams.n_ctx = params.n_ctx * params.n_seq_max  # one shared pool: each sequence gets n_ctx of it
         cparams.n_batch = params.n_batch
         cparams.n_ubatch = min(params.n_batch, 512)
-        cparams.n_seq_max = params.n_seq_max
+        # One sequence id more than the slots, holding no cells of its own: kv_read and
+        # kv_write pass a range through it, since llama.cpp saves and restores whole sequences.
+        cparams.n_seq_max = params.n_seq_max + 1
+        self._scratch = params.n_seq_max
         cparams.kv_unified = True  # sequences share one cache, so kv_copy shares cells instead of copying
         type_k, type_v = params.cache_types
         cparams.type_k, cparams.type_v = ggml_id(type_k), ggml_id(type_v)
@@ -278,6 +281,29 @@ class LlamaCppBackend(LlamaTokenized, Backend):
         self._live()
         C.llama_memory_seq_cp(self._mem, src_seq, dst_seq, 0, n_tokens)
         return n_tokens
+
+    def kv_read(self, seq_id: int, start: int, end: int) -> bytes:
+        self._live()
+        C.llama_memory_seq_rm(self._mem, self._scratch, -1, -1)
+        C.llama_memory_seq_cp(self._mem, seq_id, self._scratch, start, end)  # the range's cells, shared, not copied
+        try:
+            size = C.llama_state_seq_get_size(self._ctx, self._scratch)
+            buf = (ctypes.c_uint8 * size)()
+            written = C.llama_state_seq_get_data(self._ctx, buf, size, self._scratch)
+            return bytes(memoryview(buf)[:written])
+        finally:
+            C.llama_memory_seq_rm(self._mem, self._scratch, -1, -1)
+
+    def kv_write(self, seq_id: int, start: int, data: bytes) -> int:
+        self._live()
+        buf = (ctypes.c_uint8 * len(data)).from_buffer_copy(data)
+        try:
+            read = C.llama_state_seq_set_data(self._ctx, buf, len(data), self._scratch)
+            if read:  # 0: llama.cpp refused them (another type, or no room), the scratch sequence empty
+                C.llama_memory_seq_cp(self._mem, self._scratch, seq_id, -1, -1)
+        finally:
+            C.llama_memory_seq_rm(self._mem, self._scratch, -1, -1)
+        return C.llama_memory_seq_pos_max(self._mem, seq_id) + 1
 
     def close(self) -> None:
         """Free llama.cpp's memory; every later call raises BackendError instead of reaching it."""

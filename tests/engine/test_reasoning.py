@@ -74,6 +74,12 @@ class Scripted(Backend):
     def kv_copy(self, src_seq: int, dst_seq: int, n_tokens: int) -> int:
         return n_tokens
 
+    def kv_read(self, seq_id: int, start: int, end: int) -> bytes:  # pragma: no cover
+        raise NotImplementedError
+
+    def kv_write(self, seq_id: int, start: int, data: bytes) -> int:  # pragma: no cover
+        raise NotImplementedError
+
 
 def answer(backend: Backend, template: str, script: str, params: SamplingParams = GREEDY, think: bool = True):
     """(the rendered prompt, the engine's result) for one user turn answered by `script`."""

@@ -140,6 +140,14 @@ class NativeBackend(LlamaTokenized, Backend):
         self._live()
         return self.cache.copy(src_seq, dst_seq, n_tokens)
 
+    def kv_read(self, seq_id: int, start: int, end: int) -> bytes:
+        self._live()
+        return self.cache.read(seq_id, start, end)
+
+    def kv_write(self, seq_id: int, start: int, data: bytes) -> int:
+        self._live()
+        return self.cache.write(seq_id, start, data)
+
     def runtime_report(self) -> dict[str, object]:
         """Which kernels ran, and the resident memory this engine added beyond the mapped weights."""
         return {

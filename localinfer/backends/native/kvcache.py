@@ -146,6 +146,26 @@ class KVCache:
         self.length[dst], self.floor[dst] = max(self.length[dst], n), max(self.floor[dst], floor)
         return n
 
+    def read(self, seq_id: int, start: int, end: int) -> bytes:
+        """Positions [start, end) of every layer, keys then values (the prompt cache's bytes)."""
+        keys, values = self.sequence(seq_id)
+        return keys[:, :, start:end].tobytes() + values[:, :, start:end].tobytes()
+
+    def write(self, seq_id: int, start: int, data: bytes) -> int:
+        """Bytes `read` gave, back at positions start on, after the sequence's first `start`;
+        the positions it then holds (`start` if they are not this cache's layout or do not fit)."""
+        keys, values = self.sequence(seq_id)
+        per_position = sum(int(np.prod(a.shape[:2])) * a.shape[3] for a in (keys, values))
+        n = len(data) // per_position
+        if self.length[seq_id] != start or n * per_position != len(data) or not 0 < start + n <= self.n_ctx or not self._resumable(seq_id, start):
+            return self.length[seq_id]
+        split = int(np.prod(keys.shape[:2])) * keys.shape[3] * n
+        for array, part in ((keys, data[:split]), (values, data[split:])):
+            array[:, :, start : start + n] = np.frombuffer(part, np.uint8).reshape(*array.shape[:2], n, array.shape[3])
+        self.length[seq_id] = start + n
+        self.peak_bytes = max(self.peak_bytes, self.used_bytes())
+        return start + n
+
     def used_bytes(self) -> int:
         """What the sequences' positions take: every layer's up to their length, less the
         local layers' positions already given back."""
