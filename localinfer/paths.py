@@ -28,6 +28,11 @@ def manifests_dir() -> Path:
     return data_dir() / "manifests"
 
 
+def prompt_cache_dir() -> Path:
+    """KV blocks of prompts, a folder per model loaded a given way (engine/prompt_cache.py)."""
+    return data_dir() / "prompt-cache"
+
+
 def history_file() -> Path:
     return data_dir() / "history"
 

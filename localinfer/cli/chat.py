@@ -24,6 +24,10 @@ def chat(
     cache_type: opt.CacheType = None,
     cache_type_k: opt.CacheTypeK = None,
     cache_type_v: opt.CacheTypeV = None,
+    cache_ram: opt.CacheRam = None,
+    cache_disk: opt.CacheDisk = None,
+    cache_dir: opt.CacheDir = None,
+    no_prompt_cache: opt.NoPromptCache = False,
     draft: opt.Draft = "auto",
     draft_engine: opt.DraftEngine = None,
     draft_max: opt.DraftMax = 10,
@@ -58,7 +62,7 @@ def chat(
             raise typer.BadParameter("the chat app needs a terminal; for scripts use 'localinfer run' (one prompt) or 'localinfer serve' (an API)")
         from localinfer.tui.app import ChatApp
 
-        options = opt.load_options(engine_name, ctx, threads, kernels, (cache_type, cache_type_k, cache_type_v), (draft, draft_max, draft_ngram_min, draft_ngram_max), gpu_layers, draft_engine=draft_engine)
+        options = opt.load_options(engine_name, ctx, threads, kernels, (cache_type, cache_type_k, cache_type_v), (draft, draft_max, draft_ngram_min, draft_ngram_max), gpu_layers, draft_engine=draft_engine, prompt_cache=opt.prompt_cache(no_prompt_cache, cache_ram, cache_disk, cache_dir))
         ChatApp(store, model_loader(options, think == "on" and think_budget != 0, think_budget), model=model, url=url).run()
     finally:
         store.close()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Annotated, Optional
 
 import typer
@@ -148,6 +149,35 @@ def cache_type(value: str | None) -> str | None:
 CacheType = Annotated[Optional[str], typer.Option("--cache-type", help="KV-cache type of K and V: f16 (default), q8_0, q4_0 (llama.cpp also q4_1, q5_0, q5_1, iq4_nl), or auto: f16 if it fits in memory, else q8_0, else q4_0.", callback=cache_type, show_default=False)]
 CacheTypeK = Annotated[Optional[str], typer.Option("--cache-type-k", help="KV-cache type of K alone (overrides --cache-type).", callback=cache_type, show_default=False)]
 CacheTypeV = Annotated[Optional[str], typer.Option("--cache-type-v", help="KV-cache type of V alone (overrides --cache-type; a quantized V turns on flash attention on llama.cpp).", callback=cache_type, show_default=False)]
+
+
+def byte_size(value: str | None) -> int | None:
+    """'512M', '4G', '1.5GB', '0' (none) or plain bytes, as a number of bytes."""
+    if value is None:
+        return None
+    text = value.strip().upper().removesuffix("IB").removesuffix("B")
+    scale = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}.get(text[-1:], 1)
+    try:
+        size = float(text[:-1] if scale > 1 else text) * scale
+    except ValueError:
+        raise typer.BadParameter(f"'{value}' is not a size (like 512M or 4G; 0 for none)") from None
+    if size < 0:
+        raise typer.BadParameter(f"'{value}' is negative")
+    return int(size)
+
+
+# The prompt cache (engine/prompt_cache.py), on every command that loads a model.
+CacheRam = Annotated[Optional[str], typer.Option("--cache-ram", metavar="SIZE", help="Prompt cache in RAM: the most its KV blocks take (512M, 2G; 0: none). [default: 5 % of free RAM, at most 2G]", callback=byte_size, show_default=False)]
+CacheDisk = Annotated[Optional[str], typer.Option("--cache-disk", metavar="SIZE", help="Prompt cache on disk, which lasts across restarts: the most its folder holds (0: none). [default: 4G]", callback=byte_size, show_default=False)]
+CacheDir = Annotated[Optional[Path], typer.Option("--cache-dir", help="The prompt cache's folder. [default: the data folder's prompt-cache]", show_default=False)]
+NoPromptCache = Annotated[bool, typer.Option("--no-prompt-cache", help="Keep no KV blocks across requests and restarts: only what a slot still holds is reused.")]
+
+
+def prompt_cache(off: bool, ram: int | None, disk: int | None, folder: Path | None):  # -> CacheOptions
+    """CacheOptions from the options (the sizes already in bytes: byte_size is their callback)."""
+    from localinfer.engine.prompt_cache import CacheOptions
+
+    return CacheOptions(enabled=not off, ram_bytes=ram, disk_bytes=disk, folder=folder)
 
 
 def cache_choice(both: str | None, k: str | None, v: str | None) -> tuple[str | None, str | None] | str:

@@ -140,6 +140,8 @@ def print_timings(engine: Engine, result: CompletionOutput) -> None:
         f"seed {result.seed} | finish: {result.finish_reason}[/dim]",
         soft_wrap=True,
     )
+    if result.cached_tokens:
+        err.print(f"[dim]prompt cache: {cached_summary(result)}[/dim]", soft_wrap=True)
     used = engine.kv_bytes_used()
     if used is not None:
         err.print(f"[dim]KV cache {'/'.join(engine.cache_types)}: {engine.kv_cells_used} tokens, {used / 1e6:.2f} MB in use[/dim]", soft_wrap=True)
@@ -155,6 +157,13 @@ def print_timings(engine: Engine, result: CompletionOutput) -> None:
             f"plus {mb('resident_at_load'):.1f} MB at load (vocabulary, kernels, packed weights)[/dim]",
             soft_wrap=True,
         )
+
+
+def cached_summary(result: CompletionOutput) -> str:
+    """'600 of 650 prompt tokens not computed: 512 from disk, 88 from the slot'."""
+    where = {"slot": "the slot", "ram": "RAM", "disk": "disk"}
+    parts = ", ".join(f"{n} from {where.get(tier, tier)}" for tier, n in result.cached_from.items() if n)
+    return f"{result.cached_tokens} of {result.prompt_tokens} prompt tokens not computed: {parts}"
 
 
 def speculation_summary(t: Timings, draft_model: str | None) -> str:
@@ -179,6 +188,7 @@ def as_json(engine: Engine, result: CompletionOutput) -> str:
             "finish_reason": result.finish_reason,
             "seed": result.seed,
             "usage": result.usage(),
+            "cached_from": result.cached_from,
             "timings": {k: round(v, 3) for k, v in result.timings.as_dict().items() if k in JSON_TIMINGS},
         },
         ensure_ascii=False,
@@ -300,6 +310,10 @@ def run(
     cache_type: opt.CacheType = None,
     cache_type_k: opt.CacheTypeK = None,
     cache_type_v: opt.CacheTypeV = None,
+    cache_ram: opt.CacheRam = None,
+    cache_disk: opt.CacheDisk = None,
+    cache_dir: opt.CacheDir = None,
+    no_prompt_cache: opt.NoPromptCache = False,
     draft: opt.Draft = "auto",
     draft_engine: opt.DraftEngine = None,
     draft_max: opt.DraftMax = 10,
@@ -321,7 +335,7 @@ def run(
 
     from localinfer.cli.pull import progress_bar
 
-    load = opt.load_options(engine_name, ctx, threads, kernels, (cache_type, cache_type_k, cache_type_v), (draft, draft_max, draft_ngram_min, draft_ngram_max), gpu_layers, verbose=DEBUG, draft_engine=draft_engine)
+    load = opt.load_options(engine_name, ctx, threads, kernels, (cache_type, cache_type_k, cache_type_v), (draft, draft_max, draft_ngram_min, draft_ngram_max), gpu_layers, verbose=DEBUG, draft_engine=draft_engine, prompt_cache=opt.prompt_cache(no_prompt_cache, cache_ram, cache_disk, cache_dir))
     constraint = opt.constraint_choice(json_schema, grammar, regex)
 
     with progress_bar(enabled=not json_out) as progress:

@@ -42,6 +42,10 @@ def serve(
     cache_type: opt.CacheType = None,
     cache_type_k: opt.CacheTypeK = None,
     cache_type_v: opt.CacheTypeV = None,
+    cache_ram: opt.CacheRam = None,
+    cache_disk: opt.CacheDisk = None,
+    cache_dir: opt.CacheDir = None,
+    no_prompt_cache: opt.NoPromptCache = False,
     draft: opt.Draft = "auto",
     draft_engine: opt.DraftEngine = None,
     draft_max: opt.DraftMax = 10,
@@ -59,7 +63,7 @@ def serve(
     if host not in LOOPBACK and not api_key:
         err.print(f"[yellow]warning:[/yellow] listening on {host} without --api-key: anyone who can reach this port can use your models")
     options = opt.load_options(engine_name, ctx, threads, kernels, (cache_type, cache_type_k, cache_type_v), (draft, draft_max, draft_ngram_min, draft_ngram_max), gpu_layers,
-                               n_seq_max=parallel, prefill_chunk=prefill_chunk, decode_slowdown=decode_slowdown, draft_engine=draft_engine)  # fmt: skip
+                               n_seq_max=parallel, prefill_chunk=prefill_chunk, decode_slowdown=decode_slowdown, draft_engine=draft_engine, prompt_cache=opt.prompt_cache(no_prompt_cache, cache_ram, cache_disk, cache_dir))  # fmt: skip
     models = ModelHost(model, options, max_loaded=max_loaded, keep_alive=duration(keep_alive), allow_paths=allow_paths)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s", datefmt="%H:%M:%S")
     app = create_app(models, api_key=api_key, parallel=parallel, max_queue=max_queue, allow_pull=allow_pull)

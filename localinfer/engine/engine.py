@@ -35,6 +35,7 @@ from localinfer.engine.drafting import Drafting, RequestDrafts
 from localinfer.engine.filewatch import ModelFileWatch
 from localinfer.engine.reasoning import BUDGET_CLOSE, ReasoningSplitter, ThinkSyntax
 from localinfer.engine.prefix import common_prefix
+from localinfer.engine.prompt_cache import PromptCache
 from localinfer.engine.sampler import Sampler
 from localinfer.engine.speculative import DraftConfig, speculative_choice
 from localinfer.engine.stops import StopMatcher
@@ -74,6 +75,9 @@ class _Sequence:
     n_sampled: int = 0  # samples drawn, the end-of-generation one included
     prompt_ms: float = 0.0
     cached_tokens: int = 0  # prompt tokens found in the KV cache, not prefilled again
+    cached_from: dict[str, int] = field(default_factory=dict)  # those tokens by where they came from: slot, ram, disk
+    block_keys: list[str] = field(default_factory=list)  # the prompt cache's keys of its whole blocks so far
+    blocks_stored: int = 0  # of those, how many the prompt cache has been given
     spec: RequestDrafts | None = None  # its speculation, when the engine drafts (drafting.py)
     mask: TokenMask | None = None  # structured output: the grammar's state
     n_forwards: int = 0  # decode forwards this request took part in (tokens per forward = answer / this)
@@ -109,14 +113,17 @@ class StepStats:
 class Engine:
     def __init__(self, backend: Backend, *, slots: int = 1, defaults: SamplingParams | None = None, load_ms: float = 0.0, prefill_chunk: int = DEFAULT_PREFILL_CHUNK,
                  decode_slowdown: float = DEFAULT_SLOWDOWN, draft: DraftConfig | None = None, drafter: DraftModel | None = None, name: str | None = None,
-                 info: GGUFInfo | None = None, memory: MemoryPlan | None = None, choice: EngineChoice | None = None, warnings: list[str] | None = None) -> None:  # fmt: skip
+                 info: GGUFInfo | None = None, memory: MemoryPlan | None = None, choice: EngineChoice | None = None, warnings: list[str] | None = None,
+                 prompt_cache: PromptCache | None = None) -> None:  # fmt: skip
         """`slots`: sequences decoded at once, each a KV-cache sequence id below the
         n_seq_max the backend was loaded with. `draft`: speculation's settings (None: none);
         `drafter`: a draft model beside prompt lookup. `name`: the reference the model was opened
         by (default: its file's name); `info`, `memory` and `choice`: what the loader read,
         planned and chose, for reports; `warnings`, what it warns of (the memory plan's, a
-        draft model it could not use)."""
+        draft model it could not use). `prompt_cache`: KV blocks kept across requests and
+        restarts (prompt_cache.py); None: only what the slots hold is reused."""
         self.backend = backend
+        self.prompt_cache = prompt_cache
         self.defaults = defaults or SamplingParams()
         self.load_ms = load_ms
         self.prefill_chunk = max(1, prefill_chunk)
@@ -402,7 +409,58 @@ class Engine:
         else:
             reuse = self.backend.kv_truncate(slot, reuse)
             del self._slot_tokens[slot][reuse:]
-        seq.seq_id, seq.n_past, seq.cached_tokens = slot, reuse, reuse
+        seq.seq_id, seq.cached_from = slot, {"slot": reuse} if reuse else {}
+        if self.prompt_cache is not None and self.prompt_cache.ready:
+            reuse = self._restore(seq, reuse, limit)
+        seq.n_past = seq.cached_tokens = reuse
+
+    def _restore(self, seq: _Sequence, reuse: int, limit: int) -> int:
+        """Put back the prompt cache's blocks past what the slot holds: the slot keeps its
+        whole blocks, the rest comes from the cache, block by block, while the chain of keys
+        holds. Returns the prompt tokens the slot then holds."""
+        cache, slot = self.prompt_cache, seq.seq_id
+        assert cache is not None
+        block = cache.block
+        seq.block_keys = cache.keys(seq.prompt[:limit])
+        first, found = reuse // block, []
+        for key in seq.block_keys[reuse // block :]:
+            if (got := cache.get(key)) is None:
+                break
+            found.append((key, *got))
+        if (first + len(found)) * block <= reuse:
+            return reuse
+        pos = self.backend.kv_truncate(slot, first * block)
+        if pos != first * block:  # a cache that cannot resume there (a sliding window let it go)
+            self._slot_tokens[slot], seq.cached_from = [], {}
+            return 0
+        seq.cached_from = {"slot": pos} if pos else {}
+        for key, data, tier in found:
+            after = self.backend.kv_write(slot, pos, data)
+            if after != pos + block:  # bytes this backend does not take: never offered again
+                cache.discard(key)
+                self.backend.kv_truncate(slot, pos)
+                break
+            pos = after
+            seq.cached_from[tier] = seq.cached_from.get(tier, 0) + block
+        self._slot_tokens[slot] = seq.prompt[:pos]
+        seq.blocks_stored = pos // block
+        return pos
+
+    def _store_blocks(self, seq: _Sequence) -> None:
+        """Give the prompt cache the whole blocks the sequence's slot now holds that it was
+        not given yet (prompt and answer alike: the next turn of a chat starts with both)."""
+        cache = self.prompt_cache
+        if cache is None or not cache.ready or seq.seq_id < 0:
+            return
+        tokens = self._slot_tokens[seq.seq_id]
+        whole = len(tokens) // cache.block
+        if whole <= seq.blocks_stored:
+            return
+        seq.block_keys = cache.keys(tokens[: whole * cache.block], seq.block_keys)
+        for j in range(seq.blocks_stored, whole):
+            if not cache.has(seq.block_keys[j]):
+                cache.put(seq.block_keys[j], cache.block, self.backend.kv_read(seq.seq_id, j * cache.block, (j + 1) * cache.block))
+        seq.blocks_stored = whole
 
     def _calibrate(self) -> None:
         slot = min(self._free_slots, key=lambda s: len(self._slot_tokens[s]))  # the emptiest: least reuse lost
@@ -429,6 +487,7 @@ class Engine:
                 continue
             seq.n_past += len(tokens)
             self._slot_tokens[seq.seq_id] += tokens
+            self._store_blocks(seq)
             if not seq.prefilling:
                 seq.prompt_ms = (time.perf_counter() - seq.t_prefill) * 1e3
             if n_logits:
@@ -571,6 +630,8 @@ class Engine:
             if tail or reasoning:
                 self._emit(seq, -1, tail, reasoning=reasoning)
         self._running.pop(seq.request_id, None)
+        if error is None:
+            self._store_blocks(seq)
         self._release(seq, keep_cache=error is None)
         seq.stream.put(
             CompletionOutput(
@@ -584,6 +645,7 @@ class Engine:
                 seed=int(seq.params.seed or 0),
                 error=error,
                 cached_tokens=seq.cached_tokens,
+                cached_from=dict(seq.cached_from),
                 reasoning="".join(seq.reasoning),
                 reasoning_tokens=seq.reasoning_end or (len(seq.generated) if seq.splitter is not None and seq.splitter.thinking else 0),
                 stop_sequence=seq.stops.hit,
@@ -688,4 +750,6 @@ class Engine:
         self._watch.close()
         if self.drafting is not None:
             self.drafting.close()
+        if self.prompt_cache is not None:
+            self.prompt_cache.close()  # the blocks still queued reach the disk
         self.backend.close()

@@ -7,6 +7,7 @@ defaults, memory checks and errors.
 
 from __future__ import annotations
 
+import os
 import time
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -17,6 +18,7 @@ from localinfer.backends.base import Backend, Capabilities, LoadParams
 from localinfer.engine.budget import DEFAULT_SLOWDOWN
 from localinfer.engine.draft_model import DraftModel, check_vocab
 from localinfer.engine.engine import DEFAULT_PREFILL_CHUNK, Engine
+from localinfer.engine.prompt_cache import DEFAULT_DISK, CacheOptions, PromptCache, default_ram
 from localinfer.engine.speculative import DraftConfig
 from localinfer.engine.types import EngineChoice, SamplingParams
 from localinfer.errors import BackendError, UserError
@@ -48,6 +50,7 @@ class LoadOptions:
     cache: tuple[str | None, str | None] | str = (None, None)
     prefill_chunk: int = DEFAULT_PREFILL_CHUNK  # most prompt tokens one step prefills
     decode_slowdown: float = DEFAULT_SLOWDOWN  # how much longer than a decode step a prefilling step may take
+    prompt_cache: CacheOptions = CacheOptions()  # KV blocks kept across requests and restarts
 
 
 def cache_types(asked: tuple[str | None, str | None] | str, defaults: dict[str, object]) -> tuple[str, str] | str:
@@ -145,7 +148,25 @@ def open_engine(ref: str | None, options: LoadOptions | None = None, progress: P
     return Engine(
         backend, slots=options.n_seq_max, defaults=defaults, load_ms=load_ms, prefill_chunk=options.prefill_chunk, decode_slowdown=options.decode_slowdown,
         draft=options.draft, drafter=drafter, name=src.name, info=info, memory=plan, choice=choice, warnings=warnings,
+        prompt_cache=open_prompt_cache(options.prompt_cache, path, choice.name, params),
     )  # fmt: skip
+
+
+def open_prompt_cache(options: CacheOptions, model: Path, engine: str, params: LoadParams) -> PromptCache | None:
+    """The prompt cache for a model loaded so, or None where it is off. What makes the KV
+    bytes mean what they mean is in its identity: the engine, its kernels, the CPU, the KV
+    types and the layers on a GPU (their rounding differs)."""
+    import logging
+
+    from localinfer.backends.devices import cpu_name
+    from localinfer.paths import prompt_cache_dir
+
+    ram = default_ram() if options.ram_bytes is None else options.ram_bytes
+    disk = DEFAULT_DISK if options.disk_bytes is None else options.disk_bytes
+    if not options.enabled or ram + disk == 0:
+        return None
+    describe = {"engine": engine, "kernels": params.kernels or os.environ.get("LOCALINFER_KERNELS") or "auto", "cpu": cpu_name(), "kv_types": list(params.cache_types), "gpu_layers": params.n_gpu_layers}
+    return PromptCache(describe, model, ram, disk, options.folder or prompt_cache_dir(), logging.getLogger("localinfer.prompt_cache").warning)
 
 
 @dataclass

@@ -95,6 +95,7 @@ class CompletionOutput:
     seed: int = 0  # the sampler's seed, the one picked for the request if none was asked for
     error: Exception | None = None  # why a request with finish_reason "error" failed
     cached_tokens: int = 0  # prompt tokens reused from the KV cache (prefix reuse), not prefilled
+    cached_from: dict[str, int] = field(default_factory=dict)  # those tokens by source: slot, ram, disk
     reasoning: str = ""  # a reasoning model's thinking, apart from the answer in `text`
     reasoning_tokens: int = 0  # of completion_tokens, those that were thinking (the tags included)
     stop_sequence: str | None = None  # the stop string that ended the answer, if one did

@@ -55,6 +55,7 @@ def engine_metrics(host: ModelHost) -> Metrics:
         cells_used=lambda: sum(m.engine.kv_cells_used for m in host.unique()),
         cells_free=lambda: sum(m.engine.kv_cells_total - m.engine.kv_cells_used for m in host.unique()),
         cells_cached=lambda: sum(m.engine.kv_cells_cached for m in host.unique()),
+        prompt_caches=lambda: [m.engine.prompt_cache for m in host.unique() if m.engine.prompt_cache is not None],
     )
 
 

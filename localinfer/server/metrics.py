@@ -8,13 +8,17 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+
+from localinfer.engine.prompt_cache import PromptCache
 
 LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60)
 
 
 class Metrics:
     def __init__(self, running: Callable[[], float], waiting: Callable[[], float], slots_free: Callable[[], float],
-                 cells_used: Callable[[], float], cells_free: Callable[[], float], cells_cached: Callable[[], float]) -> None:  # fmt: skip
+                 cells_used: Callable[[], float], cells_free: Callable[[], float], cells_cached: Callable[[], float],
+                 prompt_caches: Callable[[], list[PromptCache]] = list) -> None:  # fmt: skip
         self.registry = CollectorRegistry()
         r = self.registry
         self.ttft = Histogram("localinfer_time_to_first_token_seconds", "Submit to first token (queue + prefill + first sample)", registry=r, buckets=LATENCY_BUCKETS)
@@ -36,3 +40,31 @@ class Metrics:
         Gauge("localinfer_kv_cache_cells_free", "KV-cache cells holding nothing", registry=r).set_function(cells_free)
         self.kv_bytes = Gauge("localinfer_kv_cache_bytes_used", "Bytes the KV cells in use hold, by model and K/V type", ["model", "type_k", "type_v"], registry=r)
         Gauge("localinfer_prefix_cache_tokens", "Tokens that free slots keep for prefix reuse", registry=r).set_function(cells_cached)
+        r.register(PromptCacheCollector(prompt_caches))
+
+
+class PromptCacheCollector:
+    """The prompt caches' counts, read at each scrape from the caches themselves (their
+    counters live with them, so a model swapped out takes its counts along)."""
+
+    def __init__(self, caches: Callable[[], list[PromptCache]]) -> None:
+        self.caches = caches
+
+    def collect(self):  # type: ignore[no-untyped-def]  # prometheus_client's collector protocol
+        caches = self.caches()
+        hits = CounterMetricFamily("localinfer_prompt_cache_hits", "KV blocks put back from the prompt cache instead of computed, by tier", labels=["tier"])
+        for tier in ("ram", "disk"):
+            hits.add_metric([tier], sum(c.stats.hits[tier] for c in caches))
+        size = GaugeMetricFamily("localinfer_prompt_cache_bytes", "Bytes the prompt cache holds, by tier", labels=["tier"])
+        size.add_metric(["ram"], sum(c.ram_bytes for c in caches))
+        size.add_metric(["disk"], sum(c.disk.stats.bytes for c in caches if c.disk is not None))
+        evictions = CounterMetricFamily("localinfer_prompt_cache_evictions", "KV blocks dropped from a tier to keep it in its budget", labels=["tier"])
+        evictions.add_metric(["ram"], sum(c.stats.ram_evictions for c in caches))
+        evictions.add_metric(["disk"], sum(c.disk.stats.evictions for c in caches if c.disk is not None))
+        yield hits
+        yield CounterMetricFamily("localinfer_prompt_cache_misses", "KV blocks looked for in the prompt cache and not found", value=sum(c.stats.misses for c in caches))
+        yield CounterMetricFamily("localinfer_prompt_cache_stored", "KV blocks given to the prompt cache", value=sum(c.stats.stored for c in caches))
+        yield CounterMetricFamily("localinfer_prompt_cache_corrupt", "Block files found damaged or not their model's, and deleted",
+                                  value=sum(c.disk.stats.corrupt for c in caches if c.disk is not None))  # fmt: skip
+        yield size
+        yield evictions
