@@ -11,6 +11,7 @@ from typing import Annotated, Optional
 import typer
 from localinfer.cli import options as opt
 from localinfer.cli.progress import work_bar
+from localinfer.engine.prompt_cache import CacheOptions
 from localinfer.errors import UserError
 
 
@@ -43,10 +44,6 @@ def eval_command(
     cache_type: opt.CacheType = None,
     cache_type_k: opt.CacheTypeK = None,
     cache_type_v: opt.CacheTypeV = None,
-    cache_ram: opt.CacheRam = None,
-    cache_disk: opt.CacheDisk = None,
-    cache_dir: opt.CacheDir = None,
-    no_prompt_cache: opt.NoPromptCache = False,
     ref_cache: Annotated[Optional[str], typer.Option("--ref-cache", help="Score against the same weights (or --ref) with this KV-cache type for K and V: the cost of a quantized cache, e.g. --cache-type q8_0 --ref-cache f16.", callback=opt.cache_type, show_default=False)] = None,
     json_out: Annotated[bool, typer.Option("--json", help='Print {"perplexity", "tokens", "kld": {"mean", "p99", "max"}, "top1_agreement"} (kld and top1_agreement with --ref).')] = False,
 ) -> None:
@@ -57,7 +54,7 @@ def eval_command(
     content = read_text(text or default_text())
     if ref_cache == "auto":
         raise typer.BadParameter("give the reference a type (e.g. f16), not auto", param_hint="--ref-cache")
-    load = opt.load_options(engine_name, ctx, threads, kernels, (cache_type, cache_type_k, cache_type_v), gpu_layers=gpu_layers, prompt_cache=opt.prompt_cache(no_prompt_cache, cache_ram, cache_disk, cache_dir))
+    load = opt.load_options(engine_name, ctx, threads, kernels, (cache_type, cache_type_k, cache_type_v), gpu_layers=gpu_layers, prompt_cache=CacheOptions(enabled=False))  # scoring needs every position's logits: nothing to put back
     subject = open_engine(model, load)
     reference = None
     if ref or ref_cache:

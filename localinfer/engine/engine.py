@@ -78,6 +78,7 @@ class _Sequence:
     cached_from: dict[str, int] = field(default_factory=dict)  # those tokens by where they came from: slot, ram, disk
     block_keys: list[str] = field(default_factory=list)  # the prompt cache's keys of its whole blocks so far
     blocks_stored: int = 0  # of those, how many the prompt cache has been given
+    tail_stored: bool = False  # the prompt's last, partial block given (or put back) too
     spec: RequestDrafts | None = None  # its speculation, when the engine drafts (drafting.py)
     mask: TokenMask | None = None  # structured output: the grammar's state
     n_forwards: int = 0  # decode forwards this request took part in (tokens per forward = answer / this)
@@ -427,7 +428,10 @@ class Engine:
             if (got := cache.get(key)) is None:
                 break
             found.append((key, *got))
-        if (first + len(found)) * block <= reuse:
+        tail = seq.prompt[len(seq.block_keys) * block : limit]  # after the last whole block: the partial one
+        if tail and first + len(found) == len(seq.block_keys) and (got := cache.get(key := cache.tail(seq.block_keys, tail))) is not None:
+            found.append((key, *got))
+        if min(limit, (first + len(found)) * block) <= reuse:
             return reuse
         pos = self.backend.kv_truncate(slot, first * block)
         if pos != first * block:  # a cache that cannot resume there (a sliding window let it go)
@@ -435,15 +439,16 @@ class Engine:
             return 0
         seq.cached_from = {"slot": pos} if pos else {}
         for key, data, tier in found:
+            size = min(block, limit - pos)  # the tail's is shorter
             after = self.backend.kv_write(slot, pos, data)
-            if after != pos + block:  # bytes this backend does not take: never offered again
+            if after != pos + size:  # bytes this backend does not take: never offered again
                 cache.discard(key)
                 self.backend.kv_truncate(slot, pos)
                 break
             pos = after
-            seq.cached_from[tier] = seq.cached_from.get(tier, 0) + block
+            seq.cached_from[tier] = seq.cached_from.get(tier, 0) + size
         self._slot_tokens[slot] = seq.prompt[:pos]
-        seq.blocks_stored = pos // block
+        seq.blocks_stored, seq.tail_stored = pos // block, pos == limit
         return pos
 
     def _store_blocks(self, seq: _Sequence) -> None:
@@ -452,15 +457,20 @@ class Engine:
         cache = self.prompt_cache
         if cache is None or not cache.ready or seq.seq_id < 0:
             return
-        tokens = self._slot_tokens[seq.seq_id]
-        whole = len(tokens) // cache.block
-        if whole <= seq.blocks_stored:
-            return
-        seq.block_keys = cache.keys(tokens[: whole * cache.block], seq.block_keys)
-        for j in range(seq.blocks_stored, whole):
-            if not cache.has(seq.block_keys[j]):
-                cache.put(seq.block_keys[j], cache.block, self.backend.kv_read(seq.seq_id, j * cache.block, (j + 1) * cache.block))
-        seq.blocks_stored = whole
+        tokens, block = self._slot_tokens[seq.seq_id], cache.block
+        whole = len(tokens) // block
+        if whole > seq.blocks_stored:
+            seq.block_keys = cache.keys(tokens[: whole * block], seq.block_keys)
+            for j in range(seq.blocks_stored, whole):
+                if not cache.has(seq.block_keys[j]):
+                    cache.put(seq.block_keys[j], block, self.backend.kv_read(seq.seq_id, j * block, (j + 1) * block))
+            seq.blocks_stored = whole
+        limit = len(seq.prompt) - 1  # what _restore looks for: the prompt but its last token
+        start = limit // block * block
+        if not seq.tail_stored and start < limit <= len(tokens) and seq.blocks_stored >= limit // block:
+            keys = seq.block_keys[: limit // block]
+            cache.put(cache.tail(keys, seq.prompt[start:limit]), limit - start, self.backend.kv_read(seq.seq_id, start, limit))
+            seq.tail_stored = True
 
     def _calibrate(self) -> None:
         slot = min(self._free_slots, key=lambda s: len(self._slot_tokens[s]))  # the emptiest: least reuse lost

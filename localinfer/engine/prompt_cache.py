@@ -5,7 +5,9 @@ chained over everything before it (the cache's identity: model file, engine layo
 types, block size; then every token so far), as vLLM's automatic prefix caching keys its
 blocks. So one key names one prefix exactly, and a new prompt's longest run of cached keys
 is the longest prefix whose KV can be put back instead of computed (engine.py does that,
-through the backend's kv_read / kv_write; only the backend knows what the bytes hold).
+through the backend's kv_read / kv_write; only the backend knows what the bytes hold). A
+prompt's last, partial block is kept too, under a key of its own (`tail_key`), so that the
+same prompt asked again is put back but for its last token.
 
 Two tiers: RAM, a byte budget with least-recently-used eviction; and disk
 (store/block_files.py), where every new block is also written, off the engine's thread, so
@@ -31,6 +33,7 @@ BLOCK_TOKENS = 256
 FORMAT = 1  # of the identity and block files: a change makes old caches another identity
 GiB = 1024**3
 DEFAULT_DISK = 4 * GiB
+INLINE_HASH_BYTES = 256 << 20  # model files hashed at load; larger ones on a thread (until then nothing is cached)
 
 
 def default_ram() -> int:
@@ -101,14 +104,23 @@ def block_hashes(identity: str, tokens: list[int], block: int = BLOCK_TOKENS, kn
     return keys
 
 
+def tail_key(previous: str, tokens: list[int]) -> str:
+    """The key of a prompt's last, partial block: a prompt asked again is then put back whole
+    but for its last token, not only to its last whole block (up to 255 tokens short)."""
+    h = hashlib.blake2b(b"tail:" + previous.encode(), digest_size=16)
+    h.update(np.asarray(tokens, dtype=np.int32).tobytes())
+    return h.hexdigest()
+
+
 class PromptCache:
     """The two tiers behind one get/put, for one model loaded one way (`identity`)."""
 
     def __init__(self, describe: dict[str, object], model: Path, ram_bytes: int, disk_bytes: int, folder: Path | None,
                  warn: Callable[[str], None], block: int = BLOCK_TOKENS) -> None:  # fmt: skip
         """`describe`: what else makes a block's bytes mean what they mean (the engine's
-        layout, its KV types); the model file's hash joins it once computed, on a thread of
-        its own, so that loading a large model is not held up: until then nothing is cached."""
+        layout, its KV types); the model file's hash joins it once computed (then remembered
+        by size and modification time), for a large file on a thread of its own, so that
+        loading it is not held up: until then nothing is cached."""
         self.block, self.ram_budget, self.folder = block, ram_bytes, folder
         self.stats = CacheStats()
         self.identity = ""
@@ -118,7 +130,10 @@ class PromptCache:
         self._lock = threading.Lock()
         self._ready = threading.Event()
         self._warn = warn
-        threading.Thread(target=self._identify, args=(describe, model, disk_bytes), name="localinfer-model-hash", daemon=True).start()
+        if model.stat().st_size <= INLINE_HASH_BYTES:  # a fraction of a second: the first request already finds the cache
+            self._identify(describe, model, disk_bytes)
+        else:
+            threading.Thread(target=self._identify, args=(describe, model, disk_bytes), name="localinfer-model-hash", daemon=True).start()
 
     def _identify(self, describe: dict[str, object], model: Path, disk_bytes: int) -> None:
         remembered = self.folder / "model-hashes.json" if self.folder is not None else Path(os.devnull)
@@ -146,6 +161,10 @@ class PromptCache:
 
     def keys(self, tokens: list[int], known: list[str] | None = None) -> list[str]:
         return block_hashes(self.identity, tokens, self.block, known)
+
+    def tail(self, keys: list[str], tokens: list[int]) -> str:
+        """The key of `tokens`, the part of a prompt after its whole blocks (whose keys are `keys`)."""
+        return tail_key(keys[-1] if keys else self.identity, tokens)
 
     def has(self, key: str) -> bool:
         return key in self._ram or (self.disk is not None and self.disk.has(key))

@@ -1,7 +1,9 @@
 """The prompt cache through the engine, on both engines, on the embedded Q4_1 and its F32
 widening: a prompt of two whole blocks and a partial one answers the same greedy text cold
 (computed, the reference), put back from RAM, and put back from disk by a new engine over
-the same folder, as a restarted process would be."""
+the same folder, as a restarted process would be; all of it but the last token is put back
+(the partial block under a key of its own), and a longer prompt that starts alike gets the
+whole blocks alone."""
 
 from __future__ import annotations
 
@@ -32,21 +34,24 @@ def test_the_same_answer_cold_from_ram_and_from_disk(engine_name: str, model: st
     try:
         assert engine.prompt_cache is not None and engine.prompt_cache.wait_ready()
         prompt = engine.tokenize_prompt(engine.render_chat([{"role": "user", "content": DOCUMENT + "\nWhich cape comes first?"}]))
-        whole = (len(prompt) - 1) // BLOCK_TOKENS * BLOCK_TOKENS
-        assert whole >= 2 * BLOCK_TOKENS and len(prompt) % BLOCK_TOKENS  # two whole blocks or more, and a partial one
+        whole, all_but_last = (len(prompt) - 1) // BLOCK_TOKENS * BLOCK_TOKENS, len(prompt) - 1
+        assert whole >= 2 * BLOCK_TOKENS and all_but_last % BLOCK_TOKENS  # two whole blocks or more, and a partial one
         cold = answer(engine, prompt)
         assert cold.cached_tokens == 0
         answer(engine, engine.tokenize_prompt("Something else entirely."))  # the one slot no longer holds the prompt
         from_ram = answer(engine, prompt)
-        assert from_ram.cached_from == {"ram": whole} and from_ram.text == cold.text
+        assert from_ram.cached_from == {"ram": all_but_last} and from_ram.text == cold.text
+        answer(engine, engine.tokenize_prompt("Something else entirely."))
+        longer = answer(engine, prompt + engine.tokenize_prompt(" And the last one?")[1:])
+        assert longer.cached_from == {"ram": whole}  # the partial block's key is the shorter prompt's alone
     finally:
         engine.close()  # writes what is queued
     restarted = open_engine(str(path), options)
     try:
         assert restarted.prompt_cache is not None and restarted.prompt_cache.wait_ready()
         from_disk = answer(restarted, prompt)
-        assert from_disk.cached_from == {"disk": whole} and from_disk.text == cold.text
-        assert from_disk.usage()["prompt_tokens_details"] == {"cached_tokens": whole}
+        assert from_disk.cached_from == {"disk": all_but_last} and from_disk.text == cold.text
+        assert from_disk.usage()["prompt_tokens_details"] == {"cached_tokens": all_but_last}
     finally:
         restarted.close()
 
