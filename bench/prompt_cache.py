@@ -30,6 +30,7 @@ sys.path.insert(0, str(ROOT))
 
 PROMPT_TOKENS = 2000
 ANSWER_TOKENS = 64
+SYSTEM_WORDS = 182  # bench serve's shared-prefix --input-len: a system prompt of about 1,500 tokens
 WORDS = "the keeper climbed to the lamp each evening and wrote the weather the ships and the tides in a book".split()
 
 
@@ -114,7 +115,7 @@ def serve_across_restart(model: str, threads: int) -> dict[str, object]:
     from localinfer.benchmark.serve import workload
     from tests.server.test_serve import Server
 
-    first = workload("shared-prefix", 1, 0, 150, 32)[0]
+    first = workload("shared-prefix", 1, 0, SYSTEM_WORDS, 32)[0]
     runs = {}
     with tempfile.TemporaryDirectory(prefix="localinfer-prompt-cache-") as folder, tempfile.TemporaryDirectory() as out:
         for label in ("empty cache", "after a restart"):
@@ -123,7 +124,7 @@ def serve_across_restart(model: str, threads: int) -> dict[str, object]:
                 runs[label] = timed_first(server, first.messages)
                 path = Path(out) / f"{label}.json"
                 subprocess.run([sys.executable, "-m", "localinfer.cli.app", "bench", "serve", "--url", server.url, "-c", "1", "-n", "6", "--workload", "shared-prefix",
-                                "--input-len", "150", "--output-len", "32", "-o", str(path)], check=True, capture_output=True, timeout=1800, cwd=ROOT)  # fmt: skip
+                                "--input-len", str(SYSTEM_WORDS), "--output-len", "32", "-o", str(path)], check=True, capture_output=True, timeout=1800, cwd=ROOT)  # fmt: skip
                 records = [r for level in json.loads(path.read_text())["levels"] for r in level["records"] if r.get("ttft") is not None]
                 runs[label]["workload_median_ttft_ms"] = statistics.median(r["ttft"] * 1e3 for r in records)
             finally:

@@ -148,11 +148,11 @@ def open_engine(ref: str | None, options: LoadOptions | None = None, progress: P
     return Engine(
         backend, slots=options.n_seq_max, defaults=defaults, load_ms=load_ms, prefill_chunk=options.prefill_chunk, decode_slowdown=options.decode_slowdown,
         draft=options.draft, drafter=drafter, name=src.name, info=info, memory=plan, choice=choice, warnings=warnings,
-        prompt_cache=open_prompt_cache(options.prompt_cache, path, choice.name, params),
+        prompt_cache=open_prompt_cache(options.prompt_cache, path, info.architecture, choice.name, params),
     )  # fmt: skip
 
 
-def open_prompt_cache(options: CacheOptions, model: Path, engine: str, params: LoadParams) -> PromptCache | None:
+def open_prompt_cache(options: CacheOptions, model: Path, architecture: str, engine: str, params: LoadParams) -> PromptCache | None:
     """The prompt cache for a model loaded so, or None where it is off. What makes the KV
     bytes mean what they mean is in its identity: the engine, its kernels, the CPU, the KV
     types and the layers on a GPU (their rounding differs)."""
@@ -165,7 +165,7 @@ def open_prompt_cache(options: CacheOptions, model: Path, engine: str, params: L
     disk = DEFAULT_DISK if options.disk_bytes is None else options.disk_bytes
     if not options.enabled or ram + disk == 0:
         return None
-    describe = {"engine": engine, "kernels": params.kernels or os.environ.get("LOCALINFER_KERNELS") or "auto", "cpu": cpu_name(), "kv_types": list(params.cache_types), "gpu_layers": params.n_gpu_layers}
+    describe = {"architecture": architecture, "engine": engine, "kernels": params.kernels or os.environ.get("LOCALINFER_KERNELS") or "auto", "cpu": cpu_name(), "kv_types": list(params.cache_types), "gpu_layers": params.n_gpu_layers}
     return PromptCache(describe, model, ram, disk, options.folder or prompt_cache_dir(), logging.getLogger("localinfer.prompt_cache").warning)
 
 

@@ -68,7 +68,7 @@ def one_shot(*args: str) -> dict:
 
 def answer_of(printed: str) -> str:
     """The answer in what a turn printed: the lines before --verbose's timing lines."""
-    return "\n".join(line for line in printed.split("\n") if not line.startswith(("load ", "speculation:", "KV cache ", "native kernels:"))).strip()
+    return "\n".join(line for line in printed.split("\n") if not line.startswith(("load ", "speculation:", "KV cache ", "native kernels:", "prompt cache:"))).strip()
 
 
 def test_set_system_clear_and_greedy_match_one_shot_runs(isolated_home) -> None:
