@@ -49,15 +49,17 @@ def ensure_dir(path: Path) -> Path:
     return path
 
 
-def write_atomic(path: Path, data: bytes) -> None:
+def write_atomic(path: Path, data: bytes, durable: bool = True) -> None:
     """Write to a temporary file in the same folder, then rename: readers see all or nothing.
-    The file gets the mode a plain open() would give it (mkstemp's is 0600)."""
+    The file gets the mode a plain open() would give it (mkstemp's is 0600). `durable`: on
+    disk before the rename (fsync); a cache whose files carry a checksum can do without."""
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
         with os.fdopen(fd, "wb") as f:
             f.write(data)
             f.flush()
-            os.fsync(f.fileno())
+            if durable:
+                os.fsync(f.fileno())
         os.chmod(tmp, 0o666 & ~_umask())
         os.replace(tmp, path)
     except BaseException:

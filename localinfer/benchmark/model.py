@@ -129,13 +129,15 @@ def measure(setup: Setup, prompts: list[int], gens: list[int], reps: int) -> Ite
     import psutil
 
     from localinfer.engine.loader import LoadOptions, open_engine
+    from localinfer.engine.prompt_cache import CacheOptions
     from localinfer.engine.speculative import DraftConfig, measure_verify_cost
     from localinfer.engine.types import SamplingParams
 
     ctx = max([*prompts, 1]) + max([*gens, 1]) + 16
     model = setup.draft if setup.draft not in ("none", "prompt-lookup") else None
     engine = open_engine(setup.model, LoadOptions(engine=setup.engine, ctx=ctx, threads=setup.threads, kernels=setup.kernels, draft=DraftConfig() if setup.draft != "none" else None,
-                                                  draft_model=model, cache=(setup.type_k, setup.type_v), gpu_layers=setup.gpu_layers))  # fmt: skip
+                                                  draft_model=model, cache=(setup.type_k, setup.type_v), gpu_layers=setup.gpu_layers,
+                                                  prompt_cache=CacheOptions(enabled=False)))  # fmt: skip  # prefill is what is measured
     try:
         backend = engine.backend
         rng = np.random.default_rng(1234)

@@ -110,7 +110,7 @@ def test_a_full_disk_stops_disk_writes_in_one_line(tmp_path: Path, monkeypatch: 
     c = cache(tmp_path, ram=1000, disk=10_000, warnings=warnings)
     calls: list[Path] = []
 
-    def full(path: Path, data: bytes) -> None:
+    def full(path: Path, data: bytes, durable: bool = True) -> None:
         calls.append(path)
         raise OSError(28, "No space left on device")
 
