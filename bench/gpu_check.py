@@ -68,10 +68,6 @@ def largest(models: dict[str, Path]) -> Path:
     return max(models.values(), key=lambda p: p.stat().st_size)
 
 
-def smallest(models: dict[str, Path]) -> Path:
-    return min(models.values(), key=lambda p: p.stat().st_size)
-
-
 LOAD = "m = llama_cpp.Llama({model!r}, n_gpu_layers=-1, verbose=False); print(m.tokenize(b'Hello world'), flush=True)"
 JIT = "import numba; print(numba.njit(lambda x: x + 1)(1), flush=True)"
 RAW_ORDERS = {  # llama-cpp-python's CUDA build crashed in the first and third (docs/benchmarks.md)
@@ -85,7 +81,7 @@ IMPORT_ORDERS = {**RAW_ORDERS, **{f"localinfer, {label}": "import localinfer; " 
 
 def step_imports(out: Path, models: dict[str, Path]) -> dict[str, object]:
     """Each import order in a fresh process, with the GPU and hidden: exit status and last line."""
-    model, log, results = str(smallest(models)), out / "imports.log", {}
+    model, log, results = str(min(models.values(), key=lambda p: p.stat().st_size)), out / "imports.log", {}
     for label, code in IMPORT_ORDERS.items():
         for where, env in (("gpu", {}), ("gpu hidden", {"CUDA_VISIBLE_DEVICES": ""})):
             r = subprocess.run([PY, "-X", "faulthandler", "-c", code.format(model=model)], capture_output=True, text=True, timeout=120,
@@ -144,7 +140,7 @@ def step_serve(out: Path, models: dict[str, Path]) -> dict[str, object]:
     for cache in ("f16", "q8_0"):
         for draft in ("none", "prompt-lookup"):
             label = f"cuda-all-layers-kv-{cache}-draft-{draft}"
-            server = Server(str(smallest(models)), "--engine", "llama.cpp", "--parallel", "16", "--gpu-layers", "all", "--cache-type", cache, "--draft", draft)
+            server = Server(str(min(models.values(), key=lambda p: p.stat().st_size)), "--engine", "llama.cpp", "--parallel", "16", "--gpu-layers", "all", "--cache-type", cache, "--draft", draft)
             try:
                 code = sh([*CLI, "bench", "serve", "--url", server.url, "-c", "1,2,4,8,16", "-n", "32", "--workload", "chat", "--output-len", "64",
                            "--label", label, "-o", str(out / f"serve-{cache}-{draft}.json")], out / "serve.log", 300)  # fmt: skip

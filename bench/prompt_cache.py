@@ -34,39 +34,24 @@ SYSTEM_WORDS = 182  # bench serve's shared-prefix --input-len: a system prompt o
 WORDS = "the keeper climbed to the lamp each evening and wrote the weather the ships and the tides in a book".split()
 
 
-def opened(model: str, engine: str, threads: int, cache):  # type: ignore[no-untyped-def]  # -> Engine
-    from localinfer.engine.loader import LoadOptions, open_engine
-
-    return open_engine(model, LoadOptions(engine=engine, ctx=PROMPT_TOKENS + 256, threads=threads, gpu_layers=0, prompt_cache=cache))
-
-
-def long_prompt(e) -> list[int]:  # type: ignore[no-untyped-def]
-    text = " ".join(WORDS[i % len(WORDS)] + ("." if i % 13 == 12 else "") for i in range(3 * PROMPT_TOKENS))
-    return e.tokenize_prompt(text)[:PROMPT_TOKENS]
-
-
-def take_the_slot(e) -> None:  # type: ignore[no-untyped-def]
-    """An unrelated short prompt in the one slot: only the prompt cache can spare the next prefill."""
-    from localinfer.engine.types import SamplingParams
-
-    e.complete(e.tokenize_prompt("A short question about something else."), SamplingParams(temperature=0, max_tokens=2))
-
-
 def phase(model: str, engine: str, threads: int, name: str, folder: str, repeats: int) -> dict[str, object]:
     """One phase, in this process: the TTFTs, decode rates and cached sources of `repeats` asks."""
+    from localinfer.engine.loader import LoadOptions, open_engine
     from localinfer.engine.prompt_cache import CacheOptions
     from localinfer.engine.types import SamplingParams
 
     cache = {"cold": CacheOptions(enabled=False), "ram": CacheOptions(folder=Path(folder)), "disk": CacheOptions(ram_bytes=0, folder=Path(folder))}[name]
-    e = opened(model, engine, threads, cache)
+    e = open_engine(model, LoadOptions(engine=engine, ctx=PROMPT_TOKENS + ANSWER_TOKENS + 64, threads=threads, gpu_layers=0, prompt_cache=cache))
     try:
-        prompt = long_prompt(e)
+        text = " ".join(WORDS[i % len(WORDS)] + ("." if i % 13 == 12 else "") for i in range(3 * PROMPT_TOKENS))
+        prompt = e.tokenize_prompt(text)[:PROMPT_TOKENS]
+        other = e.tokenize_prompt("A short question about something else.")
         params = SamplingParams(temperature=0, max_tokens=ANSWER_TOKENS, ignore_eos=True)
         if name == "ram":
             e.complete(prompt, params)  # fills the cache
         runs = []
         for _ in range(repeats):
-            take_the_slot(e)
+            e.complete(other, SamplingParams(temperature=0, max_tokens=2))
             out = e.complete(prompt, params)
             runs.append({"ttft_ms": out.timings.ttft_ms, "tokens_per_s": out.timings.tokens_per_s, "cached_from": out.cached_from, "text": out.text})
         return {"engine": e.backend.name, "phase": name, "runs": runs}
@@ -78,22 +63,25 @@ def decode_pairs(model: str, engine: str, threads: int, folder: str, pairs: int)
     """Decode speed with the cache off and on, in one process, asked in turn (off, on, off,
     on...), so that the machine's drift falls on both alike: tokens/s of 128-token answers
     to the 2,000-token prompt, the cache on having put it back, the cache off computed it."""
+    from localinfer.engine.loader import LoadOptions, open_engine
     from localinfer.engine.prompt_cache import CacheOptions
     from localinfer.engine.types import SamplingParams
 
-    engines = {"off": opened(model, engine, threads, CacheOptions(enabled=False)), "on": opened(model, engine, threads, CacheOptions(folder=Path(folder)))}
+    opened = {name: open_engine(model, LoadOptions(engine=engine, ctx=PROMPT_TOKENS + 256, threads=threads, gpu_layers=0, prompt_cache=cache))
+              for name, cache in (("off", CacheOptions(enabled=False)), ("on", CacheOptions(folder=Path(folder))))}  # fmt: skip
     try:
-        prompt = long_prompt(engines["on"])
+        text = " ".join(WORDS[i % len(WORDS)] + ("." if i % 13 == 12 else "") for i in range(3 * PROMPT_TOKENS))
+        prompt = opened["on"].tokenize_prompt(text)[:PROMPT_TOKENS]
         params = SamplingParams(temperature=0, max_tokens=128, ignore_eos=True)
-        engines["on"].complete(prompt, params)  # fills the cache
+        opened["on"].complete(prompt, params)  # fills the cache
         rates: dict[str, list[float]] = {"off": [], "on": []}
         for _ in range(pairs):
-            for name, e in engines.items():
-                take_the_slot(e)
+            for name, e in opened.items():
+                e.complete(e.tokenize_prompt("A short question about something else."), SamplingParams(temperature=0, max_tokens=2))
                 rates[name].append(e.complete(prompt, params).timings.tokens_per_s)
         return {"rates": rates, "change": statistics.median(on / off for on, off in zip(rates["on"], rates["off"])) - 1}
     finally:
-        for e in engines.values():
+        for e in opened.values():
             e.close()
 
 

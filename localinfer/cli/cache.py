@@ -58,3 +58,5 @@ def clear_command(cache_dir: opt.CacheDir = None, json_out: Json = False) -> Non
 
 def register(root: typer.Typer) -> None:
     root.add_typer(app, name="cache")
+
+

@@ -424,7 +424,7 @@ class Engine:
         block = cache.block
         seq.block_keys = cache.keys(seq.prompt[:limit])
         first, found = reuse // block, []
-        for key in seq.block_keys[first:]:
+        for key in seq.block_keys[reuse // block :]:
             if (got := cache.get(key)) is None:
                 break
             found.append((key, *got))

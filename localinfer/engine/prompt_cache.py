@@ -27,13 +27,11 @@ from pathlib import Path
 
 import numpy as np
 
-from localinfer.memory import GiB
-from localinfer.paths import write_atomic
 from localinfer.store.block_files import BlockFiles
-from localinfer.store.pull import sha256_of
 
 BLOCK_TOKENS = 256
 FORMAT = 1  # of the identity and block files: a change makes old caches another identity
+GiB = 1024**3
 DEFAULT_DISK = 4 * GiB
 INLINE_HASH_BYTES = 256 << 20  # model files hashed at load; larger ones on a thread (until then nothing is cached)
 
@@ -78,9 +76,15 @@ def file_sha256(path: Path, remembered: Path) -> str:
     entry = known.get(key) if isinstance(known, dict) else None
     if isinstance(entry, dict) and entry.get("stamp") == stamp and isinstance(entry.get("sha256"), str):
         return entry["sha256"]
+    digest = hashlib.sha256()
+    with path.open("rb") as f:
+        while chunk := f.read(1 << 22):
+            digest.update(chunk)
     known = known if isinstance(known, dict) else {}
-    known[key] = {"stamp": stamp, "sha256": sha256_of(path)}
+    known[key] = {"stamp": stamp, "sha256": digest.hexdigest()}
     try:
+        from localinfer.paths import write_atomic
+
         write_atomic(remembered, json.dumps(known, indent=1).encode())
     except OSError:
         pass  # computed again next time

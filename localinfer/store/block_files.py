@@ -32,6 +32,7 @@ QUEUE_BLOCKS = 64  # blocks waiting to be written; past that a new one is not wr
 
 @dataclass
 class DiskStats:
+    files: int = 0
     bytes: int = 0
     evictions: int = 0
     corrupt: int = 0
@@ -64,7 +65,7 @@ class BlockFiles:
         self.root, self.identity, self.budget, self._warn = root, identity, budget, warn
         self.folder = root / identity[:32]
         self.stats = DiskStats()
-        self._queue: queue.Queue[tuple[str, int, bytes] | None] = queue.Queue(QUEUE_BLOCKS)  # None: the writer's end
+        self._queue: queue.Queue[tuple[str, int, bytes] | None] = queue.Queue(QUEUE_BLOCKS)
         self._writable = True
         self._lock = threading.Lock()
         try:
@@ -104,15 +105,18 @@ class BlockFiles:
 
     def write(self, block_hash: str, n_tokens: int, data: bytes) -> None:
         """Queue a block for the writer thread; dropped if the queue is full or writing stopped."""
-        if self._writable and self._thread.is_alive() and not self.has(block_hash):
+        if self._writable and not self.has(block_hash):
             try:
                 self._queue.put_nowait((block_hash, n_tokens, data))
             except queue.Full:
                 pass
 
-    def flush(self) -> None:
+    def flush(self, timeout: float = 30.0) -> None:
         """Wait until every queued block is written (tests, and a clean exit)."""
-        self._queue.join()
+        if self._thread.is_alive():
+            done = threading.Event()
+            self._queue.put((None, 0, done))  # type: ignore[arg-type]
+            done.wait(timeout)
 
     def close(self) -> None:
         """Write what is queued, then end the writer; safe to call twice."""
@@ -123,25 +127,23 @@ class BlockFiles:
 
     def _writer(self) -> None:
         while (item := self._queue.get()) is not None:
+            block_hash, n_tokens, data = item
+            if block_hash is None:
+                data.set()  # type: ignore[attr-defined]  # flush's marker
+                continue
+            if not self._writable:
+                continue
+            raw = encode(self.identity, block_hash, n_tokens, data)
             try:
-                self._write(*item)
-            finally:
-                self._queue.task_done()
-        self._queue.task_done()
-
-    def _write(self, block_hash: str, n_tokens: int, data: bytes) -> None:
-        if not self._writable:
-            return
-        raw = encode(self.identity, block_hash, n_tokens, data)
-        try:
-            write_atomic(self.path(block_hash), raw, durable=False)  # a torn file fails its checksum: no fsync per block
-        except OSError as e:
-            self._stop_writing(e)
-            return
-        with self._lock:
-            self.stats.bytes += len(raw)
-        if self.stats.bytes > self.budget:
-            self._evict()
+                write_atomic(self.path(block_hash), raw, durable=False)  # a torn file fails its checksum: no fsync per block
+            except OSError as e:
+                self._stop_writing(e)
+                continue
+            with self._lock:
+                self.stats.files += 1
+                self.stats.bytes += len(raw)
+            if self.stats.bytes > self.budget:
+                self._evict()
 
     def _stop_writing(self, e: OSError) -> None:
         if self._writable:
@@ -162,7 +164,7 @@ class BlockFiles:
     def _rescan(self) -> None:
         files = self._files()
         with self._lock:
-            self.stats.bytes = sum(size for _, size, _ in files)
+            self.stats.files, self.stats.bytes = len(files), sum(size for _, size, _ in files)
 
     def _evict(self) -> None:
         """Delete the least recently used files until the folder is at 90 % of its budget."""
@@ -175,7 +177,7 @@ class BlockFiles:
             total -= size
             self.stats.evictions += 1
         with self._lock:
-            self.stats.bytes = total
+            self.stats.files, self.stats.bytes = len([f for f in files if f[2].exists()]), total
 
 
 @dataclass

@@ -15,7 +15,6 @@ import httpx
 import psutil
 
 from localinfer.benchmark.serve import WORDS
-from localinfer.engine.prefix import common_prefix
 from localinfer.benchmark.serve import words as some_words
 
 from ..conftest import parse_metrics
@@ -141,8 +140,12 @@ def concurrently(fns: list[Callable[[], object]]) -> list[object]:
 def common_words(a: str, b: str) -> int:
     """How many words two texts start with alike (words, not characters: many answers of
     random weights start with a space, which says nothing about where they came from)."""
-    words = a.split()
-    return common_prefix(words, b.split(), len(words))
+    n = 0
+    for x, y in zip(a.split(), b.split()):
+        if x != y:
+            break
+        n += 1
+    return n
 
 
 def is_its_own(text: str, prompt: str, refs: dict[str, str], exact: bool) -> bool:

@@ -155,11 +155,12 @@ class KVCache:
         """Bytes `read` gave, back at positions start on, after the sequence's first `start`;
         the positions it then holds (`start` if they are not this cache's layout or do not fit)."""
         keys, values = self.sequence(seq_id)
-        k_bytes, v_bytes = (a.shape[0] * a.shape[1] * a.shape[3] for a in (keys, values))  # one position's, every layer and head
-        n = len(data) // (k_bytes + v_bytes)
-        if self.length[seq_id] != start or n * (k_bytes + v_bytes) != len(data) or not 0 < start + n <= self.n_ctx or not self._resumable(seq_id, start):
+        per_position = sum(int(np.prod(a.shape[:2])) * a.shape[3] for a in (keys, values))
+        n = len(data) // per_position
+        if self.length[seq_id] != start or n * per_position != len(data) or not 0 < start + n <= self.n_ctx or not self._resumable(seq_id, start):
             return self.length[seq_id]
-        for array, part in ((keys, data[: k_bytes * n]), (values, data[k_bytes * n :])):
+        split = int(np.prod(keys.shape[:2])) * keys.shape[3] * n
+        for array, part in ((keys, data[:split]), (values, data[split:])):
             array[:, :, start : start + n] = np.frombuffer(part, np.uint8).reshape(*array.shape[:2], n, array.shape[3])
         self.length[seq_id] = start + n
         self.peak_bytes = max(self.peak_bytes, self.used_bytes())
