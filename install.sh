@@ -19,7 +19,8 @@
 #   LOCALINFER_VENV     where the environment goes (default: .venv beside this file)
 #   LOCALINFER_PYTHON   the Python to create it with (default: the newest python3.X >= 3.11 on PATH)
 #   LOCALINFER_BACKEND  cpu | cuda | metal | vulkan (default: detected)
-#   CMAKE_ARGS          your own llama.cpp flags; they replace the detected ones
+#   CMAKE_ARGS          your own llama.cpp flags; they replace the detected ones (-DGGML_RPC=ON,
+#                       which `localinfer worker` and --rpc need, is added unless they name GGML_RPC)
 set -euo pipefail
 
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
@@ -183,6 +184,9 @@ if [[ -z "${CMAKE_ARGS:-}" ]]; then
         *) echo "error: LOCALINFER_BACKEND must be cpu, cuda, metal or vulkan, not '$backend'" >&2; exit 2 ;;
     esac
 fi
+# ggml's RPC backend: `localinfer worker` serves this machine's memory from it and `--rpc`
+# reaches other machines' workers through it, so every build has it unless told otherwise.
+if [[ "$CMAKE_ARGS" != *GGML_RPC* ]]; then CMAKE_ARGS="$CMAKE_ARGS -DGGML_RPC=ON"; fi
 export CMAKE_ARGS
 
 recreate=""

@@ -48,6 +48,11 @@ class BackendError(UserError):
     """The inference backend refused to load or run the model."""
 
 
+class BackendLost(BackendError):
+    """The backend's process is gone (a lost RPC worker aborted it): every request on it ends,
+    and the model must be loaded again."""
+
+
 class OutputClosed(Exception):
     """Whoever read our stdout has gone (`localinfer run ... | head`): stop quietly.
     Not an OSError, so that click does not turn it into its own exit 1."""

@@ -17,6 +17,12 @@ from localinfer.errors import OutOfMemory
 from localinfer.modelfile import GGUFInfo
 
 GiB = 1024**3
+
+
+def size_text(n: float) -> str:
+    """Bytes as a person reads them: MiB below a GiB, else GiB."""
+    return f"{n / 2**20:.0f} MiB" if n < GiB else f"{n / GiB:.2f} GiB"
+
 # Left free on each discrete GPU for what the plan does not itemise: the CUDA context,
 # cuBLAS's workspace, ggml's memory pool. An H200 with 1.2 GiB free and no headroom ran
 # out of memory in the first decode (docs/benchmarks.md); 1 GiB is what llama.cpp's own
@@ -82,10 +88,11 @@ def plan_cache(info: GGUFInfo, n_ctx: int, gpu_layers: int | str, cache: tuple[s
     raise OutOfMemory(f"{refused} (even with a q4_0 KV cache)")
 
 
-def compute_bytes(info: GGUFInfo, n_ctx: int, n_ubatch: int = 512) -> int:
-    """Rough size of llama.cpp's compute buffer: the logits of one micro-batch,
-    its attention scores, and a few activations of width n_embd."""
-    return 4 * n_ubatch * (info.n_vocab + n_ctx * info.n_head // 4 + 8 * info.n_embd)
+def compute_bytes(info: GGUFInfo, n_ctx: int, n_ubatch: int = 512, logits: bool = True) -> int:
+    """Rough size of llama.cpp's compute buffer: the logits of one micro-batch (on the
+    device that holds the output layer), its attention scores, and a few activations of
+    width n_embd."""
+    return 4 * n_ubatch * ((info.n_vocab if logits else 0) + n_ctx * info.n_head // 4 + 8 * info.n_embd)
 
 
 def plan(info: GGUFInfo, n_ctx: int, gpu_layers: int | str, devices: Sequence[Device] = (), ram_free: int | None = None,
@@ -146,3 +153,93 @@ def placement(n_gpu: int, n_layer: int, asked: int | str, targets: Sequence[Devi
     kept_note = f" less {kept / GiB:.0f} GiB kept for the GPU runtime" if kept else ""
     free = f"{vram_free / GiB:.2f} GiB free{kept_note}, {per_layer / GiB:.3f} GiB a layer with its KV cache, {compute / GiB:.2f} GiB for compute"
     return f"{where}: {'all fit' if n == n_layer + 1 else 'what fits'} in {free}"
+
+
+@dataclass(frozen=True)
+class WorkerShare:
+    """What one RPC worker holds: `layers` consecutive repeating layers (from `first`), the
+    output layer too where `output`, and what they take there with a compute buffer."""
+
+    endpoint: str
+    offer: int
+    first: int
+    layers: int
+    output: bool
+    bytes: int
+
+
+def layer_weights(info: GGUFInfo) -> tuple[list[int], int, int]:
+    """(bytes of each repeating layer's tensors, the output layer's, the input embedding's).
+    A model whose output shares the embedding (tied) gets a copy of it where the output goes."""
+    layers = [0] * max(1, info.n_layer)
+    named = {t.name: t.nbytes for t in info.tensors}
+    for t in info.tensors:
+        if t.name.startswith("blk."):
+            index = int(t.name.split(".")[1])
+            if index < len(layers):
+                layers[index] += t.nbytes
+    embedding = named.get("token_embd.weight", 0)
+    output = named.get("output.weight", embedding) + named.get("output_norm.weight", 0)
+    return layers, output, embedding
+
+
+def plan_workers(info: GGUFInfo, n_ctx: int, workers: Sequence[tuple[str, int]], cache_types: tuple[str, str], kv_bytes: KVBytes,
+                 ram_free: int | None = None) -> tuple[MemoryPlan, list[WorkerShare]]:  # fmt: skip
+    """Split the layers between this machine and RPC workers, each (endpoint, bytes offered).
+
+    llama.cpp gives the last layers to the devices in the order listed and the output layer
+    to the last, so the workers are filled from the last one back, each with as many of the
+    last layers still unplaced as its offer holds (the layer, its KV cache, its share of a
+    compute buffer); this machine keeps the rest and the input embedding. A worker offered
+    too little for its part holds nothing and is left out. Raises OutOfMemory, with every
+    machine's numbers, if what is left does not fit here.
+    """
+    layers, output, embedding = layer_weights(info)
+    kv = kv_bytes(cache_types)
+    kv_layer = kv / len(layers)
+    shares: list[WorkerShare] = []
+    top = len(layers)  # layers [top, n) are placed
+    for endpoint, offer in reversed(workers):
+        takes_output = not any(s.output for s in shares)
+        used = compute_bytes(info, n_ctx, logits=takes_output) + (output if takes_output else 0)
+        n = 0
+        while n < top and used + layers[top - n - 1] + kv_layer <= offer:
+            used += layers[top - n - 1] + kv_layer
+            n += 1
+        if used > offer or (n == 0 and not takes_output):
+            shares.append(WorkerShare(endpoint, offer, top, 0, False, 0))
+            continue
+        top -= n
+        shares.append(WorkerShare(endpoint, offer, top, n, takes_output, int(used)))
+    shares.reverse()
+    held = [s for s in shares if s.layers or s.output]
+    local_output = not held
+    compute = compute_bytes(info, n_ctx, logits=local_output)
+    needed = int(sum(layers[:top]) + kv_layer * top + embedding + (output if local_output else 0) + compute)
+    ram_free = psutil.virtual_memory().available if ram_free is None else ram_free
+    n_remote = sum(s.layers for s in held) + (1 if held else 0)
+    plan = MemoryPlan(info.tensor_bytes, kv, compute, n_remote, ram_free, sum(s.offer for s in held), cache_types=cache_types,
+                      placement=describe_split(top, len(layers), shares), gpu_bytes=sum(s.bytes for s in held))  # fmt: skip
+    for s in shares:
+        if not (s.layers or s.output):
+            plan.warnings.append(f"the worker at {s.endpoint} offers {size_text(s.offer)}, too little for a layer of this model with its KV cache and compute buffer; it holds none")
+    if needed > ram_free:
+        there = "; ".join(f"{s.endpoint} holds {s.layers} layers ({size_text(s.bytes)} of the {size_text(s.offer)} it offers)" for s in shares)
+        raise OutOfMemory(
+            f"the model does not fit: {there}; this machine would hold {top} layers and needs {size_text(needed)} "
+            f"but has {size_text(ram_free)} free; offer more with a worker's --mem, add a worker, or use a smaller --ctx or quantization"
+        )
+    return plan, held
+
+
+def describe_split(top: int, n_layer: int, shares: Sequence[WorkerShare]) -> str:
+    """Which layers go where, in words (`run --verbose`)."""
+    def span(first: int, n: int) -> str:
+        return f"layer {first}" if n == 1 else f"layers {first}-{first + n - 1}"
+
+    parts = [f"{span(0, top) if top else 'no layer'} and the input on this machine"]
+    for s in shares:
+        if s.layers or s.output:
+            what = " and ".join(x for x in (span(s.first, s.layers) if s.layers else "", "the output" if s.output else "") if x)
+            parts.append(f"{what} on {s.endpoint} ({size_text(s.bytes)} of {size_text(s.offer)} offered)")
+    return f"{'; '.join(parts)}: each worker holds the last layers its offer fits, this machine the rest"

@@ -84,6 +84,12 @@ def test_linux_cpu_plan(machine: FakeMachine) -> None:
     assert not (machine.tmp / "venv").exists()  # a dry run makes nothing
 
 
+def test_every_build_has_the_rpc_backend_unless_the_user_says_otherwise(machine: FakeMachine) -> None:
+    assert plan(machine.install("--dry-run"))["CMAKE_ARGS"].split()[-1] == "-DGGML_RPC=ON"  # `localinfer worker` and --rpc
+    assert plan(machine.install("--dry-run", env={"CMAKE_ARGS": "-DGGML_BLAS=ON"}))["CMAKE_ARGS"] == "-DGGML_BLAS=ON -DGGML_RPC=ON"
+    assert plan(machine.install("--dry-run", env={"CMAKE_ARGS": "-DGGML_RPC=OFF"}))["CMAKE_ARGS"] == "-DGGML_RPC=OFF"
+
+
 def test_cuda_needs_a_working_gpu_and_nvcc(machine: FakeMachine) -> None:
     machine.script("nvcc", "echo 'Cuda compilation tools, release 12.4'")
     assert plan(machine.install("--dry-run"))["backend"] == "cpu"  # nvcc alone is not a CUDA machine
@@ -161,7 +167,7 @@ def test_apple_silicon_gets_metal(tmp_path: Path) -> None:
     mac = FakeMachine(tmp_path, "Darwin", "arm64")
     mac.remove("sha256sum")  # macOS has shasum, not sha256sum
     p = plan(mac.install("--dry-run"))
-    assert p["backend"] == "metal" and p["CMAKE_ARGS"] == "-DGGML_METAL=on"
+    assert p["backend"] == "metal" and p["CMAKE_ARGS"] == "-DGGML_METAL=on -DGGML_RPC=ON"
 
 
 def test_intel_mac_gets_no_metal(tmp_path: Path) -> None:

@@ -164,3 +164,52 @@ def test_apple_silicon_shares_ram() -> None:
     with pytest.raises(OutOfMemory):
         plan(info, 4096, "auto", [CPU, M2_PRO], ram_free=4 * GiB)
     plan(info, 4096, "auto", [CPU, RTX_3070], ram_free=4 * GiB)  # the same RAM does for a discrete card
+
+
+# --- --rpc: layers split between this machine and workers, by what each offers ------------
+
+
+def embedded() -> GGUFInfo:
+    from localinfer.store.pull import local_path
+    from localinfer.store.refs import resolve
+
+    return inspect(local_path(resolve(None)))
+
+
+def kv_of(info: GGUFInfo, n_ctx: int):  # noqa: ANN201
+    return lambda types: kv_cache_bytes(info, n_ctx, types)
+
+
+def test_workers_take_the_last_layers_the_last_one_the_output_and_this_machine_the_rest() -> None:
+    from localinfer.memory import layer_weights, plan_workers
+
+    info = embedded()
+    layers, output, embedding = layer_weights(info)
+    assert sum(layers) + output == info.tensor_bytes and output > embedding  # tied: the output is the embedding's copy and the final norm
+    per = max(layers) + kv_cache_bytes(info, 256) / info.n_layer
+    small = compute_bytes(info, 256, logits=False) + 5 * per  # five layers, no logits
+    large = compute_bytes(info, 256) + output + 7 * per  # the output, its logits, seven layers
+    p, held = plan_workers(info, 256, [("a:1", int(small)), ("b:2", int(large))], ("f16", "f16"), kv_of(info, 256), ram_free=RAM)
+    assert [(s.endpoint, s.layers, s.output) for s in held] == [("a:1", 5, False), ("b:2", 7, True)]
+    assert held[1].first == info.n_layer - 7 and held[0].first == info.n_layer - 12  # consecutive, in llama.cpp's order
+    assert p.n_gpu_layers == 13  # llama.cpp's count: 12 layers and the output layer
+    assert f"layers 0-{info.n_layer - 13} and the input on this machine" in p.placement
+    assert all(s.bytes <= s.offer for s in held)
+
+
+def test_a_worker_offering_too_little_holds_nothing_and_says_so() -> None:
+    from localinfer.memory import plan_workers
+
+    info = embedded()
+    p, held = plan_workers(info, 256, [("a:1", 1 << 20), ("b:2", 1 << 20)], ("f16", "f16"), kv_of(info, 256), ram_free=RAM)
+    assert held == [] and p.n_gpu_layers == 0
+    assert len(p.warnings) == 2 and "a:1 offers" in p.warnings[0] and "holds none" in p.warnings[0]
+
+
+def test_a_model_that_does_not_fit_even_with_the_workers_is_refused_with_each_machines_numbers() -> None:
+    from localinfer.memory import plan_workers
+
+    info = embedded()
+    with pytest.raises(OutOfMemory) as e:
+        plan_workers(info, 256, [("a:1", 200 << 20)], ("f16", "f16"), kv_of(info, 256), ram_free=10 << 20)
+    assert "a:1 holds" in str(e.value) and "this machine would hold" in str(e.value) and "10 MiB free" in str(e.value)

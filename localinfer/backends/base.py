@@ -33,6 +33,9 @@ class LoadParams:
     verbose: bool = False  # let the engine print its own log
     kernels: str | None = None  # native engine: auto | c | numba (None: $LOCALINFER_KERNELS, else auto)
     cache_types: tuple[str, str] = ("f16", "f16")  # the KV cache's K and V element types (kvtypes.KV_TYPES)
+    # RPC workers (HOST:PORT) in llama.cpp's device order, each with how many of the
+    # n_gpu_layers offloaded layers it holds (the output layer counted on the last)
+    rpc_split: tuple[tuple[str, int], ...] = ()
 
 
 @dataclass(frozen=True)
@@ -46,6 +49,7 @@ class Capabilities:
     gpu_offload: bool  # can put layers on a GPU
     kv_layout: str  # "shared": one pool that sequences take cells of; "per-sequence": a cache each
     kernel_sets: tuple[str, ...] = ()  # what --kernels chooses between (none: the engine has one)
+    rpc: bool = False  # can split a model's layers across other machines' RPC workers (--rpc)
     # Architectures and tensor types it runs but where another engine measured faster
     # (docs/benchmarks.md): `--engine auto` passes it over for them.
     slower: frozenset[str] = frozenset()

@@ -61,20 +61,18 @@ class Device:
         return self.kind == "iGPU" or (self.kind == "GPU" and self.name.startswith("MTL"))
 
 
-def _ggml() -> ctypes.CDLL | None:
+def ggml() -> ctypes.CDLL | None:
+    """ggml's library as llama-cpp-python loaded it, with the device registry's signatures."""
     import llama_cpp
 
     libdir = Path(llama_cpp.__file__).parent / "lib"
     for name in ("libggml.so", "libggml.dylib", "ggml.dll"):
         if (libdir / name).exists():
-            return ctypes.CDLL(str(libdir / name))
+            return _declare(ctypes.CDLL(str(libdir / name)))
     return None
 
 
-def list_devices() -> list[Device]:
-    lib = _ggml()
-    if lib is None:
-        return []
+def _declare(lib: ctypes.CDLL) -> ctypes.CDLL:
     lib.ggml_backend_dev_count.restype = ctypes.c_size_t
     lib.ggml_backend_dev_get.restype = ctypes.c_void_p
     lib.ggml_backend_dev_get.argtypes = [ctypes.c_size_t]
@@ -84,19 +82,33 @@ def list_devices() -> list[Device]:
     lib.ggml_backend_dev_type.restype = ctypes.c_int
     lib.ggml_backend_dev_type.argtypes = [ctypes.c_void_p]
     lib.ggml_backend_dev_memory.argtypes = [ctypes.c_void_p, ctypes.POINTER(ctypes.c_size_t), ctypes.POINTER(ctypes.c_size_t)]
-    devices = []
-    for i in range(lib.ggml_backend_dev_count()):
-        dev = lib.ggml_backend_dev_get(i)
-        free, total = ctypes.c_size_t(0), ctypes.c_size_t(0)
-        lib.ggml_backend_dev_memory(dev, ctypes.byref(free), ctypes.byref(total))
-        devices.append(
-            Device(
-                name=(lib.ggml_backend_dev_name(dev) or b"").decode(),
-                description=(lib.ggml_backend_dev_description(dev) or b"").decode(),
-                kind=_TYPES.get(lib.ggml_backend_dev_type(dev), "unknown"),
-                free_bytes=free.value,
-                total_bytes=total.value,
-            )
-        )
-    return devices
+    lib.ggml_backend_reg_by_name.restype = ctypes.c_void_p
+    lib.ggml_backend_reg_by_name.argtypes = [ctypes.c_char_p]
+    lib.ggml_backend_reg_get_proc_address.restype = ctypes.c_void_p
+    lib.ggml_backend_reg_get_proc_address.argtypes = [ctypes.c_void_p, ctypes.c_char_p]
+    lib.ggml_backend_reg_dev_count.restype = ctypes.c_size_t
+    lib.ggml_backend_reg_dev_count.argtypes = [ctypes.c_void_p]
+    lib.ggml_backend_reg_dev_get.restype = ctypes.c_void_p
+    lib.ggml_backend_reg_dev_get.argtypes = [ctypes.c_void_p, ctypes.c_size_t]
+    return lib
+
+
+def describe(lib: ctypes.CDLL, dev: int) -> Device:
+    """One ggml device (a ggml_backend_dev_t) as data, its memory as it reports it now."""
+    free, total = ctypes.c_size_t(0), ctypes.c_size_t(0)
+    lib.ggml_backend_dev_memory(dev, ctypes.byref(free), ctypes.byref(total))
+    return Device(
+        name=(lib.ggml_backend_dev_name(dev) or b"").decode(),
+        description=(lib.ggml_backend_dev_description(dev) or b"").decode(),
+        kind=_TYPES.get(lib.ggml_backend_dev_type(dev), "unknown"),
+        free_bytes=free.value,
+        total_bytes=total.value,
+    )
+
+
+def list_devices() -> list[Device]:
+    lib = ggml()
+    if lib is None:
+        return []
+    return [describe(lib, lib.ggml_backend_dev_get(i)) for i in range(lib.ggml_backend_dev_count())]
 

@@ -84,6 +84,31 @@ def supports_gpu_offload() -> bool:
     return bool(C.llama_supports_gpu_offload())
 
 
+def supports_rpc() -> bool:
+    """Was this llama.cpp built with its RPC backend (install.sh: -DGGML_RPC=ON)?"""
+    from localinfer.backends.devices import ggml
+
+    lib = ggml()
+    return bool(lib and lib.ggml_backend_reg_by_name(b"RPC"))
+
+
+def rpc_devices(split: tuple[tuple[str, int], ...]) -> tuple[ctypes.Array, ctypes.Array]:
+    """llama_model_params' NULL-terminated device list (each worker's first device, in
+    order) and tensor_split (each one's layer count), for llama.cpp to split the offloaded
+    layers by."""
+    from localinfer.backends.devices import ggml
+
+    lib = ggml()
+    reg = lib.ggml_backend_reg_by_name(b"RPC") if lib else None
+    address = lib.ggml_backend_reg_get_proc_address(reg, b"ggml_backend_rpc_add_server") if reg else None
+    if not address:
+        raise BackendError("this llama.cpp build has no RPC backend: run ./install.sh again (it builds llama.cpp with -DGGML_RPC=ON)")
+    add_server = ctypes.CFUNCTYPE(ctypes.c_void_p, ctypes.c_char_p)(address)
+    devices = [lib.ggml_backend_reg_dev_get(add_server(endpoint.encode()), 0) for endpoint, _ in split]
+    weights = [float(n) for _, n in split] + [0.0] * (C.llama_max_devices() - len(split))
+    return (ctypes.c_void_p * (len(devices) + 1))(*devices, None), (ctypes.c_float * len(weights))(*weights)
+
+
 @contextmanager
 def log_listener(listener: Callable[[str], None]) -> Iterator[None]:
     """Also hand every llama.cpp log line to `listener` (the quantizer's progress)."""
@@ -146,6 +171,10 @@ class LlamaCppBackend(LlamaTokenized, Backend):
         # first decode; the AMX kernels live in an "extra buffer type", so skip those.
         if "AMX_INT8 = 1" in system_info():
             mparams.use_extra_bufts = False
+        if params.rpc_split:
+            self._rpc = rpc_devices(params.rpc_split)  # kept: llama.cpp reads them during the load
+            mparams.devices = ctypes.cast(self._rpc[0], ctypes.c_void_p)
+            mparams.tensor_split = self._rpc[1]
         _log_lines.clear()
         with _ctrl_c_after_the_call():
             self._model = C.llama_model_load_from_file(os.fsencode(path), mparams)
@@ -206,7 +235,8 @@ class LlamaCppBackend(LlamaTokenized, Backend):
 
     @classmethod
     def capabilities(cls) -> Capabilities:
-        return Capabilities(architectures=None, weight_types=None, kv_types=tuple(KV_TYPES), gpu_offload=supports_gpu_offload(), kv_layout="shared")
+        return Capabilities(architectures=None, weight_types=None, kv_types=tuple(KV_TYPES), gpu_offload=supports_gpu_offload(), kv_layout="shared",
+                            rpc=supports_rpc())  # fmt: skip
 
     @classmethod
     def load(cls, path: Path, params: LoadParams) -> LlamaCppBackend:

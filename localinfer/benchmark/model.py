@@ -17,11 +17,15 @@ import sys
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass, field
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from localinfer.backends.devices import cpu_name
 from localinfer.errors import UserError
+
+if TYPE_CHECKING:
+    from localinfer.engine.loader import LoadOptions
 
 VERIFY_ROWS = 8  # the verify cost reported: a forward of this many rows of one sequence, over one row
 
@@ -38,6 +42,7 @@ class Setup:
     type_v: str = "f16"
     draft: str = "none"  # speculation: none, prompt-lookup, or a draft model (beside prompt lookup)
     gpu_layers: int | str = 0  # llama.cpp: layers offloaded, or "auto" (all that fit)
+    rpc: str = ""  # RPC workers the layers are split with, HOST:PORT comma-separated ("" none)
 
 
 DRAFT_FIELDS = ("model_drafted", "model_accepted", "lookup_drafted", "lookup_accepted")
@@ -62,6 +67,7 @@ class Result:
     lookup_drafted: int = 0  # ... and prompt lookup's
     lookup_accepted: int = 0
     rss_bytes: int = 0  # the worker's resident memory after its tests
+    round_trips_per_token: float | None = None  # with --rpc: requests a decoded token waits on a worker for
     cpu: str = field(default_factory=lambda: cpu_name())
 
     @property
@@ -135,9 +141,11 @@ def measure(setup: Setup, prompts: list[int], gens: list[int], reps: int) -> Ite
 
     ctx = max([*prompts, 1]) + max([*gens, 1]) + 16
     model = setup.draft if setup.draft not in ("none", "prompt-lookup") else None
-    engine = open_engine(setup.model, LoadOptions(engine=setup.engine, ctx=ctx, threads=setup.threads, kernels=setup.kernels, draft=DraftConfig() if setup.draft != "none" else None,
-                                                  draft_model=model, cache=(setup.type_k, setup.type_v), gpu_layers=setup.gpu_layers,
-                                                  prompt_cache=CacheOptions(enabled=False)))  # fmt: skip  # prefill is what is measured
+    options = LoadOptions(engine=setup.engine, ctx=ctx, threads=setup.threads, kernels=setup.kernels, draft=DraftConfig() if setup.draft != "none" else None,
+                          draft_model=model, cache=(setup.type_k, setup.type_v), gpu_layers=setup.gpu_layers,
+                          prompt_cache=CacheOptions(enabled=False), rpc=tuple(setup.rpc.split(",")) if setup.rpc else ())  # fmt: skip  # prefill is what is measured
+    engine = open_engine(setup.model, options)
+    results: list[Result] = []
     try:
         backend = engine.backend
         rng = np.random.default_rng(1234)
@@ -171,9 +179,39 @@ def measure(setup: Setup, prompts: list[int], gens: list[int], reps: int) -> Ite
             rss = psutil.Process().memory_info().rss
             for result in measured:
                 result.verify_cost, result.rss_bytes = verify, rss
-                yield result
+                results.append(result)
     finally:
         engine.close()
+    if options.rpc and results:
+        trips = round_trips_per_token(setup.model, options)
+        for result in results:
+            result.round_trips_per_token = trips
+    yield from results
+
+
+def round_trips_per_token(model: str, options: LoadOptions) -> float:
+    """The requests each decoded token waits on a worker for, counted through relays in a
+    pass of its own (the relays' latency stays out of the timed runs): the round trips of a
+    33-token answer less those of a 1-token one, over the 32 tokens between."""
+    from dataclasses import replace
+
+    from localinfer.benchmark.relay import CountingRelay
+    from localinfer.engine.loader import open_engine
+    from localinfer.engine.types import SamplingParams
+
+    relays = [CountingRelay(endpoint) for endpoint in options.rpc]
+    engine = open_engine(model, replace(options, rpc=tuple(r.endpoint for r in relays), draft=None))
+    try:
+        counts = []
+        for n, first in ((1, 5), (1, 7), (33, 11)):  # different prompts: nothing reused from the slot; the first warms up (its graph's first run asks more)
+            before = sum(r.round_trips for r in relays)
+            engine.complete([first] * 8, SamplingParams(temperature=0, max_tokens=n, ignore_eos=True))
+            counts.append(sum(r.round_trips for r in relays) - before)
+        return (counts[2] - counts[1]) / 32
+    finally:
+        engine.close()
+        for relay in relays:
+            relay.close()
 
 
 def _worker() -> None:

@@ -22,7 +22,11 @@ def _params(n: int) -> str:
 
 def _engine(r: Result) -> str:
     kernels = r.kernels_used or r.setup.kernels  # only an engine with kernel sets has them
-    return f"{r.setup.engine} ({kernels.split(' ', 1)[0]})" if kernels else r.setup.engine + (f", ngl {r.setup.gpu_layers}" if r.setup.gpu_layers else "")
+    if kernels:
+        return f"{r.setup.engine} ({kernels.split(' ', 1)[0]})"
+    workers = len(r.setup.rpc.split(",")) if r.setup.rpc else 0
+    trips = f", {r.round_trips_per_token:.1f} round trips/token" if r.round_trips_per_token is not None else ""
+    return r.setup.engine + (f", ngl {r.setup.gpu_layers}" if r.setup.gpu_layers else "") + (f", {workers} RPC worker{'s' * (workers > 1)}{trips}" if workers else "")
 
 
 def _draft(r: Result) -> str:

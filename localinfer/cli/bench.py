@@ -70,6 +70,7 @@ def model(
     cache_v: Annotated[str, typer.Option("--cache-type-v", "-ctv", help="V cache types, comma-separated.")] = "f16",
     draft: Annotated[str, typer.Option("--draft", help="Speculation, comma-separated: off, on (prompt lookup), or a draft model (catalog alias, file or repo; beside prompt lookup). The table gives each source's acceptance.")] = "off",
     gpu_layers: Annotated[str, typer.Option("--gpu-layers", "-ngl", help="llama.cpp: layers on the GPU, comma-separated (numbers, all or auto).")] = "0",
+    rpc: Annotated[Optional[list[str]], typer.Option("--rpc", metavar="none|HOST:PORT[,HOST:PORT...]", help="llama.cpp: RPC workers to split the layers with; repeat it to compare (--rpc none --rpc A --rpc A,B). Each row gives the round trips a decoded token waits on, counted in a separate pass: times a network's round-trip time, what the network adds to each token.", show_default=False)] = None,
     json_out: Annotated[bool, typer.Option("--json", help="Print the results as JSON (one record per test, fields as in docs/benchmarks.md).")] = False,
     csv_out: Annotated[bool, typer.Option("--csv", help="Print the results as CSV.")] = False,
     output: Annotated[Optional[Path], typer.Option("-o", "--output", help="Also write the results as JSON to this file.", show_default=False)] = None,
@@ -102,12 +103,16 @@ def model(
         resolve(ref)  # a bad name fails here, in one line, before any run
     setups, skipped = [], []
     caps = {engine: get_backend(engine).capabilities() for engine in engine_list}
-    for ref, engine, kern, n_threads, k, v, spec, ngl in itertools.product(refs, engine_list, kernel_list, thread_list, k_list, v_list, draft_list, ngl_list):
+    rpc_list = [",".join(opt.rpc_endpoints(value)) if value != "none" else "" for value in rpc or ["none"]]
+    for ref, engine, kern, n_threads, k, v, spec, ngl, workers in itertools.product(refs, engine_list, kernel_list, thread_list, k_list, v_list, draft_list, ngl_list, rpc_list):
         c = caps[engine]
         if not {k, v} <= set(c.kv_types):
             skipped.append(f"{engine} with a {k}/{v} cache (its cache is {', '.join(c.kv_types)})")
             continue
-        setups.append(Setup(ref or "smollm2:135m", engine, kern if c.kernel_sets else None, n_threads, k, v, spec, ngl if c.gpu_offload else 0))
+        if workers and not c.rpc:
+            skipped.append(f"{engine} with --rpc (it runs on this machine alone)")
+            continue
+        setups.append(Setup(ref or "smollm2:135m", engine, kern if c.kernel_sets else None, n_threads, k, v, spec, ngl if c.gpu_offload and not workers else 0, workers))
     setups = list(dict.fromkeys(setups))  # one row, not a copy per value of an option the engine ignores
     for note in dict.fromkeys(skipped):
         err.print(f"[dim]skipped: {note}[/dim]")

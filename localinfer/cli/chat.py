@@ -20,6 +20,7 @@ def chat(
     ctx: opt.Ctx = None,
     threads: opt.Threads = None,
     gpu_layers: opt.GpuLayers = "auto",
+    rpc: opt.Rpc = None,
     kernels: opt.Kernels = None,
     cache_type: opt.CacheType = None,
     cache_type_k: opt.CacheTypeK = None,
@@ -62,7 +63,7 @@ def chat(
             raise typer.BadParameter("the chat app needs a terminal; for scripts use 'localinfer run' (one prompt) or 'localinfer serve' (an API)")
         from localinfer.tui.app import ChatApp
 
-        options = opt.load_options(engine_name, ctx, threads, kernels, (cache_type, cache_type_k, cache_type_v), (draft, draft_max, draft_ngram_min, draft_ngram_max), gpu_layers, draft_engine=draft_engine, prompt_cache=opt.prompt_cache(no_prompt_cache, cache_ram, cache_disk, cache_dir))
+        options = opt.load_options(engine_name, ctx, threads, kernels, (cache_type, cache_type_k, cache_type_v), (draft, draft_max, draft_ngram_min, draft_ngram_max), gpu_layers, draft_engine=draft_engine, prompt_cache=opt.prompt_cache(no_prompt_cache, cache_ram, cache_disk, cache_dir), rpc=rpc)
         ChatApp(store, model_loader(options, think == "on" and think_budget != 0, think_budget), model=model, url=url).run()
     finally:
         store.close()

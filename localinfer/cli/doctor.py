@@ -15,6 +15,7 @@ from rich.console import Console
 from rich.table import Table
 
 from localinfer.backends.devices import cpu_name
+from localinfer.cli import options as opt
 from localinfer.paths import data_dir, models_dir
 
 
@@ -95,6 +96,7 @@ def engines_report() -> dict[str, object]:
             "kv_types": list(caps.kv_types),
             "gpu_offload": caps.gpu_offload,
             "kv_layout": caps.kv_layout,
+            "rpc": caps.rpc,
             "auto_passes_over": sorted(caps.slower),  # what it runs, but --engine auto leaves to another engine
         }
     return out
@@ -116,6 +118,38 @@ def model_report(ref: str) -> dict[str, object]:
     return {"path": str(path), "architecture": info.architecture, "tensor_types": sorted(info.tensor_types), "engine": choice.name, "reason": choice.reason}
 
 
+def workers_report(endpoints: tuple[str, ...]) -> list[dict[str, object]]:
+    """Each RPC worker: does it answer, in a protocol this build speaks, and what it offers."""
+    from localinfer.backends.rpc.probe import PROTOCOL, probe
+    from localinfer.errors import UserError
+
+    rows: list[dict[str, object]] = []
+    for endpoint in endpoints:
+        try:
+            w = probe(endpoint)
+        except UserError as e:
+            rows.append({"endpoint": endpoint, "ok": False, "error": str(e)})
+            continue
+        rows.append({"endpoint": endpoint, "ok": True, "protocol": w.version_text, "compatible_with": ".".join(map(str, PROTOCOL)),
+                     "devices": w.devices, "offered_bytes": w.free_bytes, "total_bytes": w.total_bytes})  # fmt: skip
+    return rows
+
+
+def print_workers(rows: list[dict[str, object]]) -> None:
+    from localinfer.memory import size_text
+
+    t = Table(title="RPC workers")
+    for column in ("worker", "answers", "protocol", "offers", "devices"):
+        t.add_column(column)
+    for w in rows:
+        if not w["ok"]:
+            t.add_row(str(w["endpoint"]), f"[red]no[/red]: {w['error']}", "", "", "")
+            continue
+        offer = f"{size_text(w['offered_bytes'])} of {size_text(w['total_bytes'])}"  # type: ignore[arg-type]
+        t.add_row(str(w["endpoint"]), "yes", f"{w['protocol']} (compatible)", offer, str(w["devices"]))
+    Console().print(t)
+
+
 def collect() -> dict[str, object]:
     vm = psutil.virtual_memory()
     lc = llama_cpp_report()
@@ -134,14 +168,26 @@ def collect() -> dict[str, object]:
 def doctor(
     model: Annotated[Optional[str], typer.Argument(help="Also say which engine runs this model here (with --engine auto), and why.", show_default=False)] = None,
     json_out: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False,
+    rpc: Annotated[Optional[str], typer.Option("--rpc", metavar="HOST:PORT[,HOST:PORT...]", envvar="LOCALINFER_RPC", callback=opt.rpc_endpoints, show_default=False,
+                                               help="Also check these RPC workers: does each answer, in a protocol this build speaks, and what it offers (exit 1 if one does not).")] = None,  # fmt: skip
 ) -> None:
     """Report CPU features, memory, llama.cpp backends, native kernels, what each engine runs, GPUs, and where models are stored."""
     report = collect()
     if model is not None:
         report["model"] = model_report(model)
+    if rpc:
+        report["rpc_workers"] = workers_report(rpc)  # type: ignore[arg-type]
+    failed = any(not w["ok"] for w in report.get("rpc_workers", []))  # type: ignore[attr-defined]
     if json_out:
         print(json.dumps(report, indent=2))
-        return
+        raise typer.Exit(1 if failed else 0)
+    print_report(report)
+    if rpc:
+        print_workers(report["rpc_workers"])  # type: ignore[arg-type]
+    raise typer.Exit(1 if failed else 0)
+
+
+def print_report(report: dict[str, object]) -> None:
     cpu, ram, lc, st = report["cpu"], report["ram"], report["llama_cpp"], report["storage"]  # type: ignore[misc]
     t = Table.grid(padding=(0, 2))
     t.add_column(style="bold")
@@ -153,7 +199,8 @@ def doctor(
         t.add_row("llama.cpp", f"[red]cannot load:[/red] {lc['error']}")
         t.add_row("", "[yellow]reinstall it for this machine with ./install.sh (LOCALINFER_BACKEND=cpu for a CPU-only build); both engines need it, the native one for its tokenizer[/yellow]")
     else:
-        t.add_row("llama.cpp", f"llama-cpp-python {lc['llama_cpp_python']}, GPU offload: {'yes' if lc['gpu_offload'] else 'no'}")
+        rpc = report["engines"].get("llama.cpp", {}).get("rpc")  # type: ignore[attr-defined]
+        t.add_row("llama.cpp", f"llama-cpp-python {lc['llama_cpp_python']}, GPU offload: {'yes' if lc['gpu_offload'] else 'no'}, RPC (worker, --rpc): {'yes' if rpc else 'no'}")
     for d in lc.get("devices", []):
         mem = f", {d['free_bytes'] / 2**30:.1f} GiB free" if d["type"] != "CPU" and d["total_bytes"] else ""
         t.add_row("  device", f"{d['name']} ({d['type']}: {d['description']}{mem})")

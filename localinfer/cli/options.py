@@ -99,6 +99,24 @@ GpuLayers = Annotated[str, typer.Option("--gpu-layers", help="Layers to offload 
 ENGINE_DEFAULT = "auto"
 
 
+def rpc_endpoints(value: str | tuple[str, ...] | None) -> tuple[str, ...]:
+    if not value:
+        return ()
+    if isinstance(value, tuple):
+        return value
+    from localinfer.backends.rpc.endpoints import parse_endpoints
+    from localinfer.errors import UserError
+
+    try:
+        return parse_endpoints(value)
+    except UserError as e:
+        raise typer.BadParameter(str(e)) from None
+
+
+Rpc = Annotated[Optional[str], typer.Option("--rpc", metavar="HOST:PORT[,HOST:PORT...]", envvar="LOCALINFER_RPC", callback=rpc_endpoints, show_default=False,
+    help="Split the model's layers across this machine and these workers ('localinfer worker' on each, reachable only inside a trusted network): each holds the last layers that fit what it offers, this machine the rest, on its CPU. llama.cpp engine only.")]  # fmt: skip
+
+
 def draft_mode(value: str) -> str:
     if not value.strip():
         raise typer.BadParameter("give a draft model, or one of: auto, prompt-lookup, none")

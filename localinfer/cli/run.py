@@ -299,6 +299,7 @@ def run(
     ctx: opt.Ctx = None,
     threads: opt.Threads = None,
     gpu_layers: opt.GpuLayers = "auto",
+    rpc: opt.Rpc = None,
     engine_name: opt.Engine = opt.ENGINE_DEFAULT,
     kernels: opt.Kernels = None,
     raw: Annotated[bool, typer.Option("--raw", help="Send the prompt as is, without the chat template.")] = False,
@@ -335,7 +336,7 @@ def run(
 
     from localinfer.cli.pull import progress_bar
 
-    load = opt.load_options(engine_name, ctx, threads, kernels, (cache_type, cache_type_k, cache_type_v), (draft, draft_max, draft_ngram_min, draft_ngram_max), gpu_layers, verbose=DEBUG, draft_engine=draft_engine, prompt_cache=opt.prompt_cache(no_prompt_cache, cache_ram, cache_disk, cache_dir))
+    load = opt.load_options(engine_name, ctx, threads, kernels, (cache_type, cache_type_k, cache_type_v), (draft, draft_max, draft_ngram_min, draft_ngram_max), gpu_layers, verbose=DEBUG, draft_engine=draft_engine, prompt_cache=opt.prompt_cache(no_prompt_cache, cache_ram, cache_disk, cache_dir), rpc=rpc)
     constraint = opt.constraint_choice(json_schema, grammar, regex)
 
     with progress_bar(enabled=not json_out) as progress:

@@ -35,6 +35,7 @@ def serve(
     kernels: opt.Kernels = None,
     threads: opt.Threads = None,
     gpu_layers: opt.GpuLayers = "auto",
+    rpc: opt.Rpc = None,
     api_key: Annotated[Optional[str], typer.Option("--api-key", envvar="LOCALINFER_API_KEY", help="Require 'Authorization: Bearer KEY' on every route but /health.", show_default=False)] = None,
     keep_alive: Annotated[str, typer.Option(help="Unload a model idle this long (300, 30s, 5m, 1h; -1: never).")] = "5m",
     max_loaded: Annotated[int, typer.Option(help="Models kept loaded at once; the least recently used is swapped out.", callback=opt.at_least(1))] = 1,
@@ -63,7 +64,7 @@ def serve(
     if host not in LOOPBACK and not api_key:
         err.print(f"[yellow]warning:[/yellow] listening on {host} without --api-key: anyone who can reach this port can use your models")
     options = opt.load_options(engine_name, ctx, threads, kernels, (cache_type, cache_type_k, cache_type_v), (draft, draft_max, draft_ngram_min, draft_ngram_max), gpu_layers,
-                               n_seq_max=parallel, prefill_chunk=prefill_chunk, decode_slowdown=decode_slowdown, draft_engine=draft_engine, prompt_cache=opt.prompt_cache(no_prompt_cache, cache_ram, cache_disk, cache_dir))  # fmt: skip
+                               n_seq_max=parallel, prefill_chunk=prefill_chunk, decode_slowdown=decode_slowdown, draft_engine=draft_engine, prompt_cache=opt.prompt_cache(no_prompt_cache, cache_ram, cache_disk, cache_dir), rpc=rpc)  # fmt: skip
     models = ModelHost(model, options, max_loaded=max_loaded, keep_alive=duration(keep_alive), allow_paths=allow_paths)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s", datefmt="%H:%M:%S")
     app = create_app(models, api_key=api_key, parallel=parallel, max_queue=max_queue, allow_pull=allow_pull)

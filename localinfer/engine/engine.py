@@ -42,7 +42,7 @@ from localinfer.engine.stops import StopMatcher
 from localinfer.engine.stream import Event, RequestStream
 from localinfer.engine.templates import Message, render_chat
 from localinfer.engine.types import CompletionOutput, EngineChoice, SamplingParams, Timings, TokenEvent
-from localinfer.errors import BackendError, ContextOverflow, UserError
+from localinfer.errors import BackendError, BackendLost, ContextOverflow, UserError
 from localinfer.memory import MemoryPlan, kv_cache_bytes
 from localinfer.modelfile import GGUFInfo
 
@@ -380,15 +380,20 @@ class Engine:
     def _check_file(self) -> bool:
         """Before the next forward touches the mapped weights: has the file been truncated?
         If so every request ends with that error, and new ones are refused."""
-        self.broken = self._watch.problem()
-        if self.broken:
-            error = BackendError(self.broken)
-            for seq in [*self._running.values(), *self._waiting]:
-                self._finish(seq, "error", flush=False, error=error)
-            self._waiting.clear()
-            while self._calls:
-                self._calls.popleft()[1].set_exception(error)
+        problem = self._watch.problem()
+        if problem:
+            self._break(BackendError(problem))
         return self.broken is not None
+
+    def _break(self, error: BackendError) -> None:
+        """The model cannot run any more (its file truncated, its engine's process gone):
+        every request ends with that error, and new ones are refused with it."""
+        self.broken = str(error)
+        for seq in [*self._running.values(), *self._waiting]:
+            self._finish(seq, "error", flush=False, error=error)
+        self._waiting.clear()
+        while self._calls:
+            self._calls.popleft()[1].set_exception(error)
 
     def _place(self, seq: _Sequence) -> None:
         """Prefix reuse. A finished request leaves its cache in its slot; a new request takes
@@ -482,6 +487,8 @@ class Engine:
         the request it belongs to (with an error event) and never stalls the others."""
         try:
             logits = self.backend.forward(self._batch(rows))
+        except BackendLost as e:
+            return self._break(e)
         except Exception as e:  # noqa: BLE001 - a failure is a request's outcome, reported on its stream
             if len(rows) == 1:
                 return self._finish(rows[0][0], "error", error=e)
@@ -671,7 +678,8 @@ class Engine:
         try:
             if not keep_cache:
                 self._slot_tokens[slot] = []
-                self.backend.kv_clear(slot)
+                if not self.broken:  # a backend that is gone holds nothing to clear
+                    self.backend.kv_clear(slot)
         finally:
             self._free_slots.append(slot)
 

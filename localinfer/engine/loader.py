@@ -15,6 +15,7 @@ from pathlib import Path
 from localinfer import memory
 from localinfer.backends import BACKENDS, get_backend
 from localinfer.backends.base import Backend, Capabilities, LoadParams
+from localinfer.backends.isolated import IsolatedBackend
 from localinfer.engine.budget import DEFAULT_SLOWDOWN
 from localinfer.engine.draft_model import DraftModel, check_vocab
 from localinfer.engine.engine import DEFAULT_PREFILL_CHUNK, Engine
@@ -51,6 +52,7 @@ class LoadOptions:
     prefill_chunk: int = DEFAULT_PREFILL_CHUNK  # most prompt tokens one step prefills
     decode_slowdown: float = DEFAULT_SLOWDOWN  # how much longer than a decode step a prefilling step may take
     prompt_cache: CacheOptions = CacheOptions()  # KV blocks kept across requests and restarts
+    rpc: tuple[str, ...] = ()  # RPC workers (HOST:PORT) to split the layers with (--rpc)
 
 
 def cache_types(asked: tuple[str | None, str | None] | str, defaults: dict[str, object]) -> tuple[str, str] | str:
@@ -73,11 +75,13 @@ def offload_devices(caps: Capabilities) -> list:
     return [d for d in list_devices() if d.kind in ("GPU", "iGPU")]
 
 
-def choose_engine(asked: str, info: GGUFInfo, gpu_layers: int | str, cache: tuple[str, str] | str = "auto") -> EngineChoice:
+def choose_engine(asked: str, info: GGUFInfo, gpu_layers: int | str, cache: tuple[str, str] | str = "auto", rpc: bool = False) -> EngineChoice:
     """`asked`, or for "auto" the first engine (in BACKENDS' order, fastest on a CPU first)
     that runs the model's architecture and every tensor type, keeps the KV-cache types
-    asked for, and offloads where layers are to go to a GPU."""
+    asked for, offloads where layers are to go to a GPU, and distributes where --rpc asks."""
     if asked != "auto":
+        if rpc and not get_backend(asked).capabilities().rpc:
+            raise UserError(f"the {asked} engine runs a model on this machine alone; --rpc needs an engine that reaches RPC workers (llama.cpp, built by install.sh)")
         return EngineChoice(asked, "asked for with --engine")
     engines: dict[str, Capabilities | BackendError] = {}
     for name in BACKENDS:
@@ -95,7 +99,9 @@ def choose_engine(asked: str, info: GGUFInfo, gpu_layers: int | str, cache: tupl
         lacking = sorted(set(() if cache == "auto" else cache) - set(caps.kv_types))
         if why_not is None and lacking:
             why_not = f"a {'/'.join(lacking)} KV cache"
-        if why_not is None and to_gpu and not caps.gpu_offload:
+        if why_not is None and rpc and not caps.rpc:
+            why_not = "a model across machines (--rpc)"
+        elif why_not is None and to_gpu and not caps.gpu_offload and not rpc:
             why_not = "GPU offload (layers are to go to the GPU)"
         if why_not is None:
             reason = f"it runs {info.architecture} and every tensor type in this file" + (f"; the {', '.join(passed)}" if passed else "")
@@ -128,19 +134,27 @@ def open_engine(ref: str | None, options: LoadOptions | None = None, progress: P
     t0 = time.perf_counter()
     info = inspect(path)
     types = cache_types(options.cache, src.defaults)
-    choice = choose_engine(options.engine, info, options.gpu_layers, types)
+    choice = choose_engine(options.engine, info, options.gpu_layers, types, rpc=bool(options.rpc))
     backend_cls: type[Backend] = get_backend(choice.name)
     caps = backend_cls.capabilities()
     check_cache_types(choice.name, caps, types)
     n_ctx = options.ctx or int(src.defaults.get("ctx", 0)) or min(DEFAULT_CTX, info.context_length or DEFAULT_CTX)
-    # every sequence holds n_ctx, in one shared pool or a cache each
-    plan = memory.plan_cache(info, n_ctx * options.n_seq_max, options.gpu_layers, types, offload_devices(caps),
-                             kv_bytes=lambda kv: backend_cls.kv_cache_bytes(info, n_ctx, options.n_seq_max, kv))  # fmt: skip
+
+    def kv_bytes(kv: tuple[str, str]) -> int:  # every sequence holds n_ctx, in one shared pool or a cache each
+        return backend_cls.kv_cache_bytes(info, n_ctx, options.n_seq_max, kv)
+
+    if options.rpc:
+        plan, split = plan_rpc(options.rpc, info, n_ctx * options.n_seq_max, types, kv_bytes)
+    else:
+        plan, split = memory.plan_cache(info, n_ctx * options.n_seq_max, options.gpu_layers, types, offload_devices(caps), kv_bytes=kv_bytes), ()
     warnings = list(plan.warnings)
     draft = plan_draft(options, src, choice.name, plan, n_ctx, warnings, progress) if options.draft is not None and options.draft_model else None
     params = LoadParams(n_ctx=n_ctx, n_threads=options.threads, n_gpu_layers=plan.n_gpu_layers, n_seq_max=options.n_seq_max,
-                        kernels=options.kernels, verbose=options.verbose, cache_types=plan.cache_types)  # fmt: skip
-    backend = backend_cls.load(path, params)
+                        kernels=options.kernels, verbose=options.verbose, cache_types=plan.cache_types, rpc_split=split)  # fmt: skip
+    if split:  # llama.cpp ends its process when a worker goes: it runs in a child, so only the requests end
+        backend: Backend = IsolatedBackend(choice.name, path, params, explain=lambda: workers_now(options.rpc))
+    else:
+        backend = backend_cls.load(path, params)
     drafter = load_draft(draft, backend, params, warnings) if draft is not None else None
     load_ms = (time.perf_counter() - t0) * 1e3
 
@@ -150,6 +164,29 @@ def open_engine(ref: str | None, options: LoadOptions | None = None, progress: P
         draft=options.draft, drafter=drafter, name=src.name, info=info, memory=plan, choice=choice, warnings=warnings,
         prompt_cache=open_prompt_cache(options.prompt_cache, path, info.architecture, choice.name, params),
     )  # fmt: skip
+
+
+def plan_rpc(endpoints: tuple[str, ...], info: GGUFInfo, n_ctx: int, types: tuple[str, str] | str, kv_bytes: memory.KVBytes) -> tuple[memory.MemoryPlan, tuple[tuple[str, int], ...]]:
+    """Ask every worker what it offers (each problem one line naming it), split the layers
+    by the offers, and return the plan and llama.cpp's split: (endpoint, layers) in order."""
+    from localinfer.backends.rpc.probe import probe
+
+    offers = [(endpoint, probe(endpoint).free_bytes) for endpoint in endpoints]
+    plan, held = memory.plan_workers(info, n_ctx, offers, ("f16", "f16") if types == "auto" else types, kv_bytes)
+    return plan, tuple((s.endpoint, s.layers + s.output) for s in held)
+
+
+def workers_now(endpoints: tuple[str, ...]) -> str:
+    """After a loss: which workers answer now, in a few words (for /health and the error)."""
+    from localinfer.backends.rpc.probe import probe
+
+    gone = []
+    for endpoint in endpoints:
+        try:
+            probe(endpoint, timeout=1.0)
+        except UserError as e:
+            gone.append(str(e))
+    return "; ".join(gone) if gone else "every worker answers now: load the model again"
 
 
 def open_prompt_cache(options: CacheOptions, model: Path, architecture: str, engine: str, params: LoadParams) -> PromptCache | None:
@@ -165,7 +202,8 @@ def open_prompt_cache(options: CacheOptions, model: Path, architecture: str, eng
     disk = DEFAULT_DISK if options.disk_bytes is None else options.disk_bytes
     if not options.enabled or ram + disk == 0:
         return None
-    describe = {"architecture": architecture, "engine": engine, "kernels": params.kernels or os.environ.get("LOCALINFER_KERNELS") or "auto", "cpu": cpu_name(), "kv_types": list(params.cache_types), "gpu_layers": params.n_gpu_layers}
+    describe = {"architecture": architecture, "engine": engine, "kernels": params.kernels or os.environ.get("LOCALINFER_KERNELS") or "auto", "cpu": cpu_name(), "kv_types": list(params.cache_types), "gpu_layers": params.n_gpu_layers,
+                **({"rpc": [list(part) for part in params.rpc_split]} if params.rpc_split else {})}  # fmt: skip
     return PromptCache(describe, model, ram, disk, options.folder or prompt_cache_dir(), logging.getLogger("localinfer.prompt_cache").warning)
 
 

@@ -19,7 +19,7 @@ from fastapi import Request
 from localinfer.engine.engine import Engine
 from localinfer.engine.stream import RequestStream
 from localinfer.engine.types import CompletionOutput, SamplingParams, TokenEvent
-from localinfer.errors import BackendError, ConstraintError, ModelNotFound, PathNotAllowed, UserError
+from localinfer.errors import BackendError, BackendLost, ConstraintError, ModelNotFound, PathNotAllowed, UserError
 from localinfer.server import protocol as p
 from localinfer.server.errors import ApiError, ClientGone
 from localinfer.server.host import Loaded, ModelHost
@@ -88,6 +88,8 @@ class Bridge:
             raise ApiError(404, str(e), "not_found_error", "model") from None
         except PathNotAllowed as e:
             raise ApiError(403, str(e), "permission_error", "model") from None
+        except BackendLost as e:  # a model that broke, and cannot be loaded again yet
+            raise ApiError(503, str(e), "server_error", headers={"Retry-After": "5"}) from None
         except UserError as e:
             raise ApiError(400, str(e), param="model") from None
         if loaded.in_flight + n > self.parallel + self.max_queue:

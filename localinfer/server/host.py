@@ -12,7 +12,7 @@ from dataclasses import dataclass, field, replace
 
 from localinfer.engine.engine import Engine
 from localinfer.engine.loader import LoadOptions, open_engine
-from localinfer.errors import ModelNotFound, PathNotAllowed
+from localinfer.errors import BackendLost, ModelNotFound, PathNotAllowed, UserError
 from localinfer.store.pull import local_path
 from localinfer.store.refs import is_path_ref, resolve
 
@@ -75,6 +75,8 @@ class ModelHost:
             raise PathNotAllowed("the request's model names a file on the server; only the server's own models may be asked for (start it with --allow-paths to allow files)")
         async with self._lock:
             loaded = self.models.get(name or "")
+            if loaded is not None and loaded.engine.broken and loaded.in_flight == 0:
+                loaded = await self._reload(name or "", self.default_ref if name == self.default_name else ref, loaded)
             if loaded is None:
                 while len(self.models) >= self.max_loaded and self._evict():
                     pass
@@ -84,6 +86,22 @@ class ModelHost:
                     self.models[name] = loaded  # the reference as the client spelled it
             loaded.last_used = time.monotonic()
             return loaded
+
+    async def _reload(self, key: str, ref: str | None, broken: Loaded) -> Loaded:
+        """Load a model that broke (its engine's process lost with an RPC worker) again, once
+        no request runs on it. While that fails it stays as it is, so /health still says why,
+        and the request gets a 503 that says both."""
+        log.warning("%s: %s; loading it again", key, broken.engine.broken)
+        try:
+            engine = await asyncio.to_thread(self._load, ref)
+        except UserError as e:
+            raise BackendLost(f"{broken.engine.broken}; loading it again failed: {e}") from None
+        self._unload(key)
+        loaded = self.models[engine.name] = Loaded(engine)
+        self.models[key] = loaded
+        if key == self.default_name:
+            self.default_name = engine.name
+        return loaded
 
     def _evict(self) -> bool:
         """Unload the least recently used idle model; False if every one is busy."""

@@ -144,7 +144,9 @@ async def sse(bridge: Bridge, jobs: list[Job], body: p.SamplingFields, make: Mak
         async for index, event in events:
             if isinstance(event, CompletionOutput):
                 outs.append(event)
-                if event.error is not None:
+                if event.error is not None:  # the choice ends with finish_reason "error", then why
+                    for chunk in make(index, None, "error", None, None):
+                        yield chunk.model_dump_json()
                     yield json.dumps(p.error_body(f"the model failed on this request: {event.error}", "server_error"))
                     break
                 for chunk in make(index, None, event.finish_reason, None, None):
