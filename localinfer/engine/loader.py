@@ -148,6 +148,8 @@ def open_engine(ref: str | None, options: LoadOptions | None = None, progress: P
     else:
         plan, split = memory.plan_cache(info, n_ctx * options.n_seq_max, options.gpu_layers, types, offload_devices(caps), kv_bytes=kv_bytes), ()
     warnings = list(plan.warnings)
+    if options.rpc and options.gpu_layers not in ("auto", 0):
+        warnings.append("--gpu-layers is ignored with --rpc: the workers hold what they offer, this machine the rest on its CPU")
     draft = plan_draft(options, src, choice.name, plan, n_ctx, warnings, progress) if options.draft is not None and options.draft_model else None
     params = LoadParams(n_ctx=n_ctx, n_threads=options.threads, n_gpu_layers=plan.n_gpu_layers, n_seq_max=options.n_seq_max,
                         kernels=options.kernels, verbose=options.verbose, cache_types=plan.cache_types, rpc_split=split)  # fmt: skip

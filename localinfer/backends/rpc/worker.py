@@ -104,6 +104,7 @@ def serve(host: str, port: int, mem: int | None, threads: int, out: TextIO) -> N
         raise UserError(f"--mem {size_text(mem)} is more than {device.name} has ({size_text(device.total_bytes)})")
     offer = Offer(device, mem if mem is not None else device.free_bytes, threads)
     check_port_free(host, port)
+    stop = stop_on_signals()  # before the line is printed: whoever reads it may stop us at once
     offer_only(dev, offer.bytes)
     if host != LOOPBACK:
         print(WARNING.format(host=host), file=sys.stderr)
@@ -113,7 +114,8 @@ def serve(host: str, port: int, mem: int | None, threads: int, out: TextIO) -> N
     server.start()
     info = _wait_until_answering(LOOPBACK if host in ("0.0.0.0", LOOPBACK) else host, port, server)
     print(describe_offer(endpoint, offer, info), file=out, flush=True)
-    _wait_for_stop(server)
+    while not stop.is_set() and server.is_alive():  # the server thread blocks in C and cannot be joined
+        stop.wait(0.5)
     print(f"worker on {endpoint} stopped", file=out, flush=True)
 
 
@@ -139,14 +141,12 @@ def _wait_until_answering(host: str, port: int, server: threading.Thread) -> Wor
             time.sleep(0.05)
 
 
-def _wait_for_stop(server: threading.Thread) -> None:
-    """Until SIGINT/SIGTERM (or the server ends): the server thread blocks in C and cannot
-    be joined, so the process ends around it."""
+def stop_on_signals() -> threading.Event:
+    """An event SIGINT (Ctrl-C) and SIGTERM set, instead of raising or ending the process."""
     stop = threading.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda *_: stop.set())
-    while not stop.is_set() and server.is_alive():
-        stop.wait(0.5)
+    return stop
 
 
 def silence_stdout() -> TextIO:
