@@ -30,6 +30,9 @@ from localinfer.errors import BackendError, BackendLost
 def _child(conn: Any, engine: str, path: Path, params: LoadParams, log: str) -> None:
     """The child: load, then answer calls until told to close or the parent goes."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches the whole process group: the parent decides what it stops
+    parent = multiprocessing.parent_process()
+    if parent is not None:  # a parent killed outright: end at once, not after the forward under way
+        threading.Thread(target=lambda: (parent.join(), os._exit(1)), daemon=True).start()
     os.environ["GGML_NO_BACKTRACE"] = "1"  # ggml's abort would otherwise attach a debugger first
     if not params.verbose:  # llama.cpp's messages, its abort's among them, to a file the parent reads
         fd = os.open(log, os.O_WRONLY | os.O_APPEND)

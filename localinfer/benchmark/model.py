@@ -68,6 +68,7 @@ class Result:
     lookup_accepted: int = 0
     rss_bytes: int = 0  # the worker's resident memory after its tests
     round_trips_per_token: float | None = None  # with --rpc: requests a decoded token waits on a worker for
+    rpc_bytes_per_token: float | None = None  # ... and the bytes it sends and receives
     cpu: str = field(default_factory=lambda: cpu_name())
 
     @property
@@ -176,23 +177,24 @@ def measure(setup: Setup, prompts: list[int], gens: list[int], reps: int) -> Ite
             measured.append(Result(setup, f"{kind}{n_prompt or n_gen}", n_prompt, n_gen, samples, **facts, **dict(zip(DRAFT_FIELDS, map(int, drafts)))))
         if measured:
             verify = float(measure_verify_cost(backend, 0, VERIFY_ROWS - 1, repeats=3)[VERIFY_ROWS - 1])
-            rss = psutil.Process().memory_info().rss
+            me = psutil.Process()  # with the engine's own process, where it has one (--rpc)
+            rss = me.memory_info().rss + sum(child.memory_info().rss for child in me.children(recursive=True))
             for result in measured:
                 result.verify_cost, result.rss_bytes = verify, rss
                 results.append(result)
     finally:
         engine.close()
     if options.rpc and results:
-        trips = round_trips_per_token(setup.model, options)
+        trips, sent = network_per_token(setup.model, options)
         for result in results:
-            result.round_trips_per_token = trips
+            result.round_trips_per_token, result.rpc_bytes_per_token = trips, sent
     yield from results
 
 
-def round_trips_per_token(model: str, options: LoadOptions) -> float:
-    """The requests each decoded token waits on a worker for, counted through relays in a
-    pass of its own (the relays' latency stays out of the timed runs): the round trips of a
-    33-token answer less those of a 1-token one, over the 32 tokens between."""
+def network_per_token(model: str, options: LoadOptions) -> tuple[float, float]:
+    """The round trips each decoded token waits on the workers for and the bytes it moves,
+    counted through relays in a pass of its own (the relays' latency stays out of the timed
+    runs): a 33-token answer's less a 1-token one's, over the 32 tokens between."""
     from dataclasses import replace
 
     from localinfer.benchmark.relay import CountingRelay
@@ -204,10 +206,11 @@ def round_trips_per_token(model: str, options: LoadOptions) -> float:
     try:
         counts = []
         for n, first in ((1, 5), (1, 7), (33, 11)):  # different prompts: nothing reused from the slot; the first warms up (its graph's first run asks more)
-            before = sum(r.round_trips for r in relays)
+            before = np.array([(r.round_trips, r.bytes) for r in relays]).sum(axis=0)
             engine.complete([first] * 8, SamplingParams(temperature=0, max_tokens=n, ignore_eos=True))
-            counts.append(sum(r.round_trips for r in relays) - before)
-        return (counts[2] - counts[1]) / 32
+            counts.append(np.array([(r.round_trips, r.bytes) for r in relays]).sum(axis=0) - before)
+        trips, sent = (counts[2] - counts[1]) / 32
+        return float(trips), float(sent)
     finally:
         engine.close()
         for relay in relays:

@@ -1,7 +1,8 @@
-"""A TCP relay between llama.cpp's RPC client and a worker that counts round trips: the
-times the worker answers after the client has sent (a request the client waits on).
-Loopback hides the network's latency; round trips per token times a real LAN's round-trip
-time is what a second machine adds to each token, so `bench model --rpc` reports them.
+"""A TCP relay between llama.cpp's RPC client and a worker that counts round trips (the
+times the worker answers after the client has sent: a request the client waits on) and
+bytes. Loopback hides the network: round trips per token times a real network's round-trip
+time, plus bytes per token over its bandwidth, is what the network adds to each token, so
+`bench model --rpc` reports both.
 
 The relay adds its own latency, so it is used in a counting pass apart from the timed runs.
 """
@@ -23,6 +24,7 @@ class CountingRelay:
         self._lock = threading.Lock()
         self._client_spoke = False
         self.round_trips = 0
+        self.bytes = 0  # both ways
         threading.Thread(target=self._accept, daemon=True, name="rpc-relay").start()
 
     def _accept(self) -> None:
@@ -41,6 +43,7 @@ class CountingRelay:
         try:
             while data := source.recv(1 << 20):
                 with self._lock:
+                    self.bytes += len(data)
                     if from_client:
                         self._client_spoke = True
                     elif self._client_spoke:

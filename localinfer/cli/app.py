@@ -23,6 +23,7 @@ app = typer.Typer(
     add_completion=False,
     no_args_is_help=True,
     pretty_exceptions_enable=False,
+    rich_markup_mode=None,  # our help says "[default: ...]" in words; Rich markup would take it for a tag and drop it
     context_settings={"help_option_names": ["-h", "--help"]},
 )
 

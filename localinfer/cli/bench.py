@@ -16,7 +16,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TimeElapsedCo
 
 from localinfer.cli import options as opt
 
-bench_app = typer.Typer(name="bench", help="Measure models (llama-bench-style tables) and servers (a load generator).", no_args_is_help=True)
+bench_app = typer.Typer(name="bench", rich_markup_mode=None, help="Measure models (llama-bench-style tables) and servers (a load generator).", no_args_is_help=True)
 err = Console(stderr=True, highlight=False)
 
 

@@ -15,7 +15,7 @@ from localinfer.cli import options as opt
 from localinfer.paths import prompt_cache_dir
 from localinfer.store.block_files import clear, folders
 
-app = typer.Typer(help="The prompt cache's disk tier: list it (the default) or clear it.", invoke_without_command=True, no_args_is_help=False)
+app = typer.Typer(rich_markup_mode=None, help="The prompt cache's disk tier: list it (the default) or clear it.", invoke_without_command=True, no_args_is_help=False)
 Json = Annotated[bool, typer.Option("--json", help="Print JSON.")]
 
 

@@ -209,3 +209,4 @@ def test_bench_model_compares_no_worker_with_one_and_counts_round_trips(model_pa
     assert rows["", "tg8"]["round_trips_per_token"] is None
     trips = rows[workers[0].endpoint, "tg8"]["round_trips_per_token"]
     assert trips is not None and trips >= 1  # a token waits on the worker at least once: its activations or logits come back
+    assert rows[workers[0].endpoint, "tg8"]["rpc_bytes_per_token"] >= 4 * 49152  # the logits alone: the worker holds the output layer

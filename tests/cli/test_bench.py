@@ -17,7 +17,7 @@ FIELDS = {
     "test", "n_prompt", "n_gen", "samples", "avg_ts", "stddev_ts",  # the test and its tokens/s
     "model_file", "model_bytes", "n_params", "kernels_used", "verify_cost", "rss_bytes", "cpu",
     "model_drafted", "model_accepted", "lookup_drafted", "lookup_accepted",  # speculation over the tg runs
-    "round_trips_per_token",  # with --rpc
+    "round_trips_per_token", "rpc_bytes_per_token",  # with --rpc
 }  # fmt: skip
 
 
