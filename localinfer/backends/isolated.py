@@ -14,9 +14,11 @@ from __future__ import annotations
 import multiprocessing
 import os
 import signal
+import sys
 import tempfile
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -74,6 +76,7 @@ class IsolatedBackend(Backend):
     name = "isolated"
 
     def __init__(self, engine: str, path: Path, params: LoadParams, explain: Callable[[], str] | None = None) -> None:
+        self.name = engine  # type: ignore[misc]  # what `run --json`, /v1/models and the chat's status line name: the engine it runs
         self._explain = explain  # more to say when the child is gone (which worker stopped answering)
         self._lock = threading.Lock()
         self._lost: str | None = None
@@ -82,7 +85,8 @@ class IsolatedBackend(Backend):
         context = multiprocessing.get_context("spawn")  # never fork a process with threads
         self._conn, child_end = context.Pipe()
         self._process = context.Process(target=_child, args=(child_end, engine, path, params, self._log.name), daemon=True, name=f"localinfer {engine}")
-        self._process.start()
+        with _process_std_streams():
+            self._process.start()
         child_end.close()
         try:
             self._vocab, self._facts, self._report = self._receive()
@@ -192,6 +196,19 @@ class IsolatedBackend(Backend):
     def __del__(self) -> None:
         if hasattr(self, "_process"):
             self.close()
+
+
+@contextmanager
+def _process_std_streams() -> Iterator[None]:
+    """The process's own stdout and stderr while a child starts: multiprocessing hands
+    stderr's file descriptor to its helper process, and an app that replaced sys.stderr (the
+    chat app's Textual does) gives -1, which fails the start ("bad value(s) in fds_to_keep")."""
+    replaced = sys.stdout, sys.stderr
+    sys.stdout, sys.stderr = sys.__stdout__ or sys.stdout, sys.__stderr__ or sys.stderr
+    try:
+        yield
+    finally:
+        sys.stdout, sys.stderr = replaced
 
 
 def _last_message(log: Path) -> str:

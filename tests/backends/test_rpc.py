@@ -69,6 +69,7 @@ def test_a_model_split_across_two_workers_answers_as_it_does_alone(f32_path: Pat
     assert local.returncode == 0 and split.returncode == 0, (local.stderr, split.stderr)
     alone, together = json.loads(local.stdout), json.loads(split.stdout)
     assert together["text"] == alone["text"] and together["usage"] == alone["usage"]  # greedy, F32: the same tokens
+    assert together["engine"] == "llama.cpp"  # in a child process of its own, but named for the engine it runs
     placement = next(line for line in split.stderr.splitlines() if "on this machine" in line)
     assert "layers 0-" in placement and f"on {workers[0].endpoint}" in placement and f"and the output on {workers[1].endpoint}" in placement
 

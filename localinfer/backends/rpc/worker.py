@@ -10,6 +10,7 @@ and the one our client plans with). It is an offer, not a cap: the client keeps 
 from __future__ import annotations
 
 import ctypes
+import errno
 import os
 import signal
 import socket
@@ -27,7 +28,7 @@ from localinfer.memory import size_text
 LOOPBACK = "127.0.0.1"
 WARNING = (
     "warning: this worker listens on {host}, beyond this machine. llama.cpp's RPC protocol has no "
-    "authentication or encryption: anyone who reaches the port can run code on its memory. Use it only "
+    "authentication or encryption: anyone who reaches the port can read and write what it holds and use its compute. Use it only "
     "inside a trusted LAN, or keep it on 127.0.0.1 and reach it through an SSH tunnel (README: Several machines)."
 )
 START_SECONDS = 30.0  # for the server to answer its first HELLO
@@ -87,7 +88,7 @@ def check_port_free(host: str, port: int) -> None:
         try:
             s.bind((host, port))
         except OSError as e:
-            if e.errno == 98:  # EADDRINUSE
+            if e.errno == errno.EADDRINUSE:
                 raise UserError(f"port {port} on {host} is taken (another worker?); choose another with --port") from None
             raise UserError(f"cannot listen on {host}:{port}: {e.strerror or e}") from None
 
