@@ -131,7 +131,7 @@ def workers_report(endpoints: tuple[str, ...]) -> list[dict[str, object]]:
             rows.append({"endpoint": endpoint, "ok": False, "error": str(e)})
             continue
         rows.append({"endpoint": endpoint, "ok": True, "protocol": w.version_text, "compatible_with": ".".join(map(str, PROTOCOL)),
-                     "devices": w.devices, "offered_bytes": w.free_bytes, "total_bytes": w.total_bytes})  # fmt: skip
+                     "backend": w.backend, "devices": w.devices, "offered_bytes": w.free_bytes, "total_bytes": w.total_bytes})  # fmt: skip
     return rows
 
 
@@ -139,14 +139,14 @@ def print_workers(rows: list[dict[str, object]]) -> None:
     from localinfer.memory import size_text
 
     t = Table(title="RPC workers")
-    for column in ("worker", "answers", "protocol", "offers", "devices"):
+    for column in ("worker", "answers", "protocol", "backend", "offers", "devices"):
         t.add_column(column)
     for w in rows:
         if not w["ok"]:
-            t.add_row(str(w["endpoint"]), f"[red]no[/red]: {w['error']}", "", "", "")
+            t.add_row(str(w["endpoint"]), f"[red]no[/red]: {w['error']}", "", "", "", "")
             continue
         offer = f"{size_text(w['offered_bytes'])} of {size_text(w['total_bytes'])}"  # type: ignore[arg-type]
-        t.add_row(str(w["endpoint"]), "yes", f"{w['protocol']} (compatible)", offer, str(w["devices"]))
+        t.add_row(str(w["endpoint"]), "yes", f"{w['protocol']} (compatible)", str(w["backend"]), offer, str(w["devices"]))
     Console().print(t)
 
 
@@ -169,7 +169,7 @@ def doctor(
     model: Annotated[Optional[str], typer.Argument(help="Also say which engine runs this model here (with --engine auto), and why.", show_default=False)] = None,
     json_out: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False,
     rpc: Annotated[Optional[str], typer.Option("--rpc", metavar="HOST:PORT[,HOST:PORT...]", envvar="LOCALINFER_RPC", callback=opt.rpc_endpoints, show_default=False,
-                                               help="Also check these RPC workers: does each answer, in a protocol this build speaks, and what it offers (exit 1 if one does not).")] = None,  # fmt: skip
+                                               help="Also check these RPC workers: does each answer, in a protocol this build speaks, what computes there and what it offers (exit 1 if one does not answer).")] = None,  # fmt: skip
 ) -> None:
     """Report CPU features, memory, llama.cpp backends, native kernels, what each engine runs, GPUs, and where models are stored."""
     report = collect()

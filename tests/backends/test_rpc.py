@@ -180,6 +180,7 @@ def test_doctor_checks_each_worker_in_one_table(workers: list[Worker]) -> None:
     assert r.returncode == 1, r.stderr  # one worker does not answer
     rows = json.loads(r.stdout)["rpc_workers"]
     assert rows[0]["ok"] and rows[0]["offered_bytes"] == 48 << 20 and rows[0]["protocol"] == rows[0]["compatible_with"]
+    assert rows[0]["backend"] == "CPU" and rows[0]["devices"] == 1  # this build's worker serves the CPU (no GPU here)
     assert not rows[1]["ok"] and "nothing listens" in rows[1]["error"]
     table = run_cli("doctor", "--rpc", workers[0].endpoint)
     assert table.returncode == 0 and "RPC workers" in table.stdout and "48 MiB of" in table.stdout

@@ -19,7 +19,7 @@ from localinfer.errors import UserError
 # a worker answers HELLO with its own, and llama.cpp's client refuses another major version
 # or a newer minor one.
 PROTOCOL = (7, 0, 0)
-HELLO, GET_DEVICE_MEMORY, DEVICE_COUNT = 14, 11, 15
+GET_ALIGNMENT, GET_MAX_SIZE, GET_DEVICE_MEMORY, HELLO, DEVICE_COUNT = 1, 2, 11, 14, 15
 CAPS_SIZE = 24  # transport.h: RPC_CONN_CAPS_SIZE (all zero: plain TCP, no RDMA)
 TIMEOUT = 5.0  # seconds for a worker to connect and answer; a busy one (serving another client) does not
 
@@ -31,10 +31,21 @@ class WorkerInfo:
     devices: int
     free_bytes: int  # what it offers (localinfer worker --mem), or its device's free memory
     total_bytes: int
+    alignment: int = 0  # its device's buffers: alignment and largest size (the backend shows in them)
+    max_size: int = 0
 
     @property
     def version_text(self) -> str:
         return ".".join(map(str, self.version))
+
+    @property
+    def backend(self) -> str:
+        """What computes there, as far as the protocol shows it: it carries no device name,
+        but ggml's CPU buffers align to 32 bytes and CUDA's to 128, both without a size
+        limit; a Metal or Vulkan device limits its buffers."""
+        unlimited = self.max_size == 2**64 - 1
+        known = {(32, True): "CPU", (128, True): "CUDA GPU"}.get((self.alignment, unlimited))
+        return known or f"a GPU ({self.alignment}-byte alignment, buffers up to {self.max_size / 2**30:.1f} GiB)"
 
 
 def compatible(version: tuple[int, int, int]) -> bool:
@@ -42,8 +53,8 @@ def compatible(version: tuple[int, int, int]) -> bool:
 
 
 def probe(endpoint: str, timeout: float = TIMEOUT) -> WorkerInfo:
-    """Connect, say HELLO, and ask its device count and first device's memory; a UserError
-    naming the worker for anything but a compatible, idle worker."""
+    """Connect, say HELLO, and ask its device count and its first device's memory and buffer
+    limits; a UserError naming the worker for anything but a compatible, idle worker."""
     host, _, port = endpoint.rpartition(":")
     try:
         with socket.create_connection((host, int(port)), timeout=timeout) as sock:
@@ -56,6 +67,8 @@ def probe(endpoint: str, timeout: float = TIMEOUT) -> WorkerInfo:
                 )
             (count,) = struct.unpack("<I", _call(sock, DEVICE_COUNT, b"", 4, endpoint))
             free, total = struct.unpack("<QQ", _call(sock, GET_DEVICE_MEMORY, struct.pack("<I", 0), 16, endpoint))
+            (alignment,) = struct.unpack("<Q", _call(sock, GET_ALIGNMENT, struct.pack("<I", 0), 8, endpoint))
+            (max_size,) = struct.unpack("<Q", _call(sock, GET_MAX_SIZE, struct.pack("<I", 0), 8, endpoint))
     except socket.timeout:
         raise UserError(f"the worker at {endpoint} did not answer in {timeout:g} s: it may be serving another client (a worker serves one at a time)") from None
     except socket.gaierror:
@@ -64,7 +77,7 @@ def probe(endpoint: str, timeout: float = TIMEOUT) -> WorkerInfo:
         raise UserError(f"nothing listens at {endpoint}: start 'localinfer worker' there, or check the address") from None
     except OSError as e:
         raise UserError(f"cannot reach the worker at {endpoint}: {e.strerror or e}") from None
-    return WorkerInfo(endpoint, version, count, free, total)
+    return WorkerInfo(endpoint, version, count, free, total, alignment, max_size)
 
 
 def _hello(sock: socket.socket, endpoint: str) -> tuple[int, int, int]:
