@@ -9,12 +9,10 @@ import subprocess
 from pathlib import Path
 from typing import Annotated, Optional
 
-import psutil
 import typer
 from rich.console import Console
 from rich.table import Table
 
-from localinfer.backends.devices import cpu_name
 from localinfer.cli import options as opt
 from localinfer.paths import data_dir, models_dir
 
@@ -151,6 +149,10 @@ def print_workers(rows: list[dict[str, object]]) -> None:
 
 
 def collect() -> dict[str, object]:
+    import psutil
+
+    from localinfer.backends.devices import cpu_name
+
     vm = psutil.virtual_memory()
     lc = llama_cpp_report()
     features = [part.strip() for part in str(lc.get("system_info", "")).split("|") if "= 1" in part]

@@ -11,7 +11,6 @@ from typing import Annotated, Optional
 import typer
 from localinfer.cli import options as opt
 from localinfer.cli.progress import work_bar
-from localinfer.engine.prompt_cache import CacheOptions
 from localinfer.errors import UserError
 
 
@@ -54,6 +53,8 @@ def eval_command(
     content = read_text(text or default_text())
     if ref_cache == "auto":
         raise typer.BadParameter("give the reference a type (e.g. f16), not auto", param_hint="--ref-cache")
+    from localinfer.engine.prompt_cache import CacheOptions
+
     load = opt.load_options(engine_name, ctx, threads, kernels, (cache_type, cache_type_k, cache_type_v), gpu_layers=gpu_layers, prompt_cache=CacheOptions(enabled=False))  # scoring needs every position's logits: nothing to put back
     subject = open_engine(model, load)
     reference = None

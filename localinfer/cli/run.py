@@ -5,19 +5,20 @@ from __future__ import annotations
 import json
 import os
 import sys
-from typing import Annotated, Optional
+from typing import TYPE_CHECKING, Annotated, Optional
 
 import typer
 from rich.console import Console
 
 from localinfer.cli import options as opt
-from localinfer.engine.conversation import answer_room, fit_conversation
-from localinfer.engine.engine import Engine
-from localinfer.engine.loader import open_engine
-from localinfer.engine.templates import Message
-from localinfer.engine.types import CompletionOutput, SamplingParams, Timings
 from localinfer.errors import ContextOverflow, ModelNotFound, OutputClosed, UserError
-from localinfer.store.refs import resolve
+
+# The engine (numpy, llguidance, jinja2) is imported where a command runs, not here: every
+# command's start imports this module, and `--help` or a bad option should not wait for it.
+if TYPE_CHECKING:
+    from localinfer.engine.engine import Engine
+    from localinfer.engine.templates import Message
+    from localinfer.engine.types import CompletionOutput, SamplingParams, Timings
 
 err = Console(stderr=True, highlight=False)
 DEBUG = os.environ.get("LOCALINFER_DEBUG") == "1"  # also shows the backend's own log
@@ -54,6 +55,8 @@ def split_model_and_prompt(model: str | None, prompt: str | None) -> tuple[str |
         return model, prompt
     if any(c.isspace() for c in model):
         return None, model
+    from localinfer.store.refs import resolve
+
     try:
         resolve(model)
         return model, None
@@ -99,6 +102,8 @@ class Thinking:
 
 def stream_answer(engine: Engine, tokens: list[int], params: SamplingParams, show_thinking: bool = True) -> CompletionOutput | None:
     """Print an answer as it is generated; returns None if Ctrl-C stopped it."""
+    from localinfer.engine.types import CompletionOutput
+
     events, thinking = engine.generate(tokens, params), Thinking(show_thinking)
     try:
         for event in events:
@@ -198,6 +203,7 @@ def as_json(engine: Engine, result: CompletionOutput) -> str:
 def interactive(engine: Engine, system: str | None, params: SamplingParams, verbose: bool, think: bool = True, show_thinking: bool = True) -> None:
     import readline
 
+    from localinfer.engine.conversation import answer_room, fit_conversation
     from localinfer.paths import ensure_dir, history_file
 
     try:
@@ -335,6 +341,7 @@ def run(
         raise typer.BadParameter("no prompt given (pass one as an argument or on stdin)", param_hint="PROMPT")
 
     from localinfer.cli.pull import progress_bar
+    from localinfer.engine.loader import open_engine
 
     load = opt.load_options(engine_name, ctx, threads, kernels, (cache_type, cache_type_k, cache_type_v), (draft, draft_max, draft_ngram_min, draft_ngram_max), gpu_layers, verbose=DEBUG, draft_engine=draft_engine, prompt_cache=opt.prompt_cache(no_prompt_cache, cache_ram, cache_disk, cache_dir), rpc=rpc)
     constraint = opt.constraint_choice(json_schema, grammar, regex)
