@@ -17,17 +17,16 @@ from localinfer.errors import OutOfMemory
 from localinfer.modelfile import GGUFInfo
 
 GiB = 1024**3
-
-
-def size_text(n: float) -> str:
-    """Bytes as a person reads them: MiB below a GiB, else GiB."""
-    return f"{n / 2**20:.0f} MiB" if n < GiB else f"{n / GiB:.2f} GiB"
-
 # Left free on each discrete GPU for what the plan does not itemise: the CUDA context,
 # cuBLAS's workspace, ggml's memory pool. An H200 with 1.2 GiB free and no headroom ran
 # out of memory in the first decode (docs/benchmarks.md); 1 GiB is what llama.cpp's own
 # --fit leaves by default (common.h, fit_params_target).
 GPU_HEADROOM = 1 * GiB
+
+
+def size_text(n: float) -> str:
+    """Bytes as a person reads them: MiB below a GiB, else GiB."""
+    return f"{n / 2**20:.0f} MiB" if n < GiB else f"{n / GiB:.2f} GiB"
 
 
 @dataclass
@@ -219,7 +218,7 @@ def plan_workers(info: GGUFInfo, n_ctx: int, workers: Sequence[tuple[str, int]],
     ram_free = psutil.virtual_memory().available if ram_free is None else ram_free
     n_remote = sum(s.layers for s in held) + (1 if held else 0)
     plan = MemoryPlan(info.tensor_bytes, kv, compute, n_remote, ram_free, sum(s.offer for s in held), cache_types=cache_types,
-                      placement=describe_split(top, len(layers), shares), gpu_bytes=sum(s.bytes for s in held))  # fmt: skip
+                      placement=describe_split(top, shares), gpu_bytes=sum(s.bytes for s in held))  # fmt: skip
     for s in shares:
         if not (s.layers or s.output):
             plan.warnings.append(f"the worker at {s.endpoint} offers {size_text(s.offer)}, too little for a layer of this model with its KV cache and compute buffer; it holds none")
@@ -232,7 +231,7 @@ def plan_workers(info: GGUFInfo, n_ctx: int, workers: Sequence[tuple[str, int]],
     return plan, held
 
 
-def describe_split(top: int, n_layer: int, shares: Sequence[WorkerShare]) -> str:
+def describe_split(top: int, shares: Sequence[WorkerShare]) -> str:
     """Which layers go where, in words (`run --verbose`)."""
     def span(first: int, n: int) -> str:
         return f"layer {first}" if n == 1 else f"layers {first}-{first + n - 1}"

@@ -93,6 +93,16 @@ def _declare(lib: ctypes.CDLL) -> ctypes.CDLL:
     return lib
 
 
+NO_RPC = "this llama.cpp build has no RPC backend: run ./install.sh again (it builds llama.cpp with -DGGML_RPC=ON)"
+
+
+def rpc_function(lib: ctypes.CDLL, name: str) -> int | None:
+    """The address of one of ggml's RPC backend functions, from its registry entry; None
+    in a build without the backend (NO_RPC says what to do)."""
+    reg = lib.ggml_backend_reg_by_name(b"RPC")
+    return lib.ggml_backend_reg_get_proc_address(reg, name.encode()) if reg else None
+
+
 def describe(lib: ctypes.CDLL, dev: int) -> Device:
     """One ggml device (a ggml_backend_dev_t) as data, its memory as it reports it now."""
     free, total = ctypes.c_size_t(0), ctypes.c_size_t(0)

@@ -86,23 +86,22 @@ def supports_gpu_offload() -> bool:
 
 def supports_rpc() -> bool:
     """Was this llama.cpp built with its RPC backend (install.sh: -DGGML_RPC=ON)?"""
-    from localinfer.backends.devices import ggml
+    from localinfer.backends.devices import ggml, rpc_function
 
     lib = ggml()
-    return bool(lib and lib.ggml_backend_reg_by_name(b"RPC"))
+    return bool(lib and rpc_function(lib, "ggml_backend_rpc_add_server"))
 
 
 def rpc_devices(split: tuple[tuple[str, int], ...]) -> tuple[ctypes.Array, ctypes.Array]:
     """llama_model_params' NULL-terminated device list (each worker's first device, in
     order) and tensor_split (each one's layer count), for llama.cpp to split the offloaded
     layers by."""
-    from localinfer.backends.devices import ggml
+    from localinfer.backends.devices import NO_RPC, ggml, rpc_function
 
     lib = ggml()
-    reg = lib.ggml_backend_reg_by_name(b"RPC") if lib else None
-    address = lib.ggml_backend_reg_get_proc_address(reg, b"ggml_backend_rpc_add_server") if reg else None
+    address = rpc_function(lib, "ggml_backend_rpc_add_server") if lib else None
     if not address:
-        raise BackendError("this llama.cpp build has no RPC backend: run ./install.sh again (it builds llama.cpp with -DGGML_RPC=ON)")
+        raise BackendError(NO_RPC)
     add_server = ctypes.CFUNCTYPE(ctypes.c_void_p, ctypes.c_char_p)(address)
     devices = [lib.ggml_backend_reg_dev_get(add_server(endpoint.encode()), 0) for endpoint, _ in split]
     weights = [float(n) for _, n in split] + [0.0] * (C.llama_max_devices() - len(split))

@@ -182,10 +182,10 @@ def doctor(
     failed = any(not w["ok"] for w in report.get("rpc_workers", []))  # type: ignore[attr-defined]
     if json_out:
         print(json.dumps(report, indent=2))
-        raise typer.Exit(1 if failed else 0)
-    print_report(report)
-    if rpc:
-        print_workers(report["rpc_workers"])  # type: ignore[arg-type]
+    else:
+        print_report(report)
+        if rpc:
+            print_workers(report["rpc_workers"])  # type: ignore[arg-type]
     raise typer.Exit(1 if failed else 0)
 
 

@@ -80,10 +80,7 @@ class ModelHost:
             if loaded is None:
                 while len(self.models) >= self.max_loaded and self._evict():
                     pass
-                engine = await asyncio.to_thread(self._load, ref)
-                loaded = self.models[engine.name] = Loaded(engine)
-                if name != engine.name:
-                    self.models[name] = loaded  # the reference as the client spelled it
+                loaded = self._keep(await asyncio.to_thread(self._load, ref), name)
             loaded.last_used = time.monotonic()
             return loaded
 
@@ -97,10 +94,15 @@ class ModelHost:
         except UserError as e:
             raise BackendLost(f"{broken.engine.broken}; loading it again failed: {e}") from None
         self._unload(key)
-        loaded = self.models[engine.name] = Loaded(engine)
-        self.models[key] = loaded
         if key == self.default_name:
             self.default_name = engine.name
+        return self._keep(engine, key)
+
+    def _keep(self, engine: Engine, alias: str | None) -> Loaded:
+        """Hold a loaded engine under its name, and under the reference as the client spelled it."""
+        loaded = self.models[engine.name] = Loaded(engine)
+        if alias != engine.name:
+            self.models[alias] = loaded  # type: ignore[index]
         return loaded
 
     def _evict(self) -> bool:

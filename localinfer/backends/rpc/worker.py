@@ -20,9 +20,9 @@ import time
 from dataclasses import dataclass
 from typing import TextIO
 
-from localinfer.backends.devices import Device, describe, ggml
+from localinfer.backends.devices import NO_RPC, Device, describe, ggml, rpc_function
 from localinfer.backends.rpc.probe import WorkerInfo, probe
-from localinfer.errors import UserError
+from localinfer.errors import BackendError, UserError
 from localinfer.memory import size_text
 
 LOOPBACK = "127.0.0.1"
@@ -50,21 +50,21 @@ class Offer:
 
 def rpc_start(lib: ctypes.CDLL) -> ctypes._CFuncPtr:
     """ggml_backend_rpc_start_server, from the RPC backend's registry entry."""
-    reg = lib.ggml_backend_reg_by_name(b"RPC")
-    address = lib.ggml_backend_reg_get_proc_address(reg, b"ggml_backend_rpc_start_server") if reg else None
+    address = rpc_function(lib, "ggml_backend_rpc_start_server")
     if not address:
-        raise UserError("this llama.cpp build has no RPC backend: run ./install.sh again (it builds llama.cpp with -DGGML_RPC=ON)")
+        raise BackendError(NO_RPC)
     return _START(address)
 
 
 def served_device(lib: ctypes.CDLL) -> int:
     """What llama.cpp's rpc-server serves by default: the first GPU, else the CPU."""
     devices = [lib.ggml_backend_dev_get(i) for i in range(lib.ggml_backend_dev_count())]
-    gpus = [d for d in devices if lib.ggml_backend_dev_type(d) in (1, 2)]
-    cpus = [d for d in devices if lib.ggml_backend_dev_type(d) == 0]
-    if not gpus and not cpus:
-        raise UserError("llama.cpp found no device to serve")
-    return (gpus or cpus)[0]
+    kinds = [describe(lib, d).kind for d in devices]
+    for wanted in (("GPU", "iGPU"), ("CPU",)):
+        for dev, kind in zip(devices, kinds):
+            if kind in wanted:
+                return dev
+    raise UserError("llama.cpp found no device to serve")
 
 
 def offer_only(dev: int, offered: int) -> None:
