@@ -1,7 +1,8 @@
-"""Build the native C kernels (native/c/*.c) into localinfer_native/_ckernels.
+"""Find the packages, and build the native C kernels (native/c/*.c) into localinfer_native/_ckernels.
 
-The metadata lives in pyproject.toml; this file only adds the optional extension. The
-library is loaded with ctypes (localinfer_native.c_kernels), not imported, so it does
+The metadata lives in pyproject.toml; this file adds what it cannot declare: the package
+list (found, under the names its package-dir gives the folders) and the optional extension.
+The library is loaded with ctypes (localinfer_native.c_kernels), not imported, so it does
 not use the Python C API. Compiler flags are picked by trying them: -O3, -march=native
 where accepted (the sources choose their SIMD paths with #ifdef __AVX2__ and the like),
 and OpenMP where it compiles and links. -ffast-math is never used. $LOCALINFER_CFLAGS is
@@ -15,10 +16,11 @@ import os
 import shlex
 import sys
 import tempfile
+import tomllib
 from glob import glob
 from pathlib import Path
 
-from setuptools import Extension, setup
+from setuptools import Extension, find_packages, setup
 from setuptools.command.build_ext import build_ext
 
 HERE = Path(__file__).resolve().parent
@@ -76,6 +78,18 @@ class BuildNative(build_ext):
         super().build_extensions()
 
 
+def packages() -> list[str]:
+    """Every package of the tree, found rather than listed: a hand-kept list once left out
+    localinfer.backends.rpc. setuptools' own discovery (`packages.find`) names a package
+    after its folder, so it cannot find quant/ as localinfer_quant: each folder that
+    package-dir maps is searched on its own, under its installed name."""
+    mapped = tomllib.loads((HERE / "pyproject.toml").read_text())["tool"]["setuptools"]["package-dir"]
+    found = find_packages(str(HERE), include=["localinfer", "localinfer.*"])
+    for name, folder in mapped.items():
+        found += [name, *(f"{name}.{sub}" for sub in find_packages(str(HERE / folder)))]
+    return found
+
+
 ckernels = Extension(
     "localinfer_native._ckernels",
     sources=sorted(glob("native/c/*.c")),
@@ -85,4 +99,4 @@ ckernels = Extension(
     optional=True,
 )
 
-setup(ext_modules=[ckernels], cmdclass={"build_ext": BuildNative})
+setup(packages=packages(), ext_modules=[ckernels], cmdclass={"build_ext": BuildNative})
