@@ -29,7 +29,7 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from localinfer.backends.devices import cpu_name  # noqa: E402
+from localinfer.devices import cpu_name  # noqa: E402
 from localinfer.engine.loader import LoadOptions, open_engine  # noqa: E402
 from localinfer.engine.speculative import DraftConfig  # noqa: E402
 from localinfer.engine.types import SamplingParams  # noqa: E402

@@ -59,7 +59,7 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from localinfer.backends.devices import cpu_name, cpu_simd_flags  # noqa: E402
+from localinfer.devices import cpu_name, cpu_simd_flags  # noqa: E402
 from localinfer_native import KernelsUnavailable, membench  # noqa: E402
 from localinfer.errors import UserError  # noqa: E402
 

@@ -166,7 +166,7 @@ def main() -> None:
     if args.worker:
         print(json.dumps(phase(args.model, args.engine, args.threads, args.worker, args.folder, args.repeats)))
         return
-    from localinfer.backends.devices import cpu_name
+    from localinfer.devices import cpu_name
 
     results: dict[str, object] = {"cpu": cpu_name(), "model": Path(args.model).name, "threads": args.threads, "prompt_tokens": PROMPT_TOKENS, "engines": []}
     for engine in args.engines.split(","):

@@ -45,7 +45,7 @@ def batch_invariant(engine: str) -> bool:
     """False where the engine offloads and a GPU is there: cuBLAS picks kernels by batch size,
     so a row's rounding depends on its batch (two answers parted so on an H200, docs/benchmarks.md)."""
     from localinfer.backends import get_backend
-    from localinfer.backends.devices import list_devices
+    from localinfer.devices import list_devices
 
     return not (get_backend(engine).capabilities().gpu_offload and any(d.kind == "GPU" for d in list_devices()))
 

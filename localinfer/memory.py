@@ -11,9 +11,9 @@ from dataclasses import dataclass, field
 
 import psutil
 
-from localinfer.backends.devices import Device
-from localinfer.backends.kvtypes import AUTO_CACHE, position_bytes
+from localinfer.devices import Device
 from localinfer.errors import OutOfMemory
+from localinfer.kvtypes import AUTO_CACHE, position_bytes
 from localinfer.modelfile import GGUFInfo
 
 GiB = 1024**3

@@ -27,7 +27,7 @@ C_TYPES: frozenset[Q] = SUPPORTED_TYPES | {Q.Q2_K, Q.Q3_K, Q.IQ4_NL, Q.IQ4_XS, Q
 
 
 # The KV-cache types the attention kernels read, by ggml's names; ids and block sizes are
-# gguf's (the runtime's table of every type is localinfer/backends/kvtypes.py).
+# gguf's (the runtime's table of every type is localinfer/kvtypes.py).
 KV_TYPES: dict[str, Q] = {name: Q[name.upper()] for name in ("f16", "q8_0", "q4_0")}
 
 

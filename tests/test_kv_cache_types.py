@@ -14,9 +14,9 @@ import pytest
 from localinfer import memory
 from localinfer.backends import get_backend
 from localinfer.backends.base import Batch, LoadParams
-from localinfer.backends.kvtypes import KV_TYPES
 from localinfer.backends.llamacpp import LlamaCppBackend, log_listener
 from localinfer.errors import OutOfMemory
+from localinfer.kvtypes import KV_TYPES
 from localinfer.modelfile import inspect
 from localinfer.quality.evaluate import log_softmax
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from localinfer.backends.devices import Device
+from localinfer.devices import Device
 from localinfer.errors import OutOfMemory
 from localinfer.memory import GPU_HEADROOM, GiB, compute_bytes, kv_cache_bytes, plan
 from localinfer.modelfile import GGUFInfo, inspect

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, ClassVar
 
 import numpy as np
 
-from localinfer.backends.kvtypes import position_bytes
+from localinfer.kvtypes import position_bytes
 
 if TYPE_CHECKING:
     from localinfer.modelfile import GGUFInfo

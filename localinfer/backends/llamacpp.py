@@ -17,8 +17,8 @@ from pathlib import Path
 import numpy as np
 
 from localinfer.backends.base import Backend, Batch, Capabilities, LoadParams, ModelFacts, VocabInfo
-from localinfer.backends.kvtypes import KV_TYPES, ggml_id
 from localinfer.errors import BackendError, ContextOverflow
+from localinfer.kvtypes import KV_TYPES, ggml_id
 
 import llama_cpp as C  # noqa: E402  (after our imports: its import loads the shared library)
 
@@ -86,7 +86,7 @@ def supports_gpu_offload() -> bool:
 
 def supports_rpc() -> bool:
     """Was this llama.cpp built with its RPC backend (install.sh: -DGGML_RPC=ON)?"""
-    from localinfer.backends.devices import ggml, rpc_function
+    from localinfer.devices import ggml, rpc_function
 
     lib = ggml()
     return bool(lib and rpc_function(lib, "ggml_backend_rpc_add_server"))
@@ -96,7 +96,7 @@ def rpc_devices(split: tuple[tuple[str, int], ...]) -> tuple[ctypes.Array, ctype
     """llama_model_params' NULL-terminated device list (each worker's first device, in
     order) and tensor_split (each one's layer count), for llama.cpp to split the offloaded
     layers by."""
-    from localinfer.backends.devices import NO_RPC, ggml, rpc_function
+    from localinfer.devices import NO_RPC, ggml, rpc_function
 
     lib = ggml()
     address = rpc_function(lib, "ggml_backend_rpc_add_server") if lib else None

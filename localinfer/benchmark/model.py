@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from localinfer.backends.devices import cpu_name
+from localinfer.devices import cpu_name
 from localinfer.errors import UserError
 
 if TYPE_CHECKING:

@@ -47,8 +47,8 @@ def llama_cpp_report() -> dict[str, object]:
     """llama.cpp's build: version, GPU offload, devices, CPU features; or why it does not
     load at all (a CUDA build without the driver, a library built for another CPU)."""
     try:
-        from localinfer.backends.devices import list_devices
         from localinfer.backends.llamacpp import supports_gpu_offload, system_info
+        from localinfer.devices import list_devices
 
         import llama_cpp
 
@@ -151,7 +151,7 @@ def print_workers(rows: list[dict[str, object]]) -> None:
 def collect() -> dict[str, object]:
     import psutil
 
-    from localinfer.backends.devices import cpu_name
+    from localinfer.devices import cpu_name
 
     vm = psutil.virtual_memory()
     lc = llama_cpp_report()

@@ -156,7 +156,7 @@ def draft_config(mode: str, max_draft: int, ngram_min: int, ngram_max: int):  # 
 
 
 def cache_type(value: str | None) -> str | None:
-    from localinfer.backends.kvtypes import KV_TYPES
+    from localinfer.kvtypes import KV_TYPES
 
     if value is not None and value not in (*KV_TYPES, "auto"):
         raise typer.BadParameter(f"'{value}' is not a KV-cache type: f16, q8_0, q4_0 (llama.cpp also q4_1, q5_0, q5_1, iq4_nl), or auto")

@@ -70,7 +70,7 @@ def offload_devices(caps: Capabilities) -> list:
     """The devices an engine with these capabilities could put layers on (none without offload)."""
     if not caps.gpu_offload:
         return []
-    from localinfer.backends.devices import list_devices
+    from localinfer.devices import list_devices
 
     return [d for d in list_devices() if d.kind in ("GPU", "iGPU")]
 
@@ -197,7 +197,7 @@ def open_prompt_cache(options: CacheOptions, model: Path, architecture: str, eng
     types and the layers on a GPU (their rounding differs)."""
     import logging
 
-    from localinfer.backends.devices import cpu_name
+    from localinfer.devices import cpu_name
     from localinfer.paths import prompt_cache_dir
 
     ram = default_ram() if options.ram_bytes is None else options.ram_bytes

@@ -11,7 +11,6 @@ from pathlib import Path
 import numpy as np
 
 from localinfer.backends.base import Backend, Batch, Capabilities, LoadParams, ModelFacts
-from localinfer.backends.kvtypes import position_bytes
 from localinfer.backends.llamacpp import LlamaTokenized, Tokenizer, default_threads
 from localinfer.backends.native.config import ARCHITECTURES, ModelConfig
 from localinfer.backends.native.forward import Transformer
@@ -19,6 +18,7 @@ from localinfer.backends.native.kvcache import KVCache, local_positions_held
 from localinfer.backends.native.memory import anon_rss_bytes
 from localinfer.backends.native.weights import Weights
 from localinfer.errors import BackendError, UserError
+from localinfer.kvtypes import position_bytes
 from localinfer.modelfile import GGUFInfo, inspect
 from localinfer_native import KERNEL_SETS, KernelsUnavailable, kernel_types, load_kernels
 from localinfer_native.types import KV_TYPES, kv_row_bytes

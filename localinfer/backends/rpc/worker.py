@@ -20,8 +20,8 @@ import time
 from dataclasses import dataclass
 from typing import TextIO
 
-from localinfer.backends.devices import NO_RPC, Device, describe, ggml, rpc_function
 from localinfer.backends.rpc.probe import WorkerInfo, probe
+from localinfer.devices import NO_RPC, Device, describe, ggml, rpc_function
 from localinfer.errors import BackendError, UserError
 from localinfer.memory import size_text
 

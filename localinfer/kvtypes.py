@@ -2,7 +2,8 @@
 
 A type's id and its bytes come from gguf's own tables (ggml's enum and block sizes), so
 nothing here can drift from the files and the engines; which of them an engine keeps is
-its own capability (`Capabilities.kv_types`).
+its own capability (`Capabilities.kv_types`). A leaf below memory.py and the backends,
+which both size a cache with it.
 """
 
 from __future__ import annotations

@@ -1,7 +1,9 @@
 """Which compute devices this llama.cpp build can use, with their free memory, and the CPU's name.
 
 llama-cpp-python does not bind ggml's device registry, so we call it in the shared
-library it already loaded. Used by `doctor` and by `--gpu-layers auto`.
+library it already loaded. Used by `doctor` and by `--gpu-layers auto`. A leaf below both
+memory.py (which plans layers onto these devices) and the backends (the RPC worker serves
+one), so neither imports the other's layer for it.
 """
 
 from __future__ import annotations
