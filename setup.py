@@ -20,7 +20,7 @@ import tomllib
 from glob import glob
 from pathlib import Path
 
-from setuptools import Extension, find_packages, setup
+from setuptools import Extension, find_namespace_packages, setup
 from setuptools.command.build_ext import build_ext
 
 HERE = Path(__file__).resolve().parent
@@ -82,11 +82,13 @@ def packages() -> list[str]:
     """Every package of the tree, found rather than listed: a hand-kept list once left out
     localinfer.backends.rpc. setuptools' own discovery (`packages.find`) names a package
     after its folder, so it cannot find quant/ as localinfer_quant: each folder that
-    package-dir maps is searched on its own, under its installed name."""
+    package-dir maps is searched on its own, under its installed name. Namespace discovery,
+    so that data folders (native/c/, quant/data/) are packages too, as setuptools asks."""
     mapped = tomllib.loads((HERE / "pyproject.toml").read_text())["tool"]["setuptools"]["package-dir"]
-    found = find_packages(str(HERE), include=["localinfer", "localinfer.*"])
+    skip = ["*__pycache__"]
+    found = find_namespace_packages(str(HERE), include=["localinfer", "localinfer.*"], exclude=skip)
     for name, folder in mapped.items():
-        found += [name, *(f"{name}.{sub}" for sub in find_packages(str(HERE / folder)))]
+        found += [name, *(f"{name}.{sub}" for sub in find_namespace_packages(str(HERE / folder), exclude=skip))]
     return found
 
 
