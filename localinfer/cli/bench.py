@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import itertools
 import json
+import math
 import sys
 from pathlib import Path
 from typing import Annotated, Optional
@@ -20,22 +21,26 @@ bench_app = typer.Typer(name="bench", rich_markup_mode=None, help="Measure model
 err = Console(stderr=True, highlight=False)
 
 
-def _list(kind, check=None):  # type: ignore[no-untyped-def]
-    """A comma-separated option (`-p 128,512`), each item converted and checked."""
+def _list(kind, check=None, hint: str | None = None):  # type: ignore[no-untyped-def]
+    """A comma-separated option (`-p 128,512`), each item converted and checked; an error
+    names the option (`hint`), since the list is read in the command, not by click."""
 
     def parse(value: str | None):  # type: ignore[no-untyped-def]
         if value is None:
             return None
         items = [item.strip() for item in value.split(",") if item.strip()]
         if not items:
-            raise typer.BadParameter("is empty")
+            raise typer.BadParameter("is empty", param_hint=hint)
         out = []
         for item in items:
             try:
                 converted = kind(item)
             except ValueError:
-                raise typer.BadParameter(f"'{item}' is not {'a whole number' if kind is int else 'valid'}") from None
-            out.append(check(converted) if check else converted)
+                raise typer.BadParameter(f"'{item}' is not {'a whole number' if kind is int else 'valid'}", param_hint=hint) from None
+            try:
+                out.append(check(converted) if check else converted)
+            except typer.BadParameter as e:
+                raise typer.BadParameter(e.message, param_hint=hint) from None
         return list(dict.fromkeys(out))
 
     return parse
@@ -88,16 +93,16 @@ def model(
 
     if json_out and csv_out:
         raise typer.BadParameter("give --json or --csv, not both", param_hint="--csv")
-    n_prompt = [n for n in _list(int, _nonnegative)(prompts) if n]
-    n_gen = [n for n in _list(int, _nonnegative)(gens) if n]
+    n_prompt = [n for n in _list(int, _nonnegative, "-p")(prompts) if n]
+    n_gen = [n for n in _list(int, _nonnegative, "-n")(gens) if n]
     if not n_prompt and not n_gen:
         raise typer.BadParameter("nothing to measure: every -p and -n is 0", param_hint="-p/-n")
-    engine_list = _list(str, opt.backend_name)(engines)
-    kernel_list = _list(str, lambda k: opt.kernel_set(None if k == "auto" else k))(kernels) if kernels else [None]
-    thread_list = _list(int, opt.at_least(1))(threads) if threads else [default_threads()]
-    k_list, v_list = _list(str, _cache)(cache_k), _list(str, _cache)(cache_v)
-    draft_list = _list(str, _draft)(draft)
-    ngl_list = _list(str, opt.gpu_layers)(gpu_layers)  # numbers as ints, or "auto"
+    engine_list = _list(str, opt.backend_name, "--engine")(engines)
+    kernel_list = _list(str, lambda k: opt.kernel_set(None if k == "auto" else k), "--kernels")(kernels) if kernels else [None]
+    thread_list = _list(int, opt.threads, "-t")(threads) if threads else [default_threads()]
+    k_list, v_list = _list(str, _cache, "-ctk")(cache_k), _list(str, _cache, "-ctv")(cache_v)
+    draft_list = _list(str, _draft, "--draft")(draft)
+    ngl_list = _list(str, opt.gpu_layers, "-ngl")(gpu_layers)  # numbers as ints, or "auto"
     refs = models or [None]
     for ref in refs:
         resolve(ref)  # a bad name fails here, in one line, before any run
@@ -138,8 +143,8 @@ def model(
 
 
 def _nonnegative(n: int) -> int:
-    if n < 0:
-        raise typer.BadParameter(f"must be 0 or more, not {n}")
+    if not 0 <= n <= opt.MAX_CTX:
+        raise typer.BadParameter(f"must be between 0 and {opt.MAX_CTX}, not {n}")
     return n
 
 
@@ -163,7 +168,7 @@ def serve(
     workload: Annotated[str, typer.Option("--workload", help="synthetic, chat (shipped prompts), shared-prefix (one long system prompt), long-prompt (a long prompt every 8th request).")] = "synthetic",
     input_len: Annotated[int, typer.Option("--input-len", help="Prompt length in words (synthetic, long-prompt; x8 for shared-prefix's system prompt).", callback=opt.between(1, 100000))] = 64,
     output_len: Annotated[int, typer.Option("--output-len", help="Tokens asked for per answer.", callback=opt.between(1, 100000))] = 64,
-    seed: Annotated[int, typer.Option("--seed", help="Fixes the prompts and arrival times, so runs compare.")] = 0,
+    seed: Annotated[int, typer.Option("--seed", help="Fixes the prompts and arrival times, so runs compare.", callback=opt.between(0, 2**64 - 1))] = 0,
     timeout: Annotated[float, typer.Option("--timeout", help="Seconds a request may take before it counts as failed.", callback=opt.at_least(0.1))] = 120.0,
     slo_ttft_ms: Annotated[Optional[float], typer.Option("--slo-ttft-ms", help="Goodput counts requests whose TTFT is at most this.", callback=opt.at_least(0), show_default=False)] = None,
     slo_tpot_ms: Annotated[Optional[float], typer.Option("--slo-tpot-ms", help="... and whose TPOT is at most this.", callback=opt.at_least(0), show_default=False)] = None,
@@ -188,7 +193,7 @@ def serve(
         raise typer.BadParameter("give --concurrency or --rate, not both", param_hint="--rate")
     if workload not in sv.WORKLOADS:
         raise typer.BadParameter(f"'{workload}' is not one of: {', '.join(sv.WORKLOADS)}", param_hint="--workload")
-    levels = [sv.Level(rate=r) for r in _list(float, _positive_rate)(rate)] if rate else [sv.Level(concurrency=c) for c in _list(int, opt.at_least(1))(concurrency or "1,2,4,8")]
+    levels = [sv.Level(rate=r) for r in _list(float, _positive_rate, "--rate")(rate)] if rate else [sv.Level(concurrency=c) for c in _list(int, opt.between(1, 100000), "-c")(concurrency or "1,2,4,8")]
     url = url.rstrip("/").removesuffix("/v1")
     if not url.startswith(("http://", "https://")):
         raise typer.BadParameter(f"'{url}' is not an http(s) URL", param_hint="--url")
@@ -262,6 +267,6 @@ def _read_run(path: Path) -> dict:
 
 
 def _positive_rate(x: float) -> float:
-    if not x > 0:
-        raise typer.BadParameter(f"must be more than 0, not {x:g}")
+    if not 0 < x < math.inf:
+        raise typer.BadParameter(f"must be a finite number more than 0, not {x:g}")
     return x

@@ -13,9 +13,24 @@ import typer
 from localinfer.cli import options as opt
 
 
+def _chat_id(value: tuple[int, Path] | None) -> tuple[int, Path] | None:
+    """--export's ID: a chat's SQLite rowid, so a whole number from 1 to 2**63 - 1."""
+    if value is not None:
+        opt.between(1, 2**63 - 1)(value[0])
+    return value
+
+
 def chat(
     model: Annotated[Optional[str], typer.Argument(help="Catalog alias, path to a .gguf, or Hugging Face owner/repo[:QUANT]; with --url, the name the endpoint knows it by. Default: the embedded SmolLM2-135M (with --url: the endpoint's first model).", show_default=False)] = None,
+    model_option: opt.ModelOption = None,
     url: Annotated[Optional[str], typer.Option("--url", help="Talk to an OpenAI-compatible endpoint (localinfer serve, Ollama, llama-server) instead of loading the model here, e.g. http://127.0.0.1:8080. Its key comes from OPENAI_API_KEY.", show_default=False)] = None,
+    temperature: opt.Temperature = None,
+    top_k: opt.TopK = None,
+    top_p: opt.TopP = None,
+    min_p: opt.MinP = None,
+    repeat_penalty: opt.RepeatPenalty = None,
+    seed: opt.Seed = None,
+    max_tokens: opt.MaxTokens = None,
     engine_name: opt.Engine = opt.ENGINE_DEFAULT,
     ctx: opt.Ctx = None,
     threads: opt.Threads = None,
@@ -38,13 +53,16 @@ def chat(
     think_budget: opt.ThinkBudget = None,
     list_chats: Annotated[bool, typer.Option("--list", help="Print the saved chats, newest first, and exit.")] = False,
     json_out: Annotated[bool, typer.Option("--json", help="With --list: print JSON.")] = False,
-    export: Annotated[Optional[tuple[int, Path]], typer.Option("--export", metavar="ID FILE", help="Write chat ID to FILE (Markdown, or JSON for a .json name) and exit.", show_default=False)] = None,
+    export: Annotated[Optional[tuple[int, Path]], typer.Option("--export", metavar="ID FILE", help="Write chat ID to FILE (Markdown, or JSON for a .json name) and exit.", callback=_chat_id, show_default=False)] = None,
 ) -> None:
     """Chat in a terminal app: saved conversations, streamed Markdown, live TTFT, tokens/s and context use.
+
+    The sampling options are where every chat starts (a saved chat keeps its own); Ctrl+S changes them.
 
     Keys: Enter sends, Shift+Enter (or Ctrl+J) breaks the line, Esc stops a reply; the footer lists the rest, and Ctrl+P finds any action. Chats are kept in chats.db in the data folder (LOCALINFER_HOME if set)."""
     from localinfer.tui.store import ChatStore
 
+    model = opt.one_model(model, model_option)
     if json_out and not list_chats:
         raise typer.BadParameter("--json goes with --list", param_hint="--json")
     store = ChatStore.open()
@@ -64,7 +82,8 @@ def chat(
         from localinfer.tui.app import ChatApp
 
         options = opt.load_options(engine_name, ctx, threads, kernels, (cache_type, cache_type_k, cache_type_v), (draft, draft_max, draft_ngram_min, draft_ngram_max), gpu_layers, draft_engine=draft_engine, prompt_cache=opt.prompt_cache(no_prompt_cache, cache_ram, cache_disk, cache_dir), rpc=rpc)
-        ChatApp(store, model_loader(options, think == "on" and think_budget != 0, think_budget), model=model, url=url).run()
+        sampling = {"temperature": temperature, "top_k": top_k, "top_p": top_p, "min_p": min_p, "repeat_penalty": repeat_penalty, "seed": seed, "max_tokens": max_tokens}
+        ChatApp(store, model_loader(options, think == "on" and think_budget != 0, think_budget), model=model, url=url, sampling=sampling).run()
     finally:
         store.close()
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 from typing import Annotated, Optional
 
@@ -15,15 +16,28 @@ def gpu_layers(value: str) -> int | str:
         n = int(value)
     except ValueError:
         raise typer.BadParameter(f"'{value}' is not a number of layers, 'all' or 'auto'") from None
-    if n < 0:
-        raise typer.BadParameter("must be 0 or more (or 'all', or 'auto')")
+    if not 0 <= n <= MAX_CTX:
+        raise typer.BadParameter(f"must be between 0 and {MAX_CTX} (or 'all', or 'auto'), not {n}")
     return n
 
 
+def _number(value: float) -> str:
+    return str(value) if isinstance(value, int) else f"{value:g}"  # as engine/types.py number(), without loading the engine
+
+
+def _finite(value: float) -> None:
+    if isinstance(value, float) and not math.isfinite(value):
+        raise typer.BadParameter(f"must be a finite number, not {value}")
+
+
 def at_least(minimum: float):
+    """A check that a number is finite and at least `minimum`."""
+
     def check(value: float | None) -> float | None:
-        if value is not None and not value >= minimum:  # `not >=` also refuses NaN
-            raise typer.BadParameter(f"must be at least {minimum:g}, not {value:g}")
+        if value is not None:
+            _finite(value)
+            if not value >= minimum:
+                raise typer.BadParameter(f"must be at least {_number(minimum)}, not {_number(value)}")
         return value
 
     return check
@@ -31,42 +45,60 @@ def at_least(minimum: float):
 
 def between(low: float, high: float):
     def check(value: float | None) -> float | None:
-        if value is not None and not low <= value <= high:
-            raise typer.BadParameter(f"must be between {low:g} and {high:g}, not {value:g}")
+        if value is not None:
+            _finite(value)
+            if not low <= value <= high:
+                raise typer.BadParameter(f"must be between {_number(low)} and {_number(high)}, not {_number(value)}")
         return value
 
     return check
 
 
-# What each sampling option accepts: its type and its check. The command-line options and
-# interactive `/set` both use this table, so they refuse the same values.
-SAMPLING = {
-    "temperature": (float, at_least(0)),
-    "top_k": (int, at_least(0)),
-    "top_p": (float, between(0, 1)),
-    "min_p": (float, between(0, 1)),
-    "repeat_penalty": (float, at_least(0.01)),
-    "repeat_last_n": (int, at_least(-1)),
-    "presence_penalty": (float, between(-2, 2)),
-    "frequency_penalty": (float, between(-2, 2)),
-    "seed": (int, at_least(-1)),
-    "max_tokens": (int, at_least(1)),
-}
+def sampling(name: str):
+    """The check of a sampling option: the engine's table (engine/types.py SAMPLING), whose
+    refusal becomes a usage error naming the option."""
+
+    def check(value: float | None) -> float | None:
+        from localinfer.engine.types import SAMPLING, BadSamplingValue  # here: the engine (numpy) loads when a command runs
+
+        if value is None:
+            return None
+        try:
+            return SAMPLING[name].check(value)
+        except BadSamplingValue as e:
+            raise typer.BadParameter(str(e)) from None
+
+    return check
 
 
-def sampling_value(name: str, text: str) -> float | int:
-    """Parse and check one sampling option given as text (`/set top_p 0.9`); BadParameter says why not."""
-    kind, check = SAMPLING[name]
-    try:
-        value = kind(text)
-    except ValueError:
-        raise typer.BadParameter(f"'{text}' is not {'a whole number' if kind is int else 'a number'}") from None
-    return check(value)
+# The sampling options of the commands that answer prompts (run, chat); one definition each,
+# so their --help agrees. Each is checked against the engine's table, as `/set` and the API are.
+Temperature = Annotated[Optional[float], typer.Option("--temperature", "--temp", help="Sampling temperature; 0 is greedy. [default: the model's, else 0.8]", callback=sampling("temperature"), show_default=False)]
+TopK = Annotated[Optional[int], typer.Option("--top-k", help="Keep the K most likely tokens; 0 disables.", callback=sampling("top_k"), show_default=False)]
+TopP = Annotated[Optional[float], typer.Option("--top-p", help="Nucleus sampling mass; 1 disables.", callback=sampling("top_p"), show_default=False)]
+MinP = Annotated[Optional[float], typer.Option("--min-p", help="Drop tokens below this fraction of the top probability.", callback=sampling("min_p"), show_default=False)]
+RepeatPenalty = Annotated[Optional[float], typer.Option("--repeat-penalty", help="Penalty for recently seen tokens; 1 disables.", callback=sampling("repeat_penalty"), show_default=False)]
+Seed = Annotated[Optional[int], typer.Option("--seed", "-s", help="Random seed, for reproducible sampling; -1 picks one (reported by --verbose and --json).", callback=sampling("seed"), show_default=False)]
+MaxTokens = Annotated[Optional[int], typer.Option("--max-tokens", "-n", help="Stop after this many tokens. [default: until the model stops or the context is full]", callback=sampling("max_tokens"), show_default=False)]
+
+
+# The model as llama.cpp's tools take it (-m), beside the MODEL argument of run, chat and serve.
+ModelOption = Annotated[Optional[str], typer.Option("--model", "-m", help="The model, as the MODEL argument takes it (llama.cpp's -m): give one or the other.", show_default=False)]
+
+
+def one_model(argument: str | None, option: str | None) -> str | None:
+    """The model named by the MODEL argument or by -m/--model; BadParameter if both name one."""
+    if argument is not None and option is not None:
+        raise typer.BadParameter(f"give the model once: -m '{option}' or the argument '{argument}', not both", param_hint="-m/--model")
+    return option if option is not None else argument
 
 
 # More threads than this is a typo, and would make OpenMP or ggml try to start them all.
 MAX_THREADS = 1024
 threads = between(1, MAX_THREADS)
+# The most tokens a context holds: llama.cpp's int32 (engine/types.py MAX_COUNT, not imported
+# here so that --help does not load the engine).
+MAX_CTX = 2**31 - 1
 
 
 def backend_name(value: str) -> str:
@@ -93,9 +125,9 @@ def kernel_set(value: str | None) -> str | None:
 # each, so their --help agrees, and one place (load_options) that turns them into LoadOptions.
 Engine = Annotated[str, typer.Option("--engine", help="Inference engine: auto (native where it runs the model's architecture and tensor types, no layer goes to a GPU and llama.cpp was not measured faster; else llama.cpp; --verbose says which and why), native (localinfer's own, CPU) or llama.cpp.", callback=engine_name)]
 Kernels = Annotated[Optional[str], typer.Option("--kernels", envvar="LOCALINFER_KERNELS", help="Native engine kernels: auto (C where it compiled, else Numba), c, or numba. [default: auto]", callback=kernel_set, show_default=False)]
-Threads = Annotated[Optional[int], typer.Option("--threads", envvar="LOCALINFER_THREADS", help="CPU threads. [default: physical cores]", callback=threads)]
-Ctx = Annotated[Optional[int], typer.Option("--ctx", help="Context of each sequence in tokens, prompt and answer together. [default: the model's, at most 4096]", callback=at_least(16))]
-GpuLayers = Annotated[str, typer.Option("--gpu-layers", help="Layers to offload to the GPU, 'all', or 'auto' to fit free VRAM (engines that offload: llama.cpp).", callback=gpu_layers)]
+Threads = Annotated[Optional[int], typer.Option("--threads", "-t", envvar="LOCALINFER_THREADS", help="CPU threads. [default: physical cores]", callback=threads)]
+Ctx = Annotated[Optional[int], typer.Option("--ctx", "-c", help="Context of each sequence in tokens, prompt and answer together. [default: the model's, at most 4096]", callback=between(16, MAX_CTX))]
+GpuLayers = Annotated[str, typer.Option("--gpu-layers", "-ngl", help="Layers to offload to the GPU, 'all', or 'auto' to fit free VRAM (engines that offload: llama.cpp).", callback=gpu_layers)]
 ENGINE_DEFAULT = "auto"
 
 
@@ -131,7 +163,7 @@ def on_off(value: str) -> str:
 
 # Reasoning models, on the commands that chat (run, chat).
 Think = Annotated[str, typer.Option("--think", help="Let a reasoning model (Qwen3, DeepSeek-R1 distills) think before it answers: on or off (its template's enable_thinking, or the think block closed at once).", callback=on_off)]
-ThinkBudget = Annotated[Optional[int], typer.Option("--think-budget", help="Most tokens a reasoning model may think; then localinfer closes the think block and the model answers. 0: do not think. [default: no limit]", callback=at_least(0), show_default=False)]
+ThinkBudget = Annotated[Optional[int], typer.Option("--think-budget", help="Most tokens a reasoning model may think; then localinfer closes the think block and the model answers. 0: do not think. [default: no limit]", callback=between(0, MAX_CTX), show_default=False)]
 
 
 # Speculation, on every command that decodes (run, chat, serve); one definition, so their --help agrees.
@@ -165,8 +197,11 @@ def cache_type(value: str | None) -> str | None:
 
 # The KV cache's element types, on every command that loads a model to decode or score.
 CacheType = Annotated[Optional[str], typer.Option("--cache-type", help="KV-cache type of K and V: f16 (default), q8_0, q4_0 (llama.cpp also q4_1, q5_0, q5_1, iq4_nl), or auto: f16 if it fits in memory, else q8_0, else q4_0.", callback=cache_type, show_default=False)]
-CacheTypeK = Annotated[Optional[str], typer.Option("--cache-type-k", help="KV-cache type of K alone (overrides --cache-type).", callback=cache_type, show_default=False)]
-CacheTypeV = Annotated[Optional[str], typer.Option("--cache-type-v", help="KV-cache type of V alone (overrides --cache-type; a quantized V turns on flash attention on llama.cpp).", callback=cache_type, show_default=False)]
+CacheTypeK = Annotated[Optional[str], typer.Option("--cache-type-k", "-ctk", help="KV-cache type of K alone (overrides --cache-type).", callback=cache_type, show_default=False)]
+CacheTypeV = Annotated[Optional[str], typer.Option("--cache-type-v", "-ctv", help="KV-cache type of V alone (overrides --cache-type; a quantized V turns on flash attention on llama.cpp).", callback=cache_type, show_default=False)]
+
+
+MAX_BYTES = 2**63 - 1  # what a signed 64-bit size holds (ctypes, os, the memory plan)
 
 
 def byte_size(value: str | None) -> int | None:
@@ -178,9 +213,11 @@ def byte_size(value: str | None) -> int | None:
     try:
         size = float(text[:-1] if scale > 1 else text) * scale
     except ValueError:
-        raise typer.BadParameter(f"'{value}' is not a size (like 512M or 4G; 0 for none)") from None
-    if size < 0:
-        raise typer.BadParameter(f"'{value}' is negative")
+        size = math.nan
+    if not math.isfinite(size):
+        raise typer.BadParameter(f"'{value}' is not a size (like 512M or 4G; 0 for none)")
+    if not 0 <= size <= MAX_BYTES:
+        raise typer.BadParameter(f"'{value}' is {'negative' if size < 0 else 'more than 8 EiB'}")
     return int(size)
 
 

@@ -43,7 +43,7 @@ def quantize_command(
     leave_output_tensor: Annotated[bool, typer.Option("--leave-output-tensor", help="Keep output.weight unquantized.")] = False,
     tensor_type: Annotated[Optional[list[str]], typer.Option("--tensor-type", help="Override the type of tensors matching a pattern: PATTERN=TYPE (repeatable).", show_default=False)] = None,
     imatrix: Annotated[Optional[Path], typer.Option("--imatrix", help="Importance matrix from llama-imatrix (GGUF or legacy .dat): better low-bit quants.", show_default=False)] = None,
-    threads: Annotated[Optional[int], typer.Option(envvar="LOCALINFER_THREADS", help="Threads. [default: all cores]", callback=opt.threads)] = None,
+    threads: Annotated[Optional[int], typer.Option("--threads", "-t", envvar="LOCALINFER_THREADS", help="Threads. [default: all cores]", callback=opt.threads)] = None,
     json_out: Annotated[bool, typer.Option("--json", help="Print a JSON summary instead of the table.")] = False,
 ) -> None:
     """Quantize a model to a GGUF k-quant (or any llama.cpp type), through llama.cpp's quantizer."""

@@ -66,6 +66,16 @@ def split_model_and_prompt(model: str | None, prompt: str | None) -> tuple[str |
         return None, model
 
 
+def model_and_prompt(first: str | None, second: str | None, model_option: str | None) -> tuple[str | None, str | None]:
+    """`run MODEL PROMPT`, `run PROMPT` (the default model), or `run -m MODEL PROMPT`, where
+    the one argument is the prompt (two arguments beside -m name the model twice)."""
+    if model_option is None:
+        return split_model_and_prompt(first, second)
+    if second is not None:
+        opt.one_model(first, model_option)  # raises: the model given twice
+    return model_option, first
+
+
 def write(text: str) -> None:
     try:
         sys.stdout.write(text)
@@ -279,29 +289,32 @@ def _set(args: str, system: str | None, params: SamplingParams) -> tuple[str | N
             value = value[1:-1]  # /set system "Be terse." as Ollama takes it
         err.print("[dim]Set the system prompt.[/dim]")
         return value, params
-    if name not in opt.SAMPLING:
-        err.print(f"Unknown option '{name}'. Options: system, {', '.join(opt.SAMPLING)}")
+    from localinfer.engine.types import SAMPLING, BadSamplingValue, sampling_value
+
+    if name not in SAMPLING:
+        err.print(f"Unknown option '{name}'. Options: system, {', '.join(SAMPLING)}")
         return system, params
     try:
-        parsed = opt.sampling_value(name, value)
-    except typer.BadParameter as e:
-        err.print(f"{name} {e.message}")
+        parsed = sampling_value(name, value)
+    except BadSamplingValue as e:
+        err.print(f"{name} {e}")
         return system, params
     err.print(f"[dim]Set {name} to {parsed}.[/dim]")
     return system, params.with_overrides(**{name: parsed})
 
 
 def run(
-    model: Annotated[Optional[str], typer.Argument(help="Catalog alias, path to a .gguf, or Hugging Face owner/repo[:QUANT]. Default: the embedded SmolLM2-135M.", show_default=False)] = None,
+    model: Annotated[Optional[str], typer.Argument(help="Catalog alias, path to a .gguf, or Hugging Face owner/repo[:QUANT] (or give it with -m, and the first argument is the prompt). Default: the embedded SmolLM2-135M.", show_default=False)] = None,
     prompt: Annotated[Optional[str], typer.Argument(help="The prompt. Without one (and nothing on stdin), starts an interactive chat.", show_default=False)] = None,
+    model_option: opt.ModelOption = None,
     system: Annotated[Optional[str], typer.Option(help="System prompt.")] = None,
-    temperature: Annotated[Optional[float], typer.Option(help="Sampling temperature; 0 is greedy. [default: the model's, else 0.8]", callback=opt.at_least(0))] = None,
-    top_k: Annotated[Optional[int], typer.Option(help="Keep the K most likely tokens; 0 disables.", callback=opt.at_least(0))] = None,
-    top_p: Annotated[Optional[float], typer.Option(help="Nucleus sampling mass; 1 disables.", callback=opt.between(0, 1))] = None,
-    min_p: Annotated[Optional[float], typer.Option(help="Drop tokens below this fraction of the top probability.", callback=opt.between(0, 1))] = None,
-    repeat_penalty: Annotated[Optional[float], typer.Option(help="Penalty for recently seen tokens; 1 disables.", callback=opt.at_least(0.01))] = None,
-    seed: Annotated[Optional[int], typer.Option(help="Random seed, for reproducible sampling; -1 picks one (reported by --verbose and --json).", callback=opt.at_least(-1))] = None,
-    max_tokens: Annotated[Optional[int], typer.Option("--max-tokens", "-n", help="Stop after this many tokens. [default: until the model stops or the context is full]", callback=opt.at_least(1))] = None,
+    temperature: opt.Temperature = None,
+    top_k: opt.TopK = None,
+    top_p: opt.TopP = None,
+    min_p: opt.MinP = None,
+    repeat_penalty: opt.RepeatPenalty = None,
+    seed: opt.Seed = None,
+    max_tokens: opt.MaxTokens = None,
     ctx: opt.Ctx = None,
     threads: opt.Threads = None,
     gpu_layers: opt.GpuLayers = "auto",
@@ -331,7 +344,7 @@ def run(
     regex: opt.Regex = None,
 ) -> None:
     """Answer a prompt with a model, streaming the text as it is generated."""
-    model, prompt = split_model_and_prompt(model, prompt)
+    model, prompt = model_and_prompt(model, prompt, model_option)
     prompt, system = (as_text(prompt) if prompt is not None else None), (as_text(system) if system is not None else None)
     if not sys.stdin.isatty():
         piped = read_stdin()

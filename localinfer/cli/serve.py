@@ -26,10 +26,11 @@ def duration(value: str) -> float:
 
 def serve(
     model: Annotated[Optional[str], typer.Argument(help="The model to load at start: catalog alias, .gguf path, or owner/repo[:QUANT]. Default: the embedded SmolLM2-135M.", show_default=False)] = None,
+    model_option: opt.ModelOption = None,
     host: Annotated[str, typer.Option(help="Address to listen on. Anything but loopback exposes the models to your network.")] = "127.0.0.1",
     port: Annotated[int, typer.Option(help="Port.", callback=opt.between(1, 65535))] = 8080,
-    parallel: Annotated[int, typer.Option(help="Requests decoded at once (KV-cache slots per model).", callback=opt.between(1, 256))] = 4,
-    max_queue: Annotated[int, typer.Option(help="Requests that may wait for a slot; past that, 503 with Retry-After.", callback=opt.at_least(0))] = 32,
+    parallel: Annotated[int, typer.Option("--parallel", "-np", help="Requests decoded at once (KV-cache slots per model).", callback=opt.between(1, 256))] = 4,
+    max_queue: Annotated[int, typer.Option(help="Requests that may wait for a slot; past that, 503 with Retry-After.", callback=opt.between(0, opt.MAX_CTX))] = 32,
     ctx: opt.Ctx = None,
     engine_name: opt.Engine = opt.ENGINE_DEFAULT,
     kernels: opt.Kernels = None,
@@ -37,9 +38,9 @@ def serve(
     gpu_layers: opt.GpuLayers = "auto",
     rpc: opt.Rpc = None,
     api_key: Annotated[Optional[str], typer.Option("--api-key", envvar="LOCALINFER_API_KEY", help="Require 'Authorization: Bearer KEY' on every route but /health.", show_default=False)] = None,
-    keep_alive: Annotated[str, typer.Option(help="Unload a model idle this long (300, 30s, 5m, 1h; -1: never).")] = "5m",
-    max_loaded: Annotated[int, typer.Option(help="Models kept loaded at once; the least recently used is swapped out.", callback=opt.at_least(1))] = 1,
-    prefill_chunk: Annotated[int, typer.Option(help="Most prompt tokens prefilled per step, so a long prompt does not stall running streams.", callback=opt.at_least(16))] = 512,
+    keep_alive: Annotated[str, typer.Option(help="Unload a model idle this long (300, 30s, 5m, 1h; -1: never).", callback=duration)] = "5m",
+    max_loaded: Annotated[int, typer.Option(help="Models kept loaded at once; the least recently used is swapped out.", callback=opt.between(1, 1024))] = 1,
+    prefill_chunk: Annotated[int, typer.Option(help="Most prompt tokens prefilled per step, so a long prompt does not stall running streams.", callback=opt.between(16, opt.MAX_CTX))] = 512,
     cache_type: opt.CacheType = None,
     cache_type_k: opt.CacheTypeK = None,
     cache_type_v: opt.CacheTypeV = None,
@@ -61,11 +62,13 @@ def serve(
     from localinfer.server.host import ModelHost
     from localinfer.server.run import serve_app
 
+    model = opt.one_model(model, model_option)
     if host not in LOOPBACK and not api_key:
         err.print(f"[yellow]warning:[/yellow] listening on {host} without --api-key: anyone who can reach this port can use your models")
     options = opt.load_options(engine_name, ctx, threads, kernels, (cache_type, cache_type_k, cache_type_v), (draft, draft_max, draft_ngram_min, draft_ngram_max), gpu_layers,
                                n_seq_max=parallel, prefill_chunk=prefill_chunk, decode_slowdown=decode_slowdown, draft_engine=draft_engine, prompt_cache=opt.prompt_cache(no_prompt_cache, cache_ram, cache_disk, cache_dir), rpc=rpc)  # fmt: skip
-    models = ModelHost(model, options, max_loaded=max_loaded, keep_alive=duration(keep_alive), allow_paths=allow_paths)
+    # keep_alive is in seconds already: duration() is its callback
+    models = ModelHost(model, options, max_loaded=max_loaded, keep_alive=keep_alive, allow_paths=allow_paths)  # type: ignore[arg-type]
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s", datefmt="%H:%M:%S")
     app = create_app(models, api_key=api_key, parallel=parallel, max_queue=max_queue, allow_pull=allow_pull)
     serve_app(app, host, port)

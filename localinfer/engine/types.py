@@ -1,10 +1,13 @@
-"""Plain dataclasses the engine exchanges with its clients (CLI, TUI, server)."""
+"""Plain dataclasses the engine exchanges with its clients (CLI, TUI, server), and the
+ranges of the sampling values they may send (SAMPLING)."""
 
 from __future__ import annotations
 
+import math
 from dataclasses import asdict, dataclass, field, replace
 
 from localinfer.engine.constraints import Constraint
+from localinfer.errors import UserError
 
 
 @dataclass(frozen=True)
@@ -40,6 +43,70 @@ class SamplingParams:
     def with_overrides(self, **changes: object) -> SamplingParams:
         """A copy with the given fields replaced; None values mean "keep"."""
         return replace(self, **{k: v for k, v in changes.items() if v is not None})
+
+
+class BadSamplingValue(UserError):
+    """A sampling value out of its range, or not a finite number: the message says which
+    range ("must be between 0 and 1, not 1.5"), and its caller names the setting."""
+
+
+def number(value: float) -> str:
+    """A number as a message shows it: a whole one in full, any other short (0.95, 1e+30)."""
+    return str(value) if isinstance(value, int) else f"{value:g}"
+
+
+# The largest count (tokens, top-k, a window) we take: llama.cpp's int32, and far past any context.
+MAX_COUNT = 2**31 - 1
+
+
+@dataclass(frozen=True)
+class Bounds:
+    """The values one sampling setting takes: its type and a closed range (high None: no
+    upper end). Every float is also finite: inf and NaN mean nothing to a sampler."""
+
+    kind: type  # int or float
+    low: float
+    high: float | None = None
+
+    def check(self, value: float) -> float:
+        """`value`, if it is finite and in range; BadSamplingValue says why not."""
+        if not math.isfinite(value):
+            raise BadSamplingValue(f"must be a finite number, not {value}")
+        if self.high is None and not value >= self.low:
+            raise BadSamplingValue(f"must be at least {number(self.low)}, not {number(value)}")
+        if self.high is not None and not self.low <= value <= self.high:
+            raise BadSamplingValue(f"must be between {number(self.low)} and {number(self.high)}, not {number(value)}")
+        return value
+
+    def parse(self, text: str) -> float:
+        """A value typed as text (`/set top_p 0.9`, the chat app's settings), checked."""
+        try:
+            value = self.kind(text.strip())
+        except ValueError:
+            raise BadSamplingValue(f"'{text}' is not {'a whole number' if self.kind is int else 'a number'}") from None
+        return self.check(value)
+
+
+# What each sampling setting accepts, by its SamplingParams name: the one table the command
+# line's options, interactive `/set`, the chat app's settings and every API dialect's
+# fields check against (a dialect may narrow a range: OpenAI's temperature stops at 2).
+SAMPLING: dict[str, Bounds] = {
+    "temperature": Bounds(float, 0),
+    "top_k": Bounds(int, 0, MAX_COUNT),
+    "top_p": Bounds(float, 0, 1),
+    "min_p": Bounds(float, 0, 1),
+    "repeat_penalty": Bounds(float, 0.01),
+    "repeat_last_n": Bounds(int, -1, MAX_COUNT),
+    "presence_penalty": Bounds(float, -2, 2),
+    "frequency_penalty": Bounds(float, -2, 2),
+    "seed": Bounds(int, -1, 2**64 - 1),  # -1: pick one; at most a uint64, the widest seed any engine takes
+    "max_tokens": Bounds(int, 1, MAX_COUNT),
+}
+
+
+def sampling_value(name: str, text: str) -> float:
+    """Parse and check one sampling setting given as text; BadSamplingValue says why not."""
+    return SAMPLING[name].parse(text)
 
 
 @dataclass

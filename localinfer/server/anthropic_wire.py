@@ -13,7 +13,7 @@ from typing import Annotated, Literal
 from pydantic import BaseModel, Field
 
 from localinfer.engine.tools import Tool
-from localinfer.server.protocol import ChatMessage, Lenient
+from localinfer.server.protocol import ChatMessage, Lenient, count, limited
 
 
 class TextBlock(Lenient):
@@ -77,7 +77,7 @@ class ToolChoice(Lenient):
 
 class Thinking(Lenient):
     type: Literal["enabled", "disabled", "adaptive"]
-    budget_tokens: int | None = Field(default=None, ge=0)
+    budget_tokens: int | None = count()
 
 
 class CountTokensRequest(Lenient):
@@ -116,11 +116,11 @@ class CountTokensRequest(Lenient):
 
 
 class MessagesRequest(CountTokensRequest):
-    max_tokens: int = Field(ge=1)
+    max_tokens: int = limited("max_tokens", ...)
     stop_sequences: list[str] | None = None
-    temperature: float | None = Field(default=None, ge=0, le=1)
-    top_p: float | None = Field(default=None, ge=0, le=1)
-    top_k: int | None = Field(default=None, ge=0)
+    temperature: float | None = limited("temperature", most=1)
+    top_p: float | None = limited("top_p")
+    top_k: int | None = limited("top_k")
     stream: bool = False
 
 

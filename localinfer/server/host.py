@@ -27,15 +27,23 @@ class Loaded:
     keep_alive: float | None = None  # seconds idle before unloading, as a request asked (Ollama's keep_alive); None: the server's
 
 
+# The longest keep-alive short of forever: a century (more would overflow the expiry date /api/ps shows).
+MAX_KEEP_ALIVE = 100 * 365 * 86400
+
+
 def seconds(value: str | float) -> float:
     """Seconds from 300, '300', '30s', '5m' or '1h'; a negative number means forever (as
-    Ollama's keep_alive). ValueError for anything else."""
+    Ollama's keep_alive). ValueError for anything else, and for more than MAX_KEEP_ALIVE."""
     if isinstance(value, (int, float)) and not isinstance(value, bool):
-        return float(value)
-    m = re.fullmatch(r"\s*(-?\d+(?:\.\d+)?)\s*([smh]?)\s*", str(value))
-    if not m:
-        raise ValueError(f"'{value}' is not a duration (e.g. 300, 30s, 5m, 1h, or -1 for forever)")
-    return float(m.group(1)) * {"": 1, "s": 1, "m": 60, "h": 3600}[m.group(2)]
+        duration = float(value)
+    else:
+        m = re.fullmatch(r"\s*(-?\d+(?:\.\d+)?)\s*([smh]?)\s*", str(value))
+        if not m:
+            raise ValueError(f"'{value}' is not a duration (e.g. 300, 30s, 5m, 1h, or -1 for forever)")
+        duration = float(m.group(1)) * {"": 1, "s": 1, "m": 60, "h": 3600}[m.group(2)]
+    if not duration <= MAX_KEEP_ALIVE:  # `not <=` also refuses NaN
+        raise ValueError(f"'{value}' is longer than a century: give -1 for forever")
+    return duration
 
 
 class ModelHost:

@@ -10,26 +10,27 @@ from typing import Literal
 from pydantic import Field
 
 from localinfer.engine.constraints import Constraint
+from localinfer.engine.types import MAX_COUNT
 from localinfer.engine.tools import Tool
 from localinfer.errors import ConstraintError
-from localinfer.server.protocol import ChatMessage, Lenient
+from localinfer.server.protocol import ChatMessage, Lenient, count, limited
 
 
 class Options(Lenient):
     """The sampling options Ollama's Modelfile PARAMETERs name. num_ctx is taken but cannot
     resize a loaded model's context (serve --ctx sets it); the answer still fits it."""
 
-    num_ctx: int | None = Field(default=None, ge=1)
-    num_predict: int | None = None  # -1: until the end; -2: until the context is full
-    temperature: float | None = Field(default=None, ge=0)
-    top_k: int | None = Field(default=None, ge=0)
-    top_p: float | None = Field(default=None, ge=0, le=1)
-    min_p: float | None = Field(default=None, ge=0, le=1)
-    repeat_penalty: float | None = Field(default=None, ge=0.01)
-    repeat_last_n: int | None = Field(default=None, ge=-1)
-    presence_penalty: float | None = None
-    frequency_penalty: float | None = None
-    seed: int | None = None
+    num_ctx: int | None = count(low=1)
+    num_predict: int | None = Field(default=None, ge=-2, le=MAX_COUNT)  # -1: until the end; -2: until the context is full
+    temperature: float | None = limited("temperature")
+    top_k: int | None = limited("top_k")
+    top_p: float | None = limited("top_p")
+    min_p: float | None = limited("min_p")
+    repeat_penalty: float | None = limited("repeat_penalty")
+    repeat_last_n: int | None = limited("repeat_last_n")
+    presence_penalty: float | None = limited("presence_penalty")
+    frequency_penalty: float | None = limited("frequency_penalty")
+    seed: int | None = limited("seed")
     stop: list[str] | str | None = None
 
     def sampling(self) -> dict[str, object]:
@@ -50,7 +51,7 @@ class Generating(Lenient):
     options: Options | None = None
     stream: bool = True
     think: bool | Literal["low", "medium", "high"] | None = None
-    keep_alive: str | float | None = None  # how long the model stays loaded once idle; 0: unload it now
+    keep_alive: float | str | None = None  # how long the model stays loaded once idle; 0: unload it now
 
     def constraint(self) -> Constraint | None:
         if self.format == "json":
@@ -129,7 +130,7 @@ class EmbedRequest(Lenient):
     model: str = Field(min_length=1)
     input: str | list[str] = Field(min_length=1)
     truncate: bool = True
-    keep_alive: str | float | None = None
+    keep_alive: float | str | None = None
 
 
 class EmbeddingsRequest(Lenient):

@@ -2,6 +2,8 @@
 
 Requests accept fields we do not know (clients send `user`, `metadata`, ...) and ignore
 them; fields we know are checked for type and range, and a bad one is a 400 that names it.
+Every float must be finite (JSON's 1e999 reads as infinity), and every sampling field of
+every dialect takes its range from the engine's one table (`limited`).
 Requests with fields we cannot honour get a 400 that says so, rather than silently
 ignoring them.
 """
@@ -10,18 +12,34 @@ from __future__ import annotations
 
 import time
 import uuid
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import AliasChoices, BaseModel, ConfigDict, Field, SerializerFunctionWrapHandler, model_serializer
 
 from localinfer.engine.constraints import Constraint
 from localinfer.engine.reasoning import CLOSE
 from localinfer.engine.tools import Tool
+from localinfer.engine.types import MAX_COUNT, SAMPLING
 from localinfer.errors import ConstraintError
 
 
 class Lenient(BaseModel):
-    model_config = ConfigDict(extra="ignore")
+    """A request's part: unknown fields ignored, no float infinite or NaN."""
+
+    model_config = ConfigDict(extra="ignore", allow_inf_nan=False)
+
+
+def limited(name: str, default: Any = None, *, most: float | None = None, **more: Any) -> Any:
+    """A field that takes what the engine's table (engine/types.py SAMPLING) allows for the
+    sampling value `name`; `most` narrows its top where a dialect does (OpenAI's temperature: 2)."""
+    bounds = SAMPLING[name]
+    high = most if bounds.high is None else bounds.high if most is None else min(bounds.high, most)
+    return Field(default=default, ge=bounds.low, le=high, **more)
+
+
+def count(default: Any = None, low: int = 0) -> Any:
+    """A field that counts tokens (or chunks, or dimensions): from `low` to MAX_COUNT."""
+    return Field(default=default, ge=low, le=MAX_COUNT)
 
 
 class TextPart(Lenient):
@@ -106,20 +124,20 @@ class SamplingFields(Lenient):
     """What both completion endpoints take, with OpenAI's ranges, plus our extensions."""
 
     model: str | None = None
-    max_tokens: int | None = Field(default=None, ge=1)
-    max_completion_tokens: int | None = Field(default=None, ge=1)
-    temperature: float | None = Field(default=None, ge=0, le=2)
-    top_p: float | None = Field(default=None, ge=0, le=1)
-    seed: int | None = Field(default=None, ge=-1)
+    max_tokens: int | None = limited("max_tokens")
+    max_completion_tokens: int | None = limited("max_tokens")
+    temperature: float | None = limited("temperature", most=2)
+    top_p: float | None = limited("top_p")
+    seed: int | None = limited("seed")
     stop: str | list[str] | None = None
     stream: bool = False
     stream_options: StreamOptions | None = None
     n: int = Field(default=1, ge=1, le=16)
-    presence_penalty: float = Field(default=0.0, ge=-2, le=2)
-    frequency_penalty: float = Field(default=0.0, ge=-2, le=2)
-    top_k: int | None = Field(default=None, ge=0)  # extensions, as llama-server takes them
-    min_p: float | None = Field(default=None, ge=0, le=1)
-    repeat_penalty: float | None = Field(default=None, ge=0.01)
+    presence_penalty: float = limited("presence_penalty", 0.0)
+    frequency_penalty: float = limited("frequency_penalty", 0.0)
+    top_k: int | None = limited("top_k")  # extensions, as llama-server takes them
+    min_p: float | None = limited("min_p")
+    repeat_penalty: float | None = limited("repeat_penalty")
     ignore_eos: bool | None = None  # as llama-server and vLLM take it: for load generators
     response_format: ResponseFormat | None = None
     grammar: str | None = None  # extensions: a GBNF (or Lark) grammar, as llama-server takes it, or a regex
@@ -163,7 +181,7 @@ class ChatCompletionRequest(SamplingFields):
     reasoning_effort: Literal["none", "minimal", "low", "medium", "high"] | None = None
     chat_template_kwargs: dict[str, object] | None = None
     think: bool | None = None
-    thinking_budget_tokens: int | None = Field(default=None, ge=0)
+    thinking_budget_tokens: int | None = count()
 
     def thinking(self) -> bool:
         """Whether a reasoning model should think before it answers (the first of the fields given)."""
@@ -304,7 +322,7 @@ class EmbeddingRequest(Lenient):
     model: str | None = None
     input: str | list[str] | list[int] | list[list[int]]
     encoding_format: Literal["float", "base64"] = "float"
-    dimensions: int | None = Field(default=None, ge=1)
+    dimensions: int | None = count(low=1)
 
 
 class Embedding(BaseModel):

@@ -11,7 +11,7 @@ from pydantic import BaseModel, Field
 
 from localinfer.engine.constraints import Constraint
 from localinfer.engine.tools import Tool
-from localinfer.server.protocol import ChatMessage, Lenient
+from localinfer.server.protocol import ChatMessage, Lenient, limited
 
 
 def new_id(prefix: str) -> str:
@@ -88,9 +88,9 @@ class ResponseRequest(Lenient):
     tools: list[FunctionTool] | None = None
     tool_choice: Literal["auto", "none", "required"] | NamedTool | None = None
     text: TextConfig | None = None
-    max_output_tokens: int | None = Field(default=None, ge=1)
-    temperature: float | None = Field(default=None, ge=0, le=2)
-    top_p: float | None = Field(default=None, ge=0, le=1)
+    max_output_tokens: int | None = limited("max_tokens")
+    temperature: float | None = limited("temperature", most=2)
+    top_p: float | None = limited("top_p")
     reasoning: Reasoning | None = None
     stream: bool = False
     store: bool = False  # stateless unless asked: kept (in memory, bounded) for previous_response_id

@@ -72,17 +72,21 @@ class ChatApp(App):
         ("Show thinking", "Expand or collapse the focused (or last) reply's thinking", "thinking"),
     ]
 
-    def __init__(self, store: ChatStore, loader: Loader, model: str | None = None, url: str | None = None, chat_id: int | None = None) -> None:
+    def __init__(self, store: ChatStore, loader: Loader, model: str | None = None, url: str | None = None, chat_id: int | None = None,
+                 sampling: dict[str, object] | None = None) -> None:  # fmt: skip
         super().__init__()
         self.store = store
         self.loader = loader
+        # The command line's sampling options: a new chat starts with them, a saved one takes
+        # those it does not set itself, and Settings shows them.
+        self.given_sampling = {k: v for k, v in (sampling or {}).items() if v is not None}
         self.model_ref, self.url = model, url  # what the next new chat talks to
         self.model = None  # the loaded LocalModel | RemoteModel, None while loading or after a failure
         self.loaded: tuple[str | None, str | None] | None = None  # the (ref, url) self.model was loaded for
         self.model_state = "loading…"  # what the status line says while self.model is None
         self.chat: Chat | None = None  # None: a new chat, saved at its first message
         self.open_chat_id = chat_id
-        self.pending_settings: dict[str, object] = {}  # a new chat's settings, until it is saved
+        self.pending_settings: dict[str, object] = dict(self.given_sampling)  # a new chat's settings, until it is saved
         self.reply: Reply | None = None  # the reply streaming now
         self._dropped_told = 0  # how many trimmed messages the user has been told of, for the reply streaming now
         self.editing: int | None = None  # the position of the user message being edited
@@ -200,7 +204,7 @@ class ChatApp(App):
         self.action_stop()
         self.chat = chat
         self.editing = None
-        self.pending_settings = {}
+        self.pending_settings = dict(self.given_sampling)
         self._last_figures = None
         self.ensure_model()
         self.show_conversation()
@@ -229,8 +233,8 @@ class ChatApp(App):
         return self.store.settings(self.chat.id) if self.chat else dict(self.pending_settings)
 
     def sampling(self) -> dict[str, object]:
-        """The chat's own sampling settings (and JSON mode); the model's defaults fill in the rest."""
-        values = self.settings()
+        """The chat's own sampling settings (and JSON mode), then the command line's; the model's defaults fill in the rest."""
+        values = {**self.given_sampling, **self.settings()}
         return {k: values[k] for k in (*SETTINGS, "json_mode") if values.get(k) is not None}
 
     # --- sending and streaming ---------------------------------------------------------
@@ -426,7 +430,7 @@ class ChatApp(App):
     def action_settings(self) -> None:
         from localinfer.store.inventory import local_names
 
-        defaults = self.model.defaults if self.model is not None else SamplingParams()
+        defaults = (self.model.defaults if self.model is not None else SamplingParams()).with_overrides(**self.given_sampling)
         model = self.target()[0]
         models = [] if self.target()[1] else local_names()
         self.push_screen(SettingsScreen(self.settings(), defaults, models, model), self._settings_saved)

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import typer
 from textual import on
 from textual.app import ComposeResult
 from textual.binding import Binding
@@ -10,8 +9,7 @@ from textual.containers import Grid, Horizontal, Vertical, VerticalScroll
 from textual.screen import ModalScreen
 from textual.widgets import Button, Input, Label, Select, Switch, TextArea
 
-from localinfer.cli.options import SAMPLING, sampling_value
-from localinfer.engine.types import SamplingParams
+from localinfer.engine.types import SAMPLING, BadSamplingValue, SamplingParams, sampling_value
 
 # The sampling settings a chat keeps, in the order the settings screen shows them.
 SETTINGS = ("temperature", "top_p", "top_k", "min_p", "repeat_penalty", "max_tokens", "seed")
@@ -56,9 +54,9 @@ class AskScreen(ModalScreen[str | None]):
 
 
 class SettingsScreen(ModalScreen[dict | None]):
-    """A chat's system prompt, sampling settings and model. Empty fields take the model's
-    defaults (its catalog entry's), shown as placeholders. Values are checked as the
-    command-line options check them."""
+    """A chat's system prompt, sampling settings and model. Empty fields take the defaults,
+    shown as placeholders: the command line's options, else the model's (its catalog
+    entry's). Values are checked against the engine's table, as the options and the API are."""
 
     BINDINGS = [Binding("escape", "dismiss(None)", "Cancel"), Binding("ctrl+s", "save", "Save")]
 
@@ -68,7 +66,7 @@ class SettingsScreen(ModalScreen[dict | None]):
 
     def compose(self) -> ComposeResult:
         with VerticalScroll(classes="box settings"):
-            yield Label("Chat settings (empty fields: the model's defaults, shown dimmed)", classes="heading")
+            yield Label("Chat settings (empty fields: the defaults, shown dimmed)", classes="heading")
             yield Label("Model")
             options = [(name, name) for name in dict.fromkeys([*(self.models), *([self.model] if self.model else [])])]
             yield Select(options, value=self.model if self.model else Select.NULL, prompt="the default model", id="model", compact=True)
@@ -101,8 +99,8 @@ class SettingsScreen(ModalScreen[dict | None]):
                 continue
             try:
                 values[name] = sampling_value(name, text)
-            except typer.BadParameter as e:
-                self.query_one("#problem", Label).update(f"{name.replace('_', ' ')} {e.message}")
+            except BadSamplingValue as e:
+                self.query_one("#problem", Label).update(f"{name.replace('_', ' ')} {e}")
                 self.query_one(f"#{name}", Input).focus()
                 return
         values["json_mode"] = self.query_one("#json_mode", Switch).value or None

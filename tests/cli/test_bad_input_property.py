@@ -125,9 +125,9 @@ def run_parts(files: dict[str, str]) -> Parts:
     return {
         # every case is short: a few tokens at most, in a small context unless the case breaks it
         "--max-tokens": numbers(["1", "2"], ["0", "-3"]), "--ctx": numbers(["64", "256", "2048"], ["0", "50000000", "99999999999999999999999"]),
-        "--temperature": numbers(["0", "0.7", "inf"], ["-1", "-inf"]), "--top-k": numbers(["0", "1", "40"], ["-1", "2.5"]),
+        "--temperature": numbers(["0", "0.7"], ["-1", "-inf", "inf"]), "--top-k": numbers(["0", "1", "40"], ["-1", "2.5"]),
         "--top-p": numbers(["0", "0.9", "1"], ["1.5", "-0.1"]), "--min-p": numbers(["0", "0.05", "1"], ["2"]),
-        "--repeat-penalty": numbers(["1", "1.3"], ["0", "-1"]), "--seed": numbers(["-1", "0", "42", "18446744073709551616"], ["-2", "1.5"]),
+        "--repeat-penalty": numbers(["1", "1.3"], ["0", "-1"]), "--seed": numbers(["-1", "0", "42", "18446744073709551615"], ["-2", "1.5", "18446744073709551616"]),
         "--threads": numbers(["1", "2"], ["0", "100000", "-1"]), "--gpu-layers": (["auto", "0", "99"], ["-1", "many", ""]),
         "--engine": (["llama.cpp", "native"], ["vllm", ""]), "--kernels": (["auto", "c", "numba"], ["avx9"]),
         "--system": (TEXTS, []), "--raw": FLAG, "--json": FLAG, "--verbose": FLAG,
