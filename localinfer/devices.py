@@ -92,6 +92,11 @@ def _declare(lib: ctypes.CDLL) -> ctypes.CDLL:
     lib.ggml_backend_reg_dev_count.argtypes = [ctypes.c_void_p]
     lib.ggml_backend_reg_dev_get.restype = ctypes.c_void_p
     lib.ggml_backend_reg_dev_get.argtypes = [ctypes.c_void_p, ctypes.c_size_t]
+    lib.ggml_backend_reg_count.restype = ctypes.c_size_t
+    lib.ggml_backend_reg_get.restype = ctypes.c_void_p
+    lib.ggml_backend_reg_get.argtypes = [ctypes.c_size_t]
+    lib.ggml_backend_reg_name.restype = ctypes.c_char_p
+    lib.ggml_backend_reg_name.argtypes = [ctypes.c_void_p]
     return lib
 
 
@@ -116,6 +121,27 @@ def describe(lib: ctypes.CDLL, dev: int) -> Device:
         free_bytes=free.value,
         total_bytes=total.value,
     )
+
+
+# ggml's backends that compute elsewhere than on a GPU: the CPU, a BLAS library, Intel's AMX,
+# and other machines (RPC). Any other backend compiled in drives a GPU (CUDA, ROCm, Metal,
+# Vulkan, SYCL, OpenCL, MUSA, CANN...).
+NOT_GPU = frozenset({"CPU", "BLAS", "AMX", "RPC"})
+
+
+def backends() -> list[str]:
+    """The backends compiled into this llama.cpp build, by ggml's registry names (CPU, RPC,
+    CUDA, Metal, ...), whether or not a device of theirs is present. llama.cpp's own
+    llama_supports_gpu_offload() cannot say this: the RPC backend alone makes it true."""
+    lib = ggml()
+    if lib is None:
+        return []
+    return [(lib.ggml_backend_reg_name(lib.ggml_backend_reg_get(i)) or b"").decode() for i in range(lib.ggml_backend_reg_count())]
+
+
+def gpu_backends(names: list[str]) -> list[str]:
+    """Of these backends, those that drive a GPU."""
+    return [name for name in names if name not in NOT_GPU]
 
 
 def list_devices() -> list[Device]:

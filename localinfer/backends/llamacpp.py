@@ -81,7 +81,11 @@ def system_info() -> str:
 
 
 def supports_gpu_offload() -> bool:
-    return bool(C.llama_supports_gpu_offload())
+    """Was a GPU backend compiled in? Not llama_supports_gpu_offload(), which the RPC backend
+    (in every build of install.sh) makes true on a CPU-only build."""
+    from localinfer.devices import backends, gpu_backends
+
+    return bool(gpu_backends(backends()))
 
 
 def supports_rpc() -> bool:

@@ -44,23 +44,27 @@ def native_kernels() -> dict[str, str]:
 
 
 def llama_cpp_report() -> dict[str, object]:
-    """llama.cpp's build: version, GPU offload, devices, CPU features; or why it does not
-    load at all (a CUDA build without the driver, a library built for another CPU)."""
+    """llama.cpp's build: version, the backends compiled in (CPU, RPC, each GPU's), devices,
+    CPU features; or why it does not load at all (a CUDA build without the driver, a library
+    built for another CPU)."""
     try:
-        from localinfer.backends.llamacpp import supports_gpu_offload, system_info
-        from localinfer.devices import list_devices
+        from localinfer.backends.llamacpp import system_info
+        from localinfer.devices import backends, gpu_backends, list_devices
 
         import llama_cpp
 
         devices = list_devices()
         info = system_info()
+        compiled = backends()
     except (ImportError, OSError, RuntimeError) as e:
         from localinfer.backends import import_failure
 
         return {"error": import_failure(e)}
     return {
         "llama_cpp_python": llama_cpp.__version__,
-        "gpu_offload": supports_gpu_offload(),
+        "backends": compiled,
+        "gpu_backends": gpu_backends(compiled),
+        "gpu_offload": bool(gpu_backends(compiled)),
         "devices": [{"name": d.name, "description": d.description, "type": d.kind, "free_bytes": d.free_bytes, "total_bytes": d.total_bytes} for d in devices],
         "system_info": info.strip(),
     }
@@ -201,8 +205,7 @@ def print_report(report: dict[str, object]) -> None:
         t.add_row("llama.cpp", f"[red]cannot load:[/red] {lc['error']}")
         t.add_row("", "[yellow]reinstall it for this machine with ./install.sh (LOCALINFER_BACKEND=cpu for a CPU-only build); both engines need it, the native one for its tokenizer[/yellow]")
     else:
-        rpc = report["engines"].get("llama.cpp", {}).get("rpc")  # type: ignore[attr-defined]
-        t.add_row("llama.cpp", f"llama-cpp-python {lc['llama_cpp_python']}, GPU offload: {'yes' if lc['gpu_offload'] else 'no'}, RPC (worker, --rpc): {'yes' if rpc else 'no'}")
+        t.add_row("llama.cpp", f"llama-cpp-python {lc['llama_cpp_python']}, built with {built_with(lc)}")
     for d in lc.get("devices", []):
         mem = f", {d['free_bytes'] / 2**30:.1f} GiB free" if d["type"] != "CPU" and d["total_bytes"] else ""
         t.add_row("  device", f"{d['name']} ({d['type']}: {d['description']}{mem})")
@@ -225,6 +228,14 @@ def print_report(report: dict[str, object]) -> None:
         t.add_row("", "[yellow]this llama.cpp build cannot use them; reinstall with LOCALINFER_BACKEND=cuda ./install.sh (or metal, vulkan)[/yellow]")
     t.add_row("models", f"{st['models_dir']} ({st['disk_free_bytes'] / 2**30:.0f} GiB free)")
     Console().print(t)
+
+
+def built_with(lc: dict[str, object]) -> str:
+    """'CPU, RPC (worker, --rpc); no GPU backend', or 'CPU, RPC (worker, --rpc), CUDA (GPU offload)'."""
+    gpus = set(lc["gpu_backends"])  # type: ignore[call-overload]
+    notes = {"RPC": " (worker, --rpc)"} | {name: " (GPU offload)" for name in gpus}
+    names = sorted(lc["backends"], key=lambda name: (name in gpus, name != "CPU"))  # type: ignore[call-overload]  # CPU first, GPUs last
+    return ", ".join(name + notes.get(name, "") for name in names) + ("" if gpus else "; no GPU backend")
 
 
 def register(app: typer.Typer) -> None:

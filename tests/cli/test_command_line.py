@@ -138,3 +138,26 @@ def test_every_numeric_option_of_every_command_refuses_what_is_not_a_finite_numb
     assert swept == {"run", "chat", "serve", "worker", "quantize", "eval", "bench model", "bench serve"}
     assert not [f for f in failures if f], "\n".join(f for f in failures if f)
 
+
+
+# --- doctor ------------------------------------------------------------------------------------
+
+
+def test_doctor_says_which_backends_this_llama_cpp_build_has() -> None:
+    """Each ggml backend built as a library of its own (libggml-cpu.so, libggml-rpc.so,
+    libggml-cuda.so, ...) beside llama.cpp is the reference: doctor names each, and a GPU
+    only where one of them drives a GPU (the RPC backend alone once made it say 'GPU offload: yes')."""
+    import llama_cpp
+
+    libraries = Path(llama_cpp.__file__).parent / "lib"
+    built = {path.name.split(".")[0].removeprefix("libggml-") for path in libraries.glob("libggml-*")} - {"base"}
+    gpus = built - {"cpu", "rpc", "blas"}
+    report = json.loads(run_cli("doctor", "--json").stdout)
+    assert {name.lower().replace("rocm", "hip") for name in report["llama_cpp"]["backends"]} == built
+    assert report["llama_cpp"]["gpu_offload"] is bool(gpus) and report["engines"]["llama.cpp"]["gpu_offload"] is bool(gpus)
+    text = run_cli("doctor", env={"COLUMNS": "250"}).stdout.splitlines()
+    line = next(line for line in text if line.startswith("llama.cpp "))
+    assert "built with CPU" in line and ("RPC (worker, --rpc)" in line) is ("rpc" in built)
+    assert ("no GPU backend" in line) is not gpus and ("GPU offload" in line) is bool(gpus)
+    engine = next(line for line in text if line.startswith("llama.cpp engine"))
+    assert engine.rstrip().endswith(f"GPU offload: {'yes' if gpus else 'no'}")
