@@ -12,6 +12,7 @@ import threading
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
+from pathlib import Path
 from urllib.parse import urlsplit
 
 from localinfer.engine.constraints import Constraint
@@ -20,6 +21,7 @@ from localinfer.engine.engine import Engine
 from localinfer.engine.templates import Message
 from localinfer.engine.types import CompletionOutput, SamplingParams
 from localinfer.errors import UserError
+from localinfer.store.refs import is_path_ref
 
 
 @dataclass
@@ -97,7 +99,7 @@ class LocalModel:
     def __init__(self, engine: Engine, think: bool = True, think_budget: int | None = None) -> None:
         self.engine = engine
         self.think, self.think_budget = think, think_budget  # a reasoning model thinks before it answers, at most this many tokens
-        self.name = engine.name
+        self.name = display_name(engine)
         self.engine_name = engine.backend.name  # the one --engine auto chose, for the status line
         self.engine_reason = f"{engine.choice.name}: {engine.choice.reason}" if engine.choice else ""  # its tooltip
         engine.start()  # an owner thread: the UI and worker threads only submit and abort
@@ -119,6 +121,16 @@ class LocalModel:
 
     def close(self) -> None:
         self.engine.close()
+
+
+def display_name(engine: Engine) -> str:
+    """How the status line names a model: a catalog or pulled model by the name the user
+    typed, a file given by path by the name it gives itself (GGUF `general.name`, which
+    `show` prints too), else its file name: a path is long and says little."""
+    if not is_path_ref(engine.name):
+        return engine.name
+    own = engine.info.name if engine.info is not None else None
+    return own or Path(engine.name).name
 
 
 class _LocalReply(Reply):

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import shutil
 import socket
 import time
 from collections.abc import Awaitable, Callable
@@ -25,7 +26,7 @@ from localinfer.tui.screens import SettingsScreen
 from localinfer.tui.store import ChatStore
 from localinfer.tui.widgets import MessageView, PromptInput
 
-from ..conftest import THREADS
+from ..conftest import THREADS, read_gguf
 
 SIZE = (120, 36)
 OPTIONS = LoadOptions(threads=THREADS, ctx=1024)
@@ -544,6 +545,29 @@ def test_the_palettes_screenshot_saves_a_file_with_or_without_a_downloads_folder
     run(test)
     (svg,) = (folder if downloads else tmp_path).glob("*.svg")
     assert svg.read_text().lstrip().startswith("<svg")
+
+
+def test_a_model_given_by_path_is_named_by_its_gguf_name(tmp_path: Path, model_path: Path) -> None:
+    """A file given by path is named on the status line and over its replies as it names
+    itself (GGUF general.name, read here by gguf-py), not by the path, which says little."""
+    copy = tmp_path / "renamed-copy.gguf"
+    shutil.copyfile(model_path, copy)
+    name = read_gguf(copy).fields["general.name"].contents()
+    store = ChatStore.open(tmp_path / "chats.db")
+
+    async def test() -> None:
+        app = new_app(store, model=str(copy))
+        async with app.run_test(size=SIZE) as pilot:
+            await until(pilot, ready(app))
+            status = str(app.query_one("#status").render())
+            assert status == f"{name} · native" and "renamed-copy" not in status
+            app.pending_settings = dict(GREEDY)
+            await send(pilot, app, "Hi")
+            assert f"Assistant · {name}" in str(list(app.query(MessageView))[-1].query_one(".title").render())
+
+    run(test)
+    [chat] = store.chats()
+    assert chat.model == str(copy)  # the chat still opens the file by its path
 
 
 def test_opening_a_chat_on_another_model_closes_the_one_loaded(tmp_path: Path, model_path: Path) -> None:
