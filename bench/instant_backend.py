@@ -7,10 +7,10 @@ measures that cost alone, on any machine (bench/loop_cost.py).
 
 - `forward` returns a view of the next rows of a buffer made once, [n_wanted, n_vocab]
   float32: no allocation and no copy of a row per call, as a backend that hands out its
-  library's own logits buffer would. The buffer holds `n_rows` rows (by default one per
-  sequence: the same memory every step, hot in a core's cache as a CPU backend's logits
-  are; more rows, e.g. 16 at 152k = 9.7 MB, are read from the shared cache or memory, as
-  logits a GPU copied back are).
+  library's own logits buffer would. By default every forward's rows start at the
+  buffer's first: the same memory every step, hot in a core's cache as a CPU backend's
+  logits are. With `n_rows` (e.g. 16: 9.7 MB at 152k) the rows are handed out in turn,
+  read from the shared cache or memory, as logits a GPU copied back are.
 - Each row is a fixed noise floor with a few clear candidates well above it, picked from
   ANSWERS precomputed sets: a forward writes the next set's candidates into its row
   and sets the last set's entries to 0, inside the floor (two numpy writes of 8 values a
@@ -77,22 +77,17 @@ class InstantBackend(Backend):
     name = "instant"
 
     def __init__(self, n_vocab: int = 151_936, n_seq: int = 1, n_ctx: int = 4096, n_rows: int | None = None, eog_after: int | None = None, seed: int = 0) -> None:
-        """`n_rows`: rows in the logits buffer (at least n_seq; None: n_seq); `eog_after`:
-        forwards after which an end-of-generation token tops every row (None: never)."""
-        rng = np.random.default_rng(seed)
+        """`n_rows`: rows in the logits buffer, handed out in turn (None: n_seq rows, each
+        forward's from the first); `eog_after`: forwards after which an end-of-generation
+        token tops every row (None: never)."""
+        self._rng = rng = np.random.default_rng(seed)
         self._pieces = token_pieces(n_vocab, rng)
-        self._n_rows = max(n_rows or n_seq, n_seq)
         self.eog = n_vocab - 1  # <|im_end|>
-        noise = rng.standard_normal((self._n_rows, n_vocab), dtype=np.float32)  # [n_rows, n_vocab] the floor
-        noise[:, n_vocab - len(SPECIAL) :] = -30.0
-        noise.flags.writeable = False
-        self._noise = noise
-        self._buffer = noise.copy()  # [n_rows, n_vocab] what forward hands out
         # [ANSWERS, N_CANDIDATES] text pieces, in the order of their logits (BOOSTS)
         self.candidates = np.stack([rng.choice(np.arange(256, n_vocab - len(SPECIAL)), N_CANDIDATES, replace=False) for _ in range(ANSWERS)])
         self._sets = list(self.candidates)  # the same, one array a set (fewer numpy calls a forward)
-        self._rows = list(self._buffer)  # views, one a row
-        self._written = [0] * self._n_rows  # the candidate set each buffer row holds
+        self._cycle = n_rows is not None
+        self._allocate(max(n_rows or n_seq, n_seq), n_vocab)
         self._eog_after = eog_after
         self._next_row = 0  # the buffer row the next wanted row is
         self._answer = 0  # the candidate set the next wanted row gets
@@ -106,6 +101,16 @@ class InstantBackend(Backend):
                                  n_layer=0, n_embd=8, chat_template=None)  # fmt: skip
         self.reset()
 
+    def _allocate(self, n_rows: int, n_vocab: int) -> None:
+        noise = self._rng.standard_normal((n_rows, n_vocab), dtype=np.float32)  # [n_rows, n_vocab] the floor
+        noise[:, n_vocab - len(SPECIAL) :] = -30.0
+        noise.flags.writeable = False
+        self._noise = noise
+        self._buffer = noise.copy()  # [n_rows, n_vocab] what forward hands out
+        self._rows = list(self._buffer)  # views, one a row
+        self._written = [0] * n_rows  # the candidate set each buffer row holds
+        self._buffer[:, self.candidates[0]] = BOOSTS
+
     @classmethod
     def capabilities(cls) -> Capabilities:
         return Capabilities(architectures=frozenset({"instant"}), weight_types=None, kv_types=("f16",), gpu_offload=False, kv_layout="per-sequence")
@@ -118,7 +123,7 @@ class InstantBackend(Backend):
         """The buffer as made (the engine may have edited rows in place), the first answer next."""
         np.copyto(self._buffer, self._noise)
         self._buffer[:, self.candidates[0]] = BOOSTS
-        self._written[:] = [0] * self._n_rows
+        self._written[:] = [0] * len(self._rows)
         self._next_row = self._answer = self.forwards = 0
 
     @property
@@ -138,7 +143,9 @@ class InstantBackend(Backend):
 
     def forward(self, batch: Batch) -> np.ndarray:
         n = int(np.count_nonzero(batch.want_logits))
-        if self._next_row + n > self._n_rows:
+        if n > len(self._rows):  # a verify (speculation) wanting more rows than made: once, more
+            self._allocate(n, self._vocab.n_vocab)
+        if not self._cycle or self._next_row + n > len(self._rows):
             self._next_row = 0
         first, self._next_row = self._next_row, self._next_row + n
         for r in range(first, first + n):  # the row's last candidates down to the floor, the next set on top
@@ -149,7 +156,7 @@ class InstantBackend(Backend):
         self.forwards += 1
         if self._eog_after is not None and self.forwards > self._eog_after:
             self._buffer[first : first + n, self.eog] = BOOSTS[0] + 1.0
-        return self._buffer if n == self._n_rows else self._buffer[first : first + n]  # [n_wanted, n_vocab] a view
+        return self._buffer if n == len(self._rows) else self._buffer[first : first + n]  # [n_wanted, n_vocab] a view
 
     def embed(self, batch: Batch) -> np.ndarray:
         return self._embeddings[: int(np.count_nonzero(batch.want_logits))]

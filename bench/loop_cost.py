@@ -17,11 +17,12 @@ numpy's argmax over one row, hot in a core's cache and read from the table.
 
     .venv/bin/python bench/loop_cost.py [--tokens 512] [--runs 5] [--json]
         [--vocab 151936,32000] [--sampling greedy,top-p] [--seqs 1,8] [--stops 0,2]
-        [--rows 16] [--profile 25]
+        [--rows 16] [--draft] [--profile 25]
 
 `--rows 16` reads the logits from a 16-row buffer (9.7 MB at 152k) instead of one row per
 sequence kept hot in cache: a GPU's logits arrive in memory, not in a core's cache.
-`--profile N` runs each case once under cProfile instead, and prints its N functions with
+`--draft` turns prompt-lookup speculation on, as `run` has it by default: its bookkeeping
+(it finds nothing to draft in answers that never repeat). `--profile N` runs each case once under cProfile instead, and prints its N functions with
 the most own time, in µs a token.
 """
 
@@ -37,13 +38,14 @@ import pstats
 import statistics
 import sys
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 
 import numpy as np
 
 from instant_backend import STOPS, InstantBackend
 from localinfer.backends.base import Batch
 from localinfer.engine.engine import Engine
+from localinfer.engine.speculative import DraftConfig
 from localinfer.engine.stream import RequestStream
 from localinfer.engine.types import CompletionOutput, SamplingParams
 
@@ -66,15 +68,14 @@ class Case:
 @dataclass
 class Measured:
     case: Case
-    seconds: list[float]  # each run's wall time
     tokens: int  # a sequence's
-
-    def us_per_token(self) -> list[float]:
-        return [s * 1e6 / (self.tokens * self.case.seqs) for s in self.seconds]
+    seconds: list[float] = field(default_factory=list)  # each run's wall time
+    cpu_seconds: list[float] = field(default_factory=list)  # ... and the CPU time of the thread that ran it
 
     def row(self) -> dict[str, object]:
-        per_token = self.us_per_token()
-        return {**asdict(self.case), "tokens": self.tokens, "us_per_token": round(statistics.median(per_token), 2),
+        per_token = [s * 1e6 / (self.tokens * self.case.seqs) for s in self.seconds]
+        cpu = statistics.median(self.cpu_seconds) * 1e6 / (self.tokens * self.case.seqs)
+        return {**asdict(self.case), "tokens": self.tokens, "us_per_token": round(statistics.median(per_token), 2), "best_us_per_token": round(min(per_token), 2), "cpu_us_per_token": round(cpu, 2),
                 "us_per_step": round(statistics.median(self.seconds) * 1e6 / self.tokens, 2), "runs_us_per_token": [round(u, 2) for u in per_token]}  # fmt: skip
 
 
@@ -113,21 +114,24 @@ def drive(engine: Engine, streams: list[RequestStream]) -> list[CompletionOutput
     return [done[s.request_id] for s in streams]
 
 
-def run_once(engine: Engine, backend: InstantBackend, case: Case, tokens: int) -> tuple[float, list[CompletionOutput]]:
-    """One timed generation of `tokens` tokens on each of the case's sequences."""
+def run_once(engine: Engine, backend: InstantBackend, case: Case, tokens: int) -> tuple[float, float, list[CompletionOutput]]:
+    """One timed generation of `tokens` tokens on each of the case's sequences: its wall
+    time, the CPU time of this thread (nothing else runs the loop, and nothing in it
+    waits, so on an idle machine the two agree; on a busy one the CPU time is the steadier)
+    and the outputs."""
     asked, params = prompts(backend, case.seqs), case.params(tokens)
     backend.reset()
-    t0 = time.perf_counter()
+    t0, c0 = time.perf_counter(), time.thread_time()
     if case.seqs == 1:
         outs = [engine.complete(asked[0], params)]
     else:
         outs = drive(engine, [engine.submit(p, params) for p in asked])
-    seconds = time.perf_counter() - t0
+    seconds, cpu = time.perf_counter() - t0, time.thread_time() - c0
     for out in outs:
         out.raise_error()
         if out.completion_tokens != tokens or out.finish_reason != "length":
             raise SystemExit(f"error: a sequence ended early ({out.completion_tokens} of {tokens} tokens, {out.finish_reason})")
-    return seconds, outs
+    return seconds, cpu, outs
 
 
 def greedy_answer(backend: InstantBackend, tokens: int) -> list[int]:
@@ -137,13 +141,13 @@ def greedy_answer(backend: InstantBackend, tokens: int) -> list[int]:
 
 
 def per_call_us(fn: object, n: int = 2000, rounds: int = 7) -> float:
-    """Median over rounds of a call's mean time, in µs."""
+    """Median over rounds of a call's mean CPU time (this thread's), in µs."""
     times = []
     for _ in range(rounds):
-        t0 = time.perf_counter()
+        t0 = time.thread_time()
         for _ in range(n):
             fn()  # type: ignore[operator]
-        times.append((time.perf_counter() - t0) * 1e6 / n)
+        times.append((time.thread_time() - t0) * 1e6 / n)
     return round(statistics.median(times), 2)
 
 
@@ -164,34 +168,39 @@ def floor(backend: InstantBackend) -> dict[str, float]:
     return result
 
 
-def setup(cases: list[Case], tokens: int, n_rows: int | None) -> tuple[dict[Case, Engine], dict[Case, InstantBackend]]:
-    """An engine per case, over a backend per vocabulary and sequence count."""
+def setup(cases: list[Case], tokens: int, n_rows: int | None, draft: bool) -> tuple[dict[Case, Engine], dict[Case, InstantBackend]]:
+    """An engine per case, over a backend per vocabulary and sequence count; `draft`:
+    prompt-lookup speculation on, as `run` has it by default (over answers that never
+    repeat it finds nothing to draft: what is timed is its bookkeeping)."""
     made = {(c.vocab, c.seqs): InstantBackend(n_vocab=c.vocab, n_seq=c.seqs, n_rows=n_rows) for c in cases}
     backends = {c: made[c.vocab, c.seqs] for c in cases}
-    return {c: Engine(backends[c], slots=c.seqs, defaults=c.params(tokens)) for c in cases}, backends
+    config = DraftConfig() if draft else None
+    return {c: Engine(backends[c], slots=c.seqs, defaults=c.params(tokens), draft=config) for c in cases}, backends
 
 
-def measure(cases: list[Case], tokens: int, runs: int, n_rows: int | None) -> tuple[list[Measured], dict[int, dict[str, float]]]:
+def measure(cases: list[Case], tokens: int, runs: int, n_rows: int | None, draft: bool) -> tuple[list[Measured], dict[int, dict[str, float]]]:
     """Each case's runs, interleaved, after a warm-up run each; and each vocabulary's floor."""
-    engines, backends = setup(cases, tokens, n_rows)
-    measured = {c: Measured(c, [], tokens) for c in cases}
-    for c in cases:  # the warm-up, and greedy's answer checked
-        _, outs = run_once(engines[c], backends[c], c, tokens)
-        if c.sampling == "greedy" and c.seqs == 1 and outs[0].tokens != greedy_answer(backends[c], tokens):
+    engines, backends = setup(cases, tokens, n_rows, draft)
+    measured = {c: Measured(c, tokens) for c in cases}
+    for c in cases:  # the warm-up, and greedy's answer checked (speculation spends rows on timing its verify)
+        *_, outs = run_once(engines[c], backends[c], c, tokens)
+        if c.sampling == "greedy" and c.seqs == 1 and not draft and outs[0].tokens != greedy_answer(backends[c], tokens):
             raise SystemExit(f"error: the engine's greedy answer is not each row's top candidate ({c})")
     for _ in range(runs):
         for c in cases:
-            measured[c].seconds.append(run_once(engines[c], backends[c], c, tokens)[0])
+            seconds, cpu, _ = run_once(engines[c], backends[c], c, tokens)
+            measured[c].seconds.append(seconds)
+            measured[c].cpu_seconds.append(cpu)
     floors = {c.vocab: floor(backends[c]) for c in reversed(cases)}  # the first case's backend of each vocabulary
     for engine in engines.values():
         engine.close()
     return list(measured.values()), floors
 
 
-def profile(cases: list[Case], tokens: int, n_rows: int | None, top: int) -> str:
+def profile(cases: list[Case], tokens: int, n_rows: int | None, draft: bool, top: int) -> str:
     """Each case's `top` functions by own time under cProfile, in µs a token (cProfile's
     overhead inflates them all, the Python ones most: read shares, not totals)."""
-    engines, backends = setup(cases, tokens, n_rows)
+    engines, backends = setup(cases, tokens, n_rows, draft)
     out = []
     for c in cases:
         run_once(engines[c], backends[c], c, tokens)  # warm
@@ -208,13 +217,13 @@ def profile(cases: list[Case], tokens: int, n_rows: int | None, top: int) -> str
 
 
 def table(rows: list[dict[str, object]], floors: dict[int, dict[str, float]], head: str) -> str:
-    lines = [head, "", f"{'vocab':>8}  {'sampling':<8} {'seqs':>4} {'stops':>5}  {'µs/token':>9} {'µs/step':>9}  runs (µs/token)"]
+    lines = [head, "", f"{'vocab':>8}  {'sampling':<8} {'seqs':>4} {'stops':>5}  {'µs/token':>9} {'best':>7} {'CPU µs':>8} {'µs/step':>9}  runs (µs/token)"]
     for r in rows:
         spread = ", ".join(f"{u:.1f}" for u in r["runs_us_per_token"])  # type: ignore[attr-defined]
-        lines.append(f"{r['vocab']:>8,}  {r['sampling']:<8} {r['seqs']:>4} {r['stops']:>5}  {r['us_per_token']:>9.1f} {r['us_per_step']:>9.1f}  {spread}")
+        lines.append(f"{r['vocab']:>8,}  {r['sampling']:<8} {r['seqs']:>4} {r['stops']:>5}  {r['us_per_token']:>9.1f} {r['best_us_per_token']:>7.1f} {r['cpu_us_per_token']:>8.1f} {r['us_per_step']:>9.1f}  {spread}")
     lines.append("")
     for v, f in floors.items():
-        lines.append(f"floor at {v:,}: numpy argmax {f['argmax_hot_us']:.1f} µs hot in cache, {f['argmax_cold_us']:.1f} µs cold; the instant forward {f['forward_us']:.1f} µs")
+        lines.append(f"floor at {v:,} (CPU µs): numpy argmax {f['argmax_hot_us']:.1f} hot in cache, {f['argmax_cold_us']:.1f} cold; the instant forward {f['forward_us']:.1f}")
     target = next((r for r in rows if (r["vocab"], r["sampling"], r["seqs"], r["stops"]) == (151_936, "greedy", 1, 0)), None)
     if target is not None:
         verdict = "met" if target["us_per_token"] <= TARGET_US else "not met"  # type: ignore[operator]
@@ -231,6 +240,7 @@ def main() -> None:
     ap.add_argument("--seqs", default="1,8", help="sequences at once, comma-separated")
     ap.add_argument("--stops", default=f"0,{len(STOPS)}", help=f"stop strings per request: 0 and/or {len(STOPS)} (never matching)")
     ap.add_argument("--rows", type=int, default=None, help="rows in the logits buffer (default: one per sequence, hot in cache; 16: read from memory, as a GPU's)")
+    ap.add_argument("--draft", action="store_true", help="prompt-lookup speculation on, as run's default (its bookkeeping: it never finds a draft)")
     ap.add_argument("--json", action="store_true", help="print the results as JSON")
     ap.add_argument("--profile", type=int, metavar="N", help="instead of timing, one cProfile'd run a case: its N costliest functions")
     a = ap.parse_args()
@@ -246,17 +256,18 @@ def main() -> None:
         print(f"error: {e}", file=sys.stderr)
         raise SystemExit(2) from None
     if a.profile:
-        print(profile(cases, a.tokens, a.rows, a.profile))
+        print(profile(cases, a.tokens, a.rows, a.draft, a.profile))
         return
     load = os.getloadavg()[0]
-    measured, floors = measure(cases, a.tokens, a.runs, a.rows)
+    measured, floors = measure(cases, a.tokens, a.runs, a.rows, a.draft)
     rows, load = [m.row() for m in measured], (load, os.getloadavg()[0])  # other work on the machine, before and after
     if a.json:
-        print(json.dumps({"cpu": cpu_name(), "numpy": np.__version__, "python": platform.python_version(), "tokens": a.tokens, "runs": a.runs, "rows": a.rows,
+        print(json.dumps({"cpu": cpu_name(), "numpy": np.__version__, "python": platform.python_version(), "tokens": a.tokens, "runs": a.runs, "rows": a.rows, "draft": a.draft,
                           "load_average": load, "target_us": TARGET_US, "cases": rows, "floor": {str(v): f for v, f in floors.items()}}, indent=1))  # fmt: skip
     else:
         head = f"CPU: {cpu_name()}; numpy {np.__version__}, Python {platform.python_version()}; load average {load[0]:.1f} before, {load[1]:.1f} after"
-        print(table(rows, floors, f"{head}\n{a.tokens} tokens a sequence, median of {a.runs} runs; µs/token = wall time / (sequences × tokens)"))
+        head += f"\nlogits: {f'{a.rows} rows in turn' if a.rows else 'one row a sequence, hot'}; speculation: {'prompt lookup' if a.draft else 'none'}"
+        print(table(rows, floors, f"{head}\n{a.tokens} tokens a sequence, median of {a.runs} runs; µs/token = wall time / (sequences × tokens), best: the fastest run's, CPU µs: the median in this thread's CPU time"))
 
 
 if __name__ == "__main__":
