@@ -10,7 +10,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from textual.widgets import Input
+from textual.widgets import Input, Label
 
 from localinfer.cli.app import main
 from localinfer.engine.engine import Engine
@@ -41,6 +41,8 @@ def test_chat_options_are_where_a_chat_starts_and_settings_show_and_change_them(
 
     shown: dict[str, str] = {}
 
+    refused: list[str] = []
+
     def drive(app: ChatApp) -> None:  # in place of ChatApp.run: the same app, under a Pilot
         async def test() -> None:
             async with app.run_test(size=SIZE) as pilot:
@@ -52,6 +54,11 @@ def test_chat_options_are_where_a_chat_starts_and_settings_show_and_change_them(
                 await send(pilot, app, "Hi")
                 await pilot.press("ctrl+s")  # change one in Settings: the rest stay the command line's
                 await until(pilot, lambda: isinstance(app.screen, SettingsScreen), timeout=10)
+                app.screen.query_one("#temperature", Input).value = "1e999"  # refused as the options refuse it
+                await pilot.press("ctrl+s")
+                await pilot.pause()
+                refused.append(str(app.screen.query_one("#problem", Label).render()))
+                app.screen.query_one("#temperature", Input).value = "0.0"
                 app.screen.query_one("#max_tokens", Input).value = "3"
                 await pilot.press("ctrl+s")
                 await until(pilot, lambda: not isinstance(app.screen, SettingsScreen), timeout=10)
@@ -68,6 +75,7 @@ def test_chat_options_are_where_a_chat_starts_and_settings_show_and_change_them(
     assert done.value.code == 0
 
     assert shown == {name: str(OPTIONS[name]) for name in SETTINGS}
+    assert refused == ["temperature must be a finite number, not inf"]
     first, second = submitted
     assert {name: getattr(first, name) for name in OPTIONS} == OPTIONS
     assert {name: getattr(second, name) for name in OPTIONS} == {**OPTIONS, "max_tokens": 3}
