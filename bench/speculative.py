@@ -90,7 +90,7 @@ def speedup(backend, tokens: int, repeats: int = 1, tasks: dict[str, str] = TASK
         runs: list[list] = [[], []]
         for _ in range(repeats):
             for engine, out in zip((plain, spec), runs):
-                engine._slot_tokens = [[]]  # noqa: SLF001 - the other engine wrote the slot; nothing stale is reused
+                engine.slots.forget_all()  # the other engine wrote the slot; nothing stale is reused
                 out.append(engine.complete(ids, params))
         a, b = runs[0][-1], runs[1][-1]
         rate = [[r.timings.tokens_per_s for r in out] for out in runs]

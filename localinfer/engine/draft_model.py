@@ -18,9 +18,9 @@ import numpy as np
 
 from localinfer.backends.base import Backend, Batch
 from localinfer.engine.prefix import common_prefix
+from localinfer.engine.speculative import Proposal
 from localinfer.errors import UserError
 
-Proposal = tuple[np.ndarray, np.ndarray]  # q, the distribution a drafted token was drawn from: (ids, probs)
 # (the draft's logits at the next position, the tokens drafted so far) -> (a token, its q), or None: draft no further
 Chooser = Callable[[np.ndarray, list[int]], "tuple[int, Proposal] | None"]
 

@@ -23,24 +23,29 @@ mass on the argmax) keeps d while it is the argmax, for either source. (A seeded
 is the same in distribution, not token for token: a many-row forward rounds differently from
 a 1-row one, ~1e-4 in a probability, which moves a draw that lands that close to a boundary.)
 
-Adaptive. With a per-token acceptance rate a, a K-token draft yields (1 - a^(K+1)) / (1 - a)
-tokens per target forward, for a cost of c(K) 1-row forwards: the (K+1)-row verify
-(`verify_cost`, measured once at load on this backend and machine) plus, for a draft model,
-K of its steps. Each request and source drafts the K that maximises tokens/cost for the
-acceptance it has seen lately, so K grows while drafts hold and shrinks when they do not;
-when no K beats plain decoding, that source stops for the request and retries later.
+Adaptive, from what it measures while it runs. With a per-token acceptance rate a, a
+K-token draft yields (1 - a^(K+1)) / (1 - a) tokens per target forward, for a cost of c(K)
+plain steps: the step that verifies K+1 rows plus, for a draft model, K of its steps. Both
+are timed on the steps the engine takes anyway (`StepClock`; the draft model times its own),
+so nothing is measured before a first token and the costs follow the machine as it is now
+(a cost timed once on an empty slot at load misjudged real pairs by 10-30 %). Each request
+and source drafts the K that maximises tokens/cost for the acceptance it has seen lately, so
+K grows while drafts hold and shrinks when they do not; once `evidence` drafted tokens were
+judged and no K gains `MIN_GAIN`, that source stops for the request and retries after
+`retry_after` plain steps: a draft that loses costs a few steps, then one retry now and then.
 """
 
 from __future__ import annotations
 
-import time
+import statistics
 from collections import deque
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
-from localinfer.backends.base import Backend, Batch
-from localinfer.engine.sampler import draw
+from localinfer.engine.sampler import Sampler, draw
+
+Proposal = tuple[np.ndarray, np.ndarray]  # q, the distribution a drafted token was drawn from: (ids, probs)
 
 
 @dataclass(frozen=True)
@@ -51,6 +56,59 @@ class DraftConfig:
     window: int = 16  # verifications the acceptance rate is measured over
     evidence: int = 8  # drafted tokens judged before drafting may be switched off
     retry_after: int = 128  # decode steps a request waits before drafting again once switched off
+    # Costs to assume instead of timing them (tests and benchmarks whose draft lengths must not
+    # depend on the machine's load): cost[k] of verifying k drafted tokens in plain steps, and
+    # one draft-model step in plain steps.
+    assumed_costs: tuple[float, ...] | None = None
+    assumed_draft_step: float | None = None
+
+
+MIN_GAIN = 1.03  # expected speed-up below which a judged source stops: the estimate's own error is a few %
+PRIOR_ROW_COST = 0.1  # before a verify of that many rows was timed: each row adds 10 % of a plain step
+CLOCK_SAMPLES = 8  # recent steps per row count whose median is the cost (memory speed drifts over seconds)
+CLOCK_REFRESH = 4  # steps timed before the cost curve is worked out again (it costs tens of µs)
+
+
+class StepClock:
+    """What a decode step costs by the rows it feeds, learned from the steps the engine takes
+    anyway: the forward and the sampling of every row, not the drafting before it."""
+
+    def __init__(self) -> None:
+        self._recent: dict[int, deque[float]] = {}
+        self._observed = 0  # steps timed so far
+        self._curves: dict[tuple[int, int], tuple[int, np.ndarray | None]] = {}  # (base, k_max) -> (when, costs)
+
+    def observe(self, rows: int, seconds: float) -> None:
+        self._recent.setdefault(rows, deque(maxlen=CLOCK_SAMPLES)).append(seconds)
+        self._observed += 1
+
+    def seconds(self, rows: int) -> float | None:
+        """The median of the recent steps that fed `rows` rows; None before two were timed
+        (a first step after a prefill pays for the cache it touches first)."""
+        recent = self._recent.get(rows)
+        return statistics.median(recent) if recent and len(recent) >= 2 else None
+
+    def costs(self, base: int, k_max: int) -> np.ndarray | None:
+        """cost[k], k = 0..k_max: a step feeding base + k rows over a plain one feeding base
+        rows, interpolated between the row counts timed and extended past the last at its
+        slope (PRIOR_ROW_COST before any); None until a plain step of base rows was timed.
+        Worked out again every CLOCK_REFRESH steps, or at once while it is None."""
+        when, curve = self._curves.get((base, k_max), (-CLOCK_REFRESH, None))
+        if curve is None or self._observed - when >= CLOCK_REFRESH:
+            curve = self._curve(base, k_max)
+            self._curves[base, k_max] = (self._observed, curve)
+        return curve
+
+    def _curve(self, base: int, k_max: int) -> np.ndarray | None:
+        plain = self.seconds(base)
+        if plain is None:
+            return None
+        known = [(n, t) for n in sorted(self._recent) if n >= base and (t := self.seconds(n)) is not None]
+        xs, ys = np.array([n for n, _ in known], dtype=float), np.array([t for _, t in known])
+        rows = np.arange(base, base + k_max + 1, dtype=float)
+        slope = (ys[-1] - plain) / (xs[-1] - base) if xs[-1] > base else PRIOR_ROW_COST * plain
+        seconds = np.where(rows <= xs[-1], np.interp(rows, xs, ys), ys[-1] + (rows - xs[-1]) * max(slope, 0.0))
+        return np.maximum(seconds / plain, 1.0)
 
 
 def lookup(context: np.ndarray, ngram_min: int, ngram_max: int, k: int) -> list[int]:
@@ -74,38 +132,6 @@ def expected_tokens(accept: float, k: int) -> float:
     if accept >= 1.0:
         return k + 1.0
     return (1.0 - accept ** (k + 1)) / (1.0 - accept)
-
-
-def forward_seconds(backend: Backend, slot: int, max_rows: int, repeats: int = 3) -> np.ndarray:
-    """seconds[n - 1] = time of an n-row forward of one sequence, n = 1..max_rows, measured
-    on `slot` (left empty) and interpolated between the row counts tried. Each count's best of
-    `repeats` rounds, each round trying every count: memory speed drifts over seconds here,
-    and a slow spell in one round then touches every count alike instead of a few."""
-    rows = sorted({n for n in (1, 2, 3, 5, 9) if n < max_rows} | {max_rows})
-    token = backend.vocab.bos_id if backend.vocab.bos_id is not None else 0
-    # A model's first forward pays for first touches (pages, buffers): untimed, so that the
-    # 1-row forward, timed first, does not look dear and every verify cheap.
-    backend.kv_clear(slot)
-    backend.forward(Batch.for_sequence([token] * max_rows, 0, slot, all_logits=True))
-    best = np.full(len(rows), np.inf)
-    for _ in range(repeats):
-        for i, n in enumerate(rows):
-            backend.kv_clear(slot)
-            t0 = time.perf_counter()
-            backend.forward(Batch.for_sequence([token] * n, 0, slot, all_logits=True))
-            best[i] = min(best[i], time.perf_counter() - t0)
-    backend.kv_clear(slot)
-    return np.interp(np.arange(1, max_rows + 1), rows, best)
-
-
-def verify_cost(seconds: np.ndarray) -> np.ndarray:
-    """cost[k]: verifying k drafted tokens (a (k+1)-row forward) over a 1-row forward."""
-    return np.maximum(seconds / seconds[0], 1.0)
-
-
-def measure_verify_cost(backend: Backend, slot: int, max_draft: int, repeats: int = 3) -> np.ndarray:
-    """verify_cost for k = 0..max_draft, measured on `slot`."""
-    return verify_cost(forward_seconds(backend, slot, max_draft + 1, repeats))
 
 
 def speculative_choice(p_ids: np.ndarray, p_probs: np.ndarray, q_ids: np.ndarray, q_probs: np.ndarray, drafted: int, rng: np.random.Generator) -> int:
@@ -157,9 +183,10 @@ class DraftState:
             self.paused -= 1
             return 0
         rate = self.rate
-        gains = [expected_tokens(rate, k) / cost[k] for k in range(1, self.config.max_draft + 1)]
-        best = int(np.argmax(gains))
-        if gains[best] <= 1.0 and self.judged >= self.config.evidence:
+        ks = np.arange(1, min(self.config.max_draft, len(cost) - 1) + 1)
+        gains = (1.0 - rate ** (ks + 1)) / (1.0 - rate) / cost[ks]  # expected_tokens over each K (rate < 1: Laplace)
+        best = int(gains.argmax())
+        if gains[best] < MIN_GAIN and self.judged >= self.config.evidence:
             self.paused, self.recent = self.config.retry_after, deque(maxlen=self.config.window)
             return 0
         return best + 1
@@ -168,3 +195,37 @@ class DraftState:
         self.recent.append((drafted, accepted))
         self.drafted += drafted
         self.accepted += accepted
+
+
+@dataclass
+class RequestDrafts:
+    """One request's speculation: each source's record, and this step's draft."""
+
+    lookup: DraftState
+    model: DraftState | None = None  # None: no draft model, or the request asked for none
+    sampler: Sampler | None = None  # draws the draft model's tokens, with an RNG apart from the request's
+    source: DraftState | None = None  # where this step's draft came from
+    proposals: list[Proposal] | None = None  # q of each token the draft model drafted this step
+    _context: np.ndarray = field(default_factory=lambda: np.empty(0, np.int32))  # the history as prompt lookup reads it
+    _held: int = 0  # of the history, the tokens _context holds
+
+    def context(self, history: list[int]) -> np.ndarray:
+        """The request's history (prompt and answer) as int32, extended by what was appended
+        since the last call (it only grows): converting all of it every token cost ~20 ns a
+        token of context, ~60 µs at 3k."""
+        n = len(history)
+        if n > len(self._context):
+            grown = np.empty(max(n, 2 * len(self._context), 256), np.int32)
+            grown[: self._held] = self._context[: self._held]
+            self._context = grown
+        if n > self._held:
+            self._context[self._held : n] = history[self._held : n]
+            self._held = n
+        return self._context[:n]
+
+    def counts(self) -> dict[str, int]:
+        """Drafted and accepted tokens, in all and per source (Timings' fields)."""
+        model = self.model or DraftState(self.lookup.config)
+        return {"drafted": self.lookup.drafted + model.drafted, "accepted": self.lookup.accepted + model.accepted,
+                "lookup_drafted": self.lookup.drafted, "lookup_accepted": self.lookup.accepted,
+                "model_drafted": model.drafted, "model_accepted": model.accepted}  # fmt: skip

@@ -84,7 +84,7 @@ def test_presence_and_frequency_penalties_follow_openai() -> None:
 
 
 def test_token_logprobs_are_log_softmax() -> None:
-    from localinfer.engine.engine import token_logprobs
+    from localinfer.engine.request import token_logprobs
 
     logits = np.random.default_rng(3).standard_normal(1000).astype(np.float32) * 5
     x = logits.astype(np.float64)
