@@ -10,7 +10,6 @@ import re
 from pathlib import Path
 
 import jsonschema
-import numpy as np
 import pytest
 
 from localinfer.backends.base import LoadParams
@@ -21,6 +20,7 @@ from localinfer.engine.types import SamplingParams
 from localinfer.errors import ConstraintError
 
 from ..conftest import THREADS, complete_together
+from .test_speculative import CHEAP_VERIFIES
 
 PERSON = {
     "type": "object",
@@ -119,8 +119,7 @@ def test_speculation_under_a_grammar_equals_plain_constrained_decoding(engine: E
     record = {"name": "Ada Lovelace", "age": 36, "height_m": 1.65, "role": "admin", "address": {"city": "London", "zip": "12345"}, "tags": ["math", "poet"]}
     prompt = chat(engine, f"Copy this record exactly, as JSON:\n{json.dumps(record)}\n{json.dumps(record)}")
     params = SamplingParams(temperature=0, max_tokens=120, constraint=Constraint.json_schema(PERSON))
-    spec = Engine(engine.backend, draft=DraftConfig())
-    spec.drafting.verify_cost = np.linspace(1.0, 1.5, spec.draft.max_draft + 1)  # cheap verifies: it always drafts
+    spec = Engine(engine.backend, draft=DraftConfig(assumed_costs=CHEAP_VERIFIES))  # it always drafts
     plain_out, spec_out = engine.complete(prompt, params), spec.complete(prompt, params)
     assert spec_out.tokens == plain_out.tokens and spec_out.finish_reason == plain_out.finish_reason == "stop"
     assert spec_out.timings.drafted > 0 and spec_out.timings.accepted > 0

@@ -27,7 +27,7 @@ from localinfer.errors import UserError
 from ..conftest import THREADS, complete_together, llama_quantize, read_gguf
 from ..native.test_architectures import first_tokens, tiny_model, vocabulary  # noqa: F401 - vocabulary: the fixture
 from .test_constraints import PERSON
-from .test_speculative import Fresh, chat, fits
+from .test_speculative import CHEAP_VERIFIES, Fresh, chat, fits
 
 PROMPTS = ["Write a Python function that checks whether a number is prime.", "Tell me a short story about a dragon."]
 GREEDY = SamplingParams(temperature=0, max_tokens=96, repeat_penalty=1.0)
@@ -45,11 +45,9 @@ def pair(request, f32_path: Path, model_path: Path):
 
 
 def engines(target, draft) -> tuple[Engine, Engine]:
-    """(plain, speculative with the draft) on one target backend, with a fixed verify-cost
-    curve so that draft lengths do not depend on how busy the machine was."""
-    spec = Fresh(target, slots=2, draft=DraftConfig(), drafter=DraftModel(draft, 2, "draft"))
-    spec.drafting.verify_cost, spec.drafting.row_seconds = np.linspace(1.0, 1.5, spec.draft.max_draft + 1), 1.0
-    spec.drafter.step_seconds = 0.2
+    """(plain, speculative with the draft) on one target backend, with fixed costs
+    (CHEAP_VERIFIES) so that draft lengths do not depend on how busy the machine is."""
+    spec = Fresh(target, slots=2, draft=DraftConfig(assumed_costs=CHEAP_VERIFIES, assumed_draft_step=0.2), drafter=DraftModel(draft, 2, "draft"))
     return Fresh(target, slots=2), spec
 
 
@@ -155,7 +153,8 @@ def test_a_draft_with_another_vocabulary_is_refused_in_one_line(pair, model_path
 
 def test_loading_a_draft_model_and_its_failures(model_path: Path, f32_path: Path, tmp_path: Path, monkeypatch) -> None:
     """A named draft that cannot be used is an error; --draft auto's is a warning, and the
-    model runs with prompt lookup alone; a draft no smaller than its target is a warning."""
+    model runs with prompt lookup alone; a draft no smaller than its target is a warning;
+    auto takes no draft over AUTO_DRAFT_SHARE of its target's bytes, and says nothing."""
     options = dict(engine="llama.cpp", ctx=512, draft=DraftConfig())
     with pytest.raises(UserError, match="cannot use the draft model .*missing.gguf: no such file"):
         open_engine(str(model_path), LoadOptions(**options, draft_model=str(tmp_path / "missing.gguf")))
@@ -167,11 +166,11 @@ def test_loading_a_draft_model_and_its_failures(model_path: Path, f32_path: Path
     from localinfer.engine import loader
     from localinfer.store.refs import resolve
 
-    pair = {"draft": str(broken)}  # what the catalog names as this model's draft
+    pair = {str(f32_path): str(broken)}  # what the catalog names as a model's draft
 
     def with_pair(ref):
         src = resolve(ref)
-        src.draft = pair["draft"] if ref == str(f32_path) else None
+        src.draft = pair.get(ref)
         return src
 
     monkeypatch.setattr(loader, "resolve", with_pair)
@@ -180,10 +179,17 @@ def test_loading_a_draft_model_and_its_failures(model_path: Path, f32_path: Path
         assert engine.drafter is None and any("cannot use the draft model" in w and "prompt lookup alone" in w for w in engine.warnings)
     finally:
         engine.close()
-    pair["draft"] = "smollm2:135m"  # a pair that works: the catalog's embedded model, always downloaded
+    pair[str(f32_path)] = "smollm2:135m"  # a pair that works: the catalog's embedded model (0.18 of the F32's bytes), always downloaded
     engine = open_engine(str(f32_path), LoadOptions(**options, draft_model="auto"))
     try:
         assert engine.drafter is not None and engine.drafter.name == "smollm2:135m" and not engine.warnings
+    finally:
+        engine.close()
+    assert model_path.stat().st_size <= loader.AUTO_DRAFT_SHARE * f32_path.stat().st_size
+    pair[str(model_path)] = str(f32_path)  # 5.5x its target's bytes: auto leaves it alone
+    engine = open_engine(str(model_path), LoadOptions(**options, draft_model="auto"))
+    try:
+        assert engine.drafter is None and not engine.warnings
     finally:
         engine.close()
     monkeypatch.undo()
@@ -265,11 +271,11 @@ def sampled_outcomes(path: Path, draft_path: Path, draws: int, slots: int, floor
     target = NativeBackend.load(path, load_params)
     draft = NativeBackend.load(llama_quantize(path, draft_path, llama_cpp.LLAMA_FTYPE_MOSTLY_Q4_0), load_params)
     params = SamplingParams(temperature=1.0, max_tokens=4)
-    engine = Engine(target, slots=slots, draft=DraftConfig(), drafter=DraftModel(draft, slots, "draft"))
+    always = DraftConfig(assumed_costs=tuple(np.linspace(1.0, 1.2, 11)), assumed_draft_step=0.1)  # always worth drafting
+    engine = Engine(target, slots=slots, draft=always, drafter=DraftModel(draft, slots, "draft"))
     try:
         prompt = engine.tokenize_prompt(engine.render_chat([{"role": "user", "content": "What is the capital of France?"}]))
         exact = outcome_probabilities(target, prompt, Sampler(params), depth=3, floor=floor)
-        engine.drafting.verify_cost, engine.drafting.row_seconds, engine.drafter.step_seconds = np.linspace(1.0, 1.2, 11), 1.0, 0.1  # always worth drafting
         outs = complete_together(engine, [(prompt, replace(params, seed=seed)) for seed in range(draws)])
     finally:
         engine.close()
@@ -310,8 +316,11 @@ def outcome_probabilities(backend, prompt: list[int], sampler, depth: int, floor
 
 
 def test_the_catalogs_drafts_are_smaller_models_of_the_catalog(tmp_path: Path) -> None:
-    """Every `draft = ...` names a catalog model of the same family, smaller than its target;
-    `pull --with-draft` of a model without one says so in one line."""
+    """Every `draft = ...` names a catalog model of the same family, of at most
+    AUTO_DRAFT_SHARE of its target's parameters (its bytes' share is what auto checks; a
+    draft no smaller in parameters could never pass it); `pull --with-draft` of a model
+    without one says so in one line."""
+    from localinfer.engine.loader import AUTO_DRAFT_SHARE
     from localinfer.store.catalog import load_catalog
 
     from ..cli.test_errors import assert_one_line_error
@@ -320,9 +329,9 @@ def test_the_catalogs_drafts_are_smaller_models_of_the_catalog(tmp_path: Path) -
     catalog = load_catalog()
     size = lambda alias: float(alias.split(":")[1].rstrip("bm")) * (1e-3 if alias.endswith("m") else 1)  # noqa: E731
     pairs = {alias: e.draft for alias, e in catalog.entries.items() if e.draft}
-    assert len(pairs) >= 7
+    assert len(pairs) >= 5
     for target, draft in pairs.items():
-        assert draft in catalog.entries and draft.split(":")[0] in (target.split(":")[0], "llama3.2") and size(draft) < size(target), (target, draft)
+        assert draft in catalog.entries and draft.split(":")[0] in (target.split(":")[0], "llama3.2") and size(draft) <= AUTO_DRAFT_SHARE * size(target), (target, draft)
     assert_one_line_error(run_cli("pull", "smollm2:135m", "--with-draft"), "the catalog names no draft model for smollm2:135m", code=2)
 
 

@@ -13,10 +13,14 @@ import pytest
 from localinfer.backends.base import Batch, LoadParams
 from localinfer.engine.engine import Engine
 from localinfer.engine.sampler import Sampler
-from localinfer.engine.speculative import DraftConfig, DraftState, lookup
+from localinfer.engine.speculative import CLOCK_REFRESH, PRIOR_ROW_COST, DraftConfig, DraftState, StepClock, lookup
 from localinfer.engine.types import SamplingParams
 
 from ..conftest import THREADS
+
+# A fixed, cheap verify-cost curve instead of the one the engine times on its steps, so that
+# draft lengths, and the rollback paths a test walks, do not depend on how busy the machine is.
+CHEAP_VERIFIES = tuple(np.linspace(1.0, 1.5, DraftConfig().max_draft + 1))
 
 TEXT = (Path(__file__).parents[1] / "data" / "alice_in_wonderland.txt").read_text()[:700]
 GROUNDED = [f"Repeat this text exactly:\n\n{TEXT}", f"Quote the first two sentences of this text:\n\n{TEXT}"]
@@ -40,17 +44,14 @@ class Fresh(Engine):
     other engine on that backend may have overwritten them), so nothing stale is reused."""
 
     def complete(self, prompt_tokens, params=None):
-        self._slot_tokens = [[] for _ in self._slot_tokens]
+        self.slots.forget_all()
         return super().complete(prompt_tokens, params)
 
 
 @pytest.fixture(scope="module")
 def engines(backend) -> tuple[Engine, Engine]:
-    """(plain, speculative) on one backend. The speculative one gets a fixed, cheap verify-cost
-    curve instead of the one it timed at load, so that its draft lengths, and the rollback
-    paths a test walks, do not depend on how busy the machine was."""
-    spec = Fresh(backend, slots=2, draft=DraftConfig())
-    spec.drafting.verify_cost = np.linspace(1.0, 1.5, spec.draft.max_draft + 1)
+    """(plain, speculative with CHEAP_VERIFIES) on one backend."""
+    spec = Fresh(backend, slots=2, draft=DraftConfig(assumed_costs=CHEAP_VERIFIES))
     return Fresh(backend, slots=2), spec
 
 
@@ -192,48 +193,93 @@ def test_the_cache_after_rollbacks_is_the_one_plain_decoding_builds(engines, bac
     held, logits = [], []
     for engine in (plain, spec):
         out = engine.complete(tokens, GREEDY)
-        slot = next(s for s, cached in enumerate(engine._slot_tokens) if cached)
-        held.append(engine._slot_tokens[slot])
-        logits.append(backend.forward(Batch.for_sequence([out.tokens[-1]], len(held[-1]), slot))[0])
+        slot = next(s for s, cached in enumerate(engine.slots.tokens) if cached)
+        held.append(engine.slots.tokens[slot])
+        logits.append(backend.forward(Batch.for_sequence([out.tokens[-1]], len(held[-1]), slot))[0].copy())
         backend.kv_clear(slot)
-        engine._slot_tokens[slot] = []
+        engine.slots.tokens[slot] = []
     assert out.timings.drafted > out.timings.accepted > 0  # some drafts held, some were rolled back
     assert held[0] == held[1]
     assert np.abs(logits[0] - logits[1]).max() < 0.1 and logits[0].argmax() == logits[1].argmax()
 
 
-def test_answers_too_short_to_draft_are_not_kept_waiting_for_the_measurement(backend) -> None:
-    """A 2-token answer can never take a draft, so it skips the verify-cost measurement (about
-    20 forwards); the first request that could draft pays it."""
-    engine = Engine(backend, slots=2, draft=DraftConfig())
-    prompt = engine.tokenize_prompt("The capital of France is")
-    short = engine.complete(prompt, SamplingParams(temperature=0, max_tokens=2))
-    assert len(short.tokens) == 2 and engine.drafting.verify_cost is None
-    longer = engine.complete(prompt, SamplingParams(temperature=0, max_tokens=3))
-    assert longer.tokens[:2] == short.tokens and engine.drafting.verify_cost is not None
+class CountingForwards:
+    """The backend, with its forwards counted: what stands between a prompt and its first token."""
+
+    def __init__(self, backend) -> None:
+        self.inner, self.forwards = backend, 0
+
+    def __getattr__(self, name):
+        return getattr(self.inner, name)
+
+    def forward(self, batch):
+        self.forwards += 1
+        return self.inner.forward(batch)
 
 
-def test_the_verify_cost_is_measured_by_the_thread_that_runs_the_engine(backend, monkeypatch) -> None:
-    """Measured on another thread, the backend's threads (OpenMP teams are per calling thread)
-    would keep spinning beside the engine's and slow every later forward (seen: 2.5x)."""
-    import threading
-    import time
+def test_nothing_is_timed_before_the_first_token(backend) -> None:
+    """Speculation's costs are learnt from the steps the engine takes anyway: with it on, the
+    first token comes after the same forwards (the prompt's) as with it off, on a new engine."""
+    prompt_tokens = None
+    before_first = []
+    for draft in (None, DraftConfig()):
+        counted = CountingForwards(backend)
+        engine = Engine(counted, slots=2, draft=draft)
+        engine.slots.forget_all()
+        prompt_tokens = prompt_tokens or engine.tokenize_prompt("The capital of France is")
+        for event in engine.generate(prompt_tokens, SamplingParams(temperature=0, max_tokens=16)):
+            before_first.append(counted.forwards)
+            break
+    assert before_first[0] == before_first[1] == 1
 
-    from localinfer.engine import drafting
 
-    measured_on = []
-    real = drafting.forward_seconds
+def test_the_first_steps_are_plain_and_time_the_costs(engines) -> None:
+    """A new engine drafts nothing until it has timed plain steps (two of them: the first
+    after a prefill touches the cache first); then its costs are what it measured."""
+    _, spec = engines
+    engine = Engine(spec.backend, slots=2, draft=DraftConfig())
+    engine.slots.forget_all()
+    assert engine.drafting.verify_cost(1) is None
+    out = engine.complete(chat(engine, GROUNDED[0]), GREEDY)
+    assert engine.drafting.clock.seconds(1) is not None and engine.drafting.verify_cost(1)[0] == 1.0
+    assert len(out.tokens) > 3 and out.timings.drafted > 0  # it drafted once it knew what a step costs
 
-    def spy(*args, **kwargs):
-        measured_on.append(threading.current_thread().name)
-        return real(*args, **kwargs)
 
-    monkeypatch.setattr(drafting, "forward_seconds", spy)
-    engine = Engine(backend, slots=2, draft=DraftConfig())
-    assert engine.drafting.verify_cost is None  # not at construction, on the caller's thread
-    engine.start()
-    deadline = time.monotonic() + 60
-    while engine.drafting.verify_cost is None and time.monotonic() < deadline:
-        time.sleep(0.01)
-    engine.stop()
-    assert measured_on == ["localinfer-engine"] and engine.drafting.verify_cost is not None
+def test_the_step_clock_interpolates_what_it_timed_and_extends_it() -> None:
+    clock = StepClock()
+    clock.observe(1, 0.010)
+    assert clock.costs(1, 4) is None  # one sample: a first step may be a first touch
+    clock.observe(1, 0.010)
+    prior = clock.costs(1, 4)
+    assert np.allclose(prior, 1 + PRIOR_ROW_COST * np.arange(5))  # before any verify was timed
+    for _ in range(CLOCK_REFRESH):  # the curve is worked out again every CLOCK_REFRESH steps
+        clock.observe(3, 0.012)
+    assert np.allclose(clock.costs(1, 4), [1.0, 1.1, 1.2, 1.3, 1.4])  # 1 -> 3 rows: +0.1 a row, then the same slope
+    clock.observe(1, 0.500)  # a slow spell: the median of recent steps holds
+    for _ in range(CLOCK_REFRESH):
+        clock.observe(3, 0.012)
+    assert clock.costs(1, 4)[2] == pytest.approx(1.2)
+
+
+@pytest.mark.parametrize("acceptance", [0.3, 0.5])
+def test_a_draft_model_that_costs_more_than_it_yields_stops_within_a_few_steps(acceptance: float) -> None:
+    """At the adversarial pair's numbers (a draft step 0.45 of a plain one, a third to a half of
+    its tokens kept) no K pays: drafting stops once `evidence` tokens were judged and retries
+    once in `retry_after` steps, so the answer comes at no less than 0.97 of plain decoding's
+    speed (tokens over time, a plain step costing 1)."""
+    config = DraftConfig()
+    verify = 1.0 + 0.05 * np.arange(config.max_draft + 1)
+    cost = verify + 0.45 * np.arange(config.max_draft + 1)
+    rng = np.random.default_rng(3)
+    state, drafting_steps, tokens, seconds = DraftState(config), 0, 0, 0.0
+    for _ in range(2000):
+        k = state.draft_length(cost)
+        kept = 0
+        while kept < k and rng.random() < acceptance:
+            kept += 1
+        if k:
+            state.record(k, kept)
+            drafting_steps += 1
+        tokens, seconds = tokens + kept + 1, seconds + cost[k]
+    assert drafting_steps < 2000 * 0.1  # a few steps each time it tries
+    assert tokens / seconds >= 0.97
