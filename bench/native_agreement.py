@@ -56,7 +56,7 @@ def measure(path: Path) -> dict:
     ref_backend = LlamaCppBackend.load(path, LoadParams(n_ctx=N_CTX, n_threads=THREADS))
     ref = Engine(ref_backend)
     tokens = ref_backend.tokenize(TEXT, add_special=False)[:N_FORCED]
-    theirs = ref_backend.forward(Batch.for_sequence(tokens, 0, all_logits=True))
+    theirs = ref_backend.forward(Batch.for_sequence(tokens, 0, all_logits=True)).copy()  # llama.cpp's own buffer: the next decode overwrites it
     ref_backend.kv_clear(0)
     prompts = [ref.tokenize_prompt(ref.render_chat([{"role": "user", "content": p}])) for p in PROMPTS]
     expected = [ref.complete(p, greedy).tokens for p in prompts]

@@ -220,6 +220,7 @@ class LlamaCppBackend(LlamaTokenized, Backend):
         self._tok = Tokenizer(self._model)
         self._n_vocab = self._tok.info.n_vocab
         self._views: dict[int | None, np.ndarray] = {}
+        self._rows_views: dict[tuple[int | None, int], np.ndarray] = {}
 
         self._facts = ModelFacts(
             path=path,
@@ -251,6 +252,11 @@ class LlamaCppBackend(LlamaTokenized, Backend):
             raise BackendError("the model is closed")
 
     def forward(self, batch: Batch) -> np.ndarray:
+        n_out = int(np.count_nonzero(batch.want_logits))
+        if 0 < n_out and len(batch) <= self._n_batch:  # one llama_decode: its wanted rows are llama.cpp's own array, in batch order
+            self._live()
+            self._decode_chunk(batch, 0, len(batch))
+            return self._all_logits(n_out)
         return self._decode(batch, self._n_vocab, lambda i: self._logits_view(C.llama_get_logits_ith(self._ctx, i)))
 
     def embed(self, batch: Batch) -> np.ndarray:
@@ -270,23 +276,39 @@ class LlamaCppBackend(LlamaTokenized, Backend):
         row = 0
         for start in range(0, len(batch), self._n_batch):
             end = min(start + self._n_batch, len(batch))
-            n = end - start
-            want = batch.want_logits[start:end]
-            self._view_token[:n] = batch.tokens[start:end]
-            self._view_pos[:n] = batch.positions[start:end]
-            self._view_logits[:n] = want
-            for i, seq in enumerate(batch.seq_ids[start:end].tolist()):
-                self._seq_slots[i][0] = seq
-            self._batch.n_tokens = n
-            rc = C.llama_decode(self._ctx, self._batch)
-            if rc == 1:
-                raise ContextOverflow(f"the KV cache is full ({self._facts.n_ctx} tokens a sequence); raise --ctx")
-            if rc != 0:
-                raise BackendError(f"llama_decode failed with code {rc}: {last_error()}")
-            for i in np.flatnonzero(want).tolist():
+            self._decode_chunk(batch, start, end)
+            for i in np.flatnonzero(batch.want_logits[start:end]).tolist():
                 logits[row] = read(i)
                 row += 1
         return logits
+
+    def _decode_chunk(self, batch: Batch, start: int, end: int) -> None:
+        """llama_decode of rows start..end of the batch (at most n_batch of them)."""
+        n = end - start
+        self._view_token[:n] = batch.tokens[start:end]
+        self._view_pos[:n] = batch.positions[start:end]
+        self._view_logits[:n] = batch.want_logits[start:end]
+        for i, seq in enumerate(batch.seq_ids[start:end].tolist()):
+            self._seq_slots[i][0] = seq
+        self._batch.n_tokens = n
+        rc = C.llama_decode(self._ctx, self._batch)
+        if rc == 1:
+            raise ContextOverflow(f"the KV cache is full ({self._facts.n_ctx} tokens a sequence); raise --ctx")
+        if rc != 0:
+            raise BackendError(f"llama_decode failed with code {rc}: {last_error()}")
+
+    def _all_logits(self, n_out: int) -> np.ndarray:
+        """[n_out, n_vocab]: a numpy view of llama_get_logits, never copied (a 152k-token row
+        costs ~19 µs to copy, a visible share of a GPU's token); valid until the next decode,
+        as Backend.forward promises. Cached per address and shape."""
+        ptr = C.llama_get_logits(self._ctx)
+        key = (ctypes.cast(ptr, ctypes.c_void_p).value, n_out)
+        view = self._rows_views.get(key)
+        if view is None:
+            if len(self._rows_views) > 256:
+                self._rows_views.clear()
+            view = self._rows_views[key] = np.ctypeslib.as_array(ptr, shape=(n_out, self._n_vocab))
+        return view
 
     def _logits_view(self, ptr: ctypes._Pointer) -> np.ndarray:
         """A numpy view of one row of llama.cpp's logits, cached per address (decode hot path)."""

@@ -24,19 +24,24 @@ class Sampler:
         `history` is prompt + answer (repetition penalty), `generated` the answer alone
         (presence and frequency penalties, as OpenAI defines them); `allowed`, the only ids
         a grammar permits (their logits alone are finite)."""
+        if self.params.temperature <= 0:  # the argmax alone, without building its one-token distribution
+            self._penalize(logits, history, generated)
+            return int(logits.argmax())
         ids, probs = self.distribution(logits, history, generated, allowed)
-        if self.params.temperature <= 0:
-            return int(ids[0])
         return int(ids[draw(probs, self.rng)])
 
-    def distribution(self, logits: np.ndarray, history: list[int], generated: list[int] | None = None, allowed: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
-        """The distribution a draw is made from, after every filter: token ids and their
-        probabilities (greedy: the argmax alone). Speculation is lossless against this."""
+    def _penalize(self, logits: np.ndarray, history: list[int], generated: list[int] | None) -> None:
         p = self.params
         if p.repeat_penalty != 1.0 and p.repeat_last_n != 0 and history:
             apply_repeat_penalty(logits, history[-p.repeat_last_n :] if p.repeat_last_n > 0 else history, p.repeat_penalty)
         if (p.presence_penalty or p.frequency_penalty) and generated:
             apply_presence_frequency(logits, generated, p.presence_penalty, p.frequency_penalty)
+
+    def distribution(self, logits: np.ndarray, history: list[int], generated: list[int] | None = None, allowed: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
+        """The distribution a draw is made from, after every filter: token ids and their
+        probabilities (greedy: the argmax alone). Speculation is lossless against this."""
+        p = self.params
+        self._penalize(logits, history, generated)
         if p.temperature <= 0:
             return np.array([int(np.argmax(logits))]), np.ones(1)
 
@@ -78,12 +83,28 @@ def top_k(logits: np.ndarray, k: int, among: np.ndarray | None = None) -> tuple[
     if among is not None:
         ids = among[np.argpartition(logits[among], -k)[-k:]] if 0 < k < len(among) else among
     elif 0 < k < len(logits):
-        ids = np.argpartition(logits, -k)[-k:]
+        ids = largest(logits, k)
     else:
         ids = np.arange(len(logits))
     order = np.argsort(-logits[ids], kind="stable")
     ids = ids[order]
     return ids, logits[ids]
+
+
+PREFILTER_STRIDE = 64  # every 64th logit is sampled for a threshold before the k largest are sought
+
+
+def largest(logits: np.ndarray, k: int) -> np.ndarray:
+    """Ids of the k largest logits, in no order. A partition of a 152k vocabulary costs ~1 ms,
+    an eighth of a CPU's token; so the k-th largest of every 64th logit is taken first as a
+    threshold. The whole vocabulary holds at least k logits at or above it (the sample does),
+    so the k largest are among those, and only they are partitioned (~80 µs). Exact."""
+    if len(logits) >= 4 * PREFILTER_STRIDE * k:
+        sample = logits[::PREFILTER_STRIDE]
+        above = np.flatnonzero(logits >= np.partition(sample, -k)[-k])
+        if len(above) >= k:  # fewer only with NaN logits
+            return above[np.argpartition(logits[above], -k)[-k:]]
+    return np.argpartition(logits, -k)[-k:]
 
 
 def softmax(x: np.ndarray) -> np.ndarray:

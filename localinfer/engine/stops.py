@@ -33,8 +33,12 @@ class StopMatcher:
 
 
 def partial_suffix(buf: str, tag: str) -> int:
-    """Length of the longest suffix of buf that is a proper prefix of tag (it may still become tag)."""
-    for n in range(min(len(tag) - 1, len(buf)), 0, -1):
-        if buf.endswith(tag[:n]):
-            return n
+    """Length of the longest suffix of buf that is a proper prefix of tag (it may still become
+    tag). Such a suffix starts with tag's first character, so only where that character occurs
+    in buf's last len(tag) - 1 characters is tried: mostly nowhere, at the cost of one find."""
+    i = buf.find(tag[0], max(0, len(buf) - len(tag) + 1))
+    while i != -1:
+        if tag.startswith(buf[i:]):
+            return len(buf) - i
+        i = buf.find(tag[0], i + 1)
     return 0

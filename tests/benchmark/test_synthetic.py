@@ -165,7 +165,7 @@ def test_both_engines_run_it(made, shape: str, type_name: str) -> None:
     for cls in (LlamaCppBackend, NativeBackend):
         backend = cls.load(path, LoadParams(n_ctx=128, n_threads=THREADS))
         try:
-            logits.append(backend.forward(Batch.for_sequence(tokens, 0, all_logits=True)))
+            logits.append(backend.forward(Batch.for_sequence(tokens, 0, all_logits=True)).copy())  # llama.cpp's are its own buffer
             backend.kv_clear(0)
             prompt = backend.tokenize("The quick brown fox", add_special=True)
             result = Engine(backend).complete(prompt, SamplingParams(temperature=0, max_tokens=6, ignore_eos=True))
