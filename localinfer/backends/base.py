@@ -98,6 +98,13 @@ class Batch:
     def of_rows(cls, rows: Iterable[tuple[int, list[int], int, int]]) -> Batch:
         """Rows of several sequences, each (seq_id, tokens, start position, how many of its
         last tokens want logits), in one batch, in that order."""
+        rows = list(rows)
+        if len(rows) == 1:  # a lone decode step, the most common batch: four arrays made directly
+            seq_id, chunk, start, n_logits = rows[0]
+            n = len(chunk)
+            want = np.zeros(n, dtype=bool)
+            want[n - n_logits :] = n_logits > 0
+            return cls(np.array(chunk, dtype=np.int32), np.arange(start, start + n, dtype=np.int32), np.full(n, seq_id, dtype=np.int32), want)
         tokens: list[int] = []
         positions: list[int] = []
         seq_ids: list[int] = []

@@ -15,7 +15,7 @@ from localinfer.backends.base import Backend
 from localinfer.engine.draft_model import Chooser, DraftModel, DraftRequest
 from localinfer.engine.request import Request
 from localinfer.engine.sampler import Sampler, draw
-from localinfer.engine.speculative import DraftConfig, DraftState, Proposal, RequestDrafts, StepClock, lookup
+from localinfer.engine.speculative import DraftConfig, DraftState, NgramIndex, Proposal, RequestDrafts, StepClock
 from localinfer.engine.types import SamplingParams
 
 
@@ -34,6 +34,7 @@ class Drafting:
     def __init__(self, config: DraftConfig, target: Backend, drafter: DraftModel | None = None) -> None:
         self.config, self.target, self.drafter = config, target, drafter
         self.clock = StepClock()
+        self._assumed = np.asarray(config.assumed_costs, dtype=float) if config.assumed_costs is not None else None
         self.eog_ids = target.vocab.eog_ids
         self._eog = np.array(sorted(self.eog_ids), dtype=np.intp)
         # A draft step before the draft model timed one: its share of the target's bytes (decoding
@@ -47,13 +48,13 @@ class Drafting:
     def verify_cost(self, base: int) -> np.ndarray | None:
         """cost[k]: a step where one of `base` decoding requests drafts k tokens, in plain
         steps; None while no plain step of `base` rows was timed (such steps draft nothing)."""
-        if self.config.assumed_costs is not None:
-            return np.asarray(self.config.assumed_costs, dtype=float)
+        if self._assumed is not None:
+            return self._assumed
         return self.clock.costs(base, self.config.max_draft)
 
     def admit(self, params: SamplingParams) -> RequestDrafts:
         """A new request's speculation state (no draft model where it asked draft_max 0)."""
-        spec = RequestDrafts(DraftState(self.config))
+        spec = RequestDrafts(DraftState(self.config), ngrams=NgramIndex(self.config.ngram_min, self.config.ngram_max))
         if self.drafter is not None and params.draft_max != 0:
             spec.model, spec.sampler = DraftState(self.config), Sampler(replace(params, seed=(params.seed or 0) ^ 0x5EED))
         return spec
@@ -98,8 +99,7 @@ class Drafting:
         k = min(state.draft_length(verify), room)
         if k <= 0:
             return []
-        c = self.config
-        drafted = lookup(seq.spec.context(seq.history), c.ngram_min, c.ngram_max, k)  # type: ignore[union-attr]
+        drafted = seq.spec.ngrams.draft(seq.history, k)  # type: ignore[union-attr]
         if seq.mask is not None and drafted:  # what the grammar would refuse could never be accepted: not worth a row
             drafted = drafted[: seq.mask.valid_prefix(drafted)]
         return drafted

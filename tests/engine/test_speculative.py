@@ -13,7 +13,7 @@ import pytest
 from localinfer.backends.base import Batch, LoadParams
 from localinfer.engine.engine import Engine
 from localinfer.engine.sampler import Sampler
-from localinfer.engine.speculative import CLOCK_REFRESH, PRIOR_ROW_COST, DraftConfig, DraftState, StepClock, lookup
+from localinfer.engine.speculative import CLOCK_REFRESH, PRIOR_ROW_COST, DraftConfig, DraftState, NgramIndex, StepClock
 from localinfer.engine.types import SamplingParams
 
 from ..conftest import THREADS
@@ -59,12 +59,34 @@ def chat(engine: Engine, prompt: str) -> list[int]:
     return engine.tokenize_prompt(engine.render_chat([{"role": "user", "content": prompt}]))
 
 
+def lookup(context: list[int], ngram_min: int, ngram_max: int, k: int) -> list[int]:
+    """Prompt lookup by its definition, for reference: the k tokens after the latest earlier
+    occurrence of the longest suffix n-gram, searched from scratch."""
+    size = len(context)
+    for n in range(min(ngram_max, size - 1), ngram_min - 1, -1):
+        for i in range(size - n - 1, -1, -1):
+            if context[i : i + n] == context[size - n :]:
+                return context[i + n : i + n + k]
+    return []
+
+
 def test_lookup_takes_the_longest_latest_match() -> None:
-    ctx = np.array([5, 1, 2, 3, 9, 1, 2, 3, 7, 8, 4, 2, 3], dtype=np.int32)
-    assert lookup(ctx, 2, 4, 3) == [7, 8, 4]  # "2 3" last seen at 6..7, followed by 7 8 4
-    assert lookup(ctx, 1, 1, 2) == [7, 8]  # "3" likewise
-    assert lookup(np.array([1, 2, 3, 4]), 1, 3, 5) == []  # nothing repeats
-    assert lookup(np.array([1, 1, 1]), 2, 2, 4) == [1]  # the match may run into the tail itself
+    ctx = [5, 1, 2, 3, 9, 1, 2, 3, 7, 8, 4, 2, 3]
+    assert NgramIndex(2, 4).draft(ctx, 3) == [7, 8, 4]  # "2 3" last seen at 6..7, followed by 7 8 4
+    assert NgramIndex(1, 1).draft(ctx, 2) == [7, 8]  # "3" likewise
+    assert NgramIndex(1, 3).draft([1, 2, 3, 4], 5) == []  # nothing repeats
+    assert NgramIndex(2, 2).draft([1, 1, 1], 4) == [1]  # the match may run into the tail itself
+
+
+def test_the_index_kept_as_tokens_arrive_drafts_as_a_search_from_scratch() -> None:
+    rng = np.random.default_rng(1)
+    for _ in range(300):
+        n_min = int(rng.integers(1, 4))
+        n_max, k, vocab = int(rng.integers(n_min, 6)), int(rng.integers(1, 6)), int(rng.integers(1, 6))
+        index, history = NgramIndex(n_min, n_max), []
+        for _ in range(int(rng.integers(1, 40))):
+            history += rng.integers(0, vocab, int(rng.integers(1, 4))).tolist()  # a step adds one token or an accepted draft's several
+            assert index.draft(history, k) == lookup(history, n_min, n_max, k), (history, n_min, n_max, k)
 
 
 def test_draft_length_grows_with_acceptance_and_pauses_below_break_even() -> None:
