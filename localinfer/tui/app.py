@@ -25,7 +25,7 @@ from localinfer.engine.templates import Message
 from localinfer.engine.types import SamplingParams
 from localinfer.errors import UserError
 from localinfer.tui.export import export_chat
-from localinfer.tui.replies import Reply, ReplyFigures
+from localinfer.tui.replies import Reply, ReplyFigures, in_own_thread
 from localinfer.tui.screens import SETTINGS, AskScreen, ConfirmScreen, SettingsScreen
 from localinfer.tui.store import Chat, ChatMessage, ChatStore
 from localinfer.tui.widgets import ChatItem, MessageView, PromptInput, StatusLine
@@ -155,7 +155,7 @@ class ChatApp(App):
         if old is not None:
             old.close()
         try:
-            model = self.loader(ref, url)
+            model = in_own_thread(self.loader, ref, url)  # not on this pooled thread: see in_own_thread
         except Exception as e:  # a UserError, or a bug: never a traceback over the screen, and the app stays usable
             if self.loaded == (ref, url):
                 self.model_state = "not loaded (pick another model in Settings)"
