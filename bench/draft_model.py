@@ -10,8 +10,10 @@ target/draft pair is reachable offline):
   69-83 %, 0.2: 15-18 %): the regime where drafting barely pays or loses, as a 0.5B drafting
   for a 1.5B can (issue 46). Speculation must never fall below 0.95x there.
 
-TTFT: each side's first request on a fresh engine, prompt to first token (nothing may be
-timed before it), then the median of the rest.
+TTFT: nothing may stand between a prompt and its first token. Per row, the median TTFT of
+each side's requests; and `--first-token N` times what a user meets, `localinfer run MODEL
+-n 8 "Hi"` as a new process each time, with the draft and with `--draft none` in turn (N
+each, --no-prompt-cache, the file already in the page cache): its TTFT and prompt time.
 
 For each engine, task (code, chat, summary, extraction) and temperature (0, 0.7): decode
 tokens/s with --draft MODEL against --draft none, alternately, medians of --repeats runs;
@@ -21,7 +23,7 @@ llama-cpp-python drives it (`Llama(draft_model=...)`, a LlamaDraftModel that dra
 with the same Q4_1), against the same Llama without a draft.
 
     .venv/bin/python bench/draft_model.py [--pair self|adversarial] [--noise 0.12] [--threads 2] [--tokens 128]
-        [--repeats 5] [--engines ...] [--json OUT]
+        [--repeats 5] [--engines ...] [--first-token 3] [--json OUT]
 """
 
 from __future__ import annotations
@@ -102,22 +104,19 @@ def ours(engines: str, target: Path, draft: Path, threads: int, tokens: int, rep
     engine, _, draft_engine = engines.partition("/")
     plain = open_engine(str(target), LoadOptions(engine=engine, threads=threads, ctx=2048, draft=None))
     spec = open_engine(str(target), LoadOptions(engine=engine, threads=threads, ctx=2048, draft=DraftConfig(), draft_model=str(draft), draft_engine=draft_engine or None))
-    rows, firsts = [], []
+    rows = []
     try:
         for task, prompt in TASKS.items():
             ids = plain.tokenize_prompt(plain.render_chat([{"role": "user", "content": prompt}]))
             for temperature in TEMPERATURES:
                 runs: list[list] = [[], []]
-                if not firsts:  # each side's first request on its fresh engine: what a `run` waits
-                    params = SamplingParams(temperature=temperature, max_tokens=tokens, repeat_penalty=1.0, seed=0)
-                    firsts.extend(e.complete(ids, params).timings.ttft_ms for e in (plain, spec))
                 for r in range(repeats):
                     params = SamplingParams(temperature=temperature, max_tokens=tokens, repeat_penalty=1.0, seed=r)
                     order = [(plain, runs[0]), (spec, runs[1])]
                     for e, out in order if r % 2 == 0 else order[::-1]:  # alternate who runs first: memory speed drifts
                         e.slots.forget_all()  # no prefix reuse between runs
                         out.append(e.complete(ids, params))
-                rows.append(row(engines, task, temperature, *runs) | {"first_ttft_ms": firsts})
+                rows.append(row(engines, task, temperature, *runs))
                 print(line(rows[-1]), flush=True)
     finally:
         spec.close()
@@ -146,6 +145,28 @@ def line(r: dict) -> str:
     return (f"{r['engine']:22} {r['task']:10} T={r['temperature']:.1f} {r['plain_tok_s']:6.1f} -> {r['spec_tok_s']:6.1f} tok/s = {r['speedup']:.2f}x"
             f" | model {rate(r['model_accepted'], r['model_drafted'])} lookup {rate(r['lookup_accepted'], r['lookup_drafted'])}"
             f" | {r['tokens_per_forward']:.2f} tok/forward | TTFT {r['plain_ttft_ms']:.0f} / {r['spec_ttft_ms']:.0f} ms{same}")  # fmt: skip
+
+
+def first_tokens(engines: str, target: Path, draft: Path, threads: int, runs: int) -> list[dict]:
+    """`run -n 8 "Hi"` as a user starts it, with the draft and without, alternately: TTFT and
+    prompt time from --json, medians of `runs` each."""
+    import subprocess
+
+    engine, _, draft_engine = engines.partition("/")
+    sides: dict[str, list[tuple[float, float]]] = {"draft": [], "none": []}
+    for r in range(runs * 2):
+        side = ("draft", "none")[r % 2]
+        cmd = [str(ROOT / ".venv" / "bin" / "localinfer"), "run", str(target), "--engine", engine, "--threads", str(threads), "-n", "8",
+               "--temperature", "0", "--no-prompt-cache", "--json", "--draft", str(draft) if side == "draft" else "none", "Hi"]  # fmt: skip
+        if side == "draft" and draft_engine:
+            cmd += ["--draft-engine", draft_engine]
+        t = json.loads(subprocess.run(cmd, capture_output=True, text=True, check=True).stdout)["timings"]
+        sides[side].append((t["ttft_ms"], t["prompt_ms"]))
+    row = {"engine": engines, "runs": runs} | {f"{side}_{what}_ms": statistics.median(v[i] for v in values)
+                                              for side, values in sides.items() for i, what in enumerate(("ttft", "prompt"))}  # fmt: skip
+    print(f"{engines:22} run -n 8 \"Hi\": TTFT {row['draft_ttft_ms']:.0f} ms with the draft (prompt {row['draft_prompt_ms']:.0f}), "
+          f"{row['none_ttft_ms']:.0f} ms with --draft none (prompt {row['none_prompt_ms']:.0f}); medians of {runs}", flush=True)  # fmt: skip
+    return [row]
 
 
 def llama_cpp_anchor(target: Path, draft: Path, threads: int, tokens: int, repeats: int, k: int = 4) -> list[dict]:
@@ -209,6 +230,7 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--engines", default="native,llama.cpp,llama.cpp/native,anchor",
                     help="comma-separated, of native, llama.cpp, TARGET/DRAFT engines (llama.cpp/native: drafting on native), anchor")
+    ap.add_argument("--first-token", type=int, default=3, help="`run -n 8` processes timed per side (0: none)")
     ap.add_argument("--json", type=Path, help="write the rows here")
     args = ap.parse_args()
     target, draft = self_pair() if args.pair == "self" else adversarial_pair(args.noise)
@@ -218,12 +240,12 @@ def main() -> None:
             rows += llama_cpp_anchor(target, draft, args.threads, args.tokens, args.repeats)
         else:
             rows += ours(engine, target, draft, args.threads, args.tokens, args.repeats)
+            if args.first_token:
+                rows += first_tokens(engine, target, draft, args.threads, args.first_token)
     if args.json:
         meta = {"cpu": cpu_name(), "pair": args.pair, "noise": args.noise if args.pair == "adversarial" else None, "threads": args.threads, "tokens": args.tokens}
         args.json.write_text(json.dumps(meta | {"rows": rows}, indent=1))
-    for engine in dict.fromkeys(r["engine"] for r in rows if "first_ttft_ms" in r):
-        plain_first, spec_first = next(r["first_ttft_ms"] for r in rows if r["engine"] == engine)
-        print(f"{engine}: first request's TTFT {plain_first:.0f} ms plain, {spec_first:.0f} ms with the draft")
+
 
 
 if __name__ == "__main__":
