@@ -21,9 +21,6 @@ DOC = ROOT / "docs" / "architecture.md"
 SOURCES = ("localinfer", "native", "quant", "models")
 MODULE = (".py", ".c", ".h")
 FOLDER_COLUMN = 13  # " clients     localinfer/cli/": a layer's name, then its folders
-# Written by other parts of issue 46 (engine.py's split, the loop's benchmark) while this doc
-# was rewritten: the doc may name them before they land.
-PLANNED = {"localinfer/engine/request.py", "localinfer/engine/slots.py", "bench/loop_cost.py", "bench/instant_backend.py"}
 
 
 def modules() -> list[str]:
@@ -91,7 +88,7 @@ def test_the_diagram_names_no_module_that_is_gone() -> None:
     on_disk = set(modules())
     for folder, text in diagram_entries(DOC.read_text()).items():
         for name in re.findall(r"(?<![\w./-])([\w-]+\.(?:py|c|h))(?![\w])", text):
-            here = {p for p in on_disk | PLANNED if p.startswith(folder + "/") and p.rsplit("/", 1)[-1] == name}
+            here = {p for p in on_disk if p.startswith(folder + "/") and p.rsplit("/", 1)[-1] == name}
             assert here or (ROOT / name).is_file(), f"docs/architecture.md lists {name} under {folder}/, which has no such file"
 
 
