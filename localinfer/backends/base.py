@@ -191,9 +191,7 @@ class Backend(ABC):
     # --- compute ---------------------------------------------------------------
     @abstractmethod
     def forward(self, batch: Batch) -> np.ndarray:
-        """Run the batch through the model; returns [n_wanted, n_vocab] float32 logits. They
-        may be the backend's own buffer (llama.cpp's, never copied): valid until its next
-        forward or close, and the caller may edit them in place. Copy what is kept longer."""
+        """Run the batch through the model; returns [n_wanted, n_vocab] float32 logits."""
 
     @abstractmethod
     def embed(self, batch: Batch) -> np.ndarray:

@@ -220,7 +220,6 @@ class LlamaCppBackend(LlamaTokenized, Backend):
         self._tok = Tokenizer(self._model)
         self._n_vocab = self._tok.info.n_vocab
         self._views: dict[int | None, np.ndarray] = {}
-        self._rows_views: dict[tuple[int | None, int], np.ndarray] = {}
 
         self._facts = ModelFacts(
             path=path,
@@ -252,11 +251,6 @@ class LlamaCppBackend(LlamaTokenized, Backend):
             raise BackendError("the model is closed")
 
     def forward(self, batch: Batch) -> np.ndarray:
-        n_out = int(np.count_nonzero(batch.want_logits))
-        if 0 < n_out and len(batch) <= self._n_batch:  # one llama_decode: its wanted rows are llama.cpp's own array, in batch order
-            self._live()
-            self._decode_chunk(batch, 0, len(batch))
-            return self._all_logits(n_out)
         return self._decode(batch, self._n_vocab, lambda i: self._logits_view(C.llama_get_logits_ith(self._ctx, i)))
 
     def embed(self, batch: Batch) -> np.ndarray:
@@ -296,19 +290,6 @@ class LlamaCppBackend(LlamaTokenized, Backend):
             raise ContextOverflow(f"the KV cache is full ({self._facts.n_ctx} tokens a sequence); raise --ctx")
         if rc != 0:
             raise BackendError(f"llama_decode failed with code {rc}: {last_error()}")
-
-    def _all_logits(self, n_out: int) -> np.ndarray:
-        """[n_out, n_vocab]: a numpy view of llama_get_logits, never copied (a 152k-token row
-        costs ~19 µs to copy, a visible share of a GPU's token); valid until the next decode,
-        as Backend.forward promises. Cached per address and shape."""
-        ptr = C.llama_get_logits(self._ctx)
-        key = (ctypes.cast(ptr, ctypes.c_void_p).value, n_out)
-        view = self._rows_views.get(key)
-        if view is None:
-            if len(self._rows_views) > 256:
-                self._rows_views.clear()
-            view = self._rows_views[key] = np.ctypeslib.as_array(ptr, shape=(n_out, self._n_vocab))
-        return view
 
     def _logits_view(self, ptr: ctypes._Pointer) -> np.ndarray:
         """A numpy view of one row of llama.cpp's logits, cached per address (decode hot path)."""
