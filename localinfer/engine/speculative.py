@@ -37,7 +37,6 @@ judged and no K gains `MIN_GAIN`, that source stops for the request and retries 
 
 from __future__ import annotations
 
-import statistics
 from collections import deque
 from dataclasses import dataclass
 
@@ -86,7 +85,11 @@ class StepClock:
         """The median of the recent steps that fed `rows` rows; None before two were timed
         (a first step after a prefill pays for the cache it touches first)."""
         recent = self._recent.get(rows)
-        return statistics.median(recent) if recent and len(recent) >= 2 else None
+        if not recent or len(recent) < 2:
+            return None
+        ordered = sorted(recent)
+        middle = len(ordered) // 2
+        return ordered[middle] if len(ordered) % 2 else (ordered[middle - 1] + ordered[middle]) / 2
 
     def costs(self, base: int, k_max: int) -> np.ndarray | None:
         """cost[k], k = 0..k_max: a step feeding base + k rows over a plain one feeding base

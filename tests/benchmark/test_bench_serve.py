@@ -163,7 +163,7 @@ def test_the_cli_against_a_real_localinfer_serve_compare_and_plot(tmp_path: Path
         (("serve", "--url", "ftp://x"), "not an http(s) URL"),
         (("serve", "-c", "2", "--rate", "1"), "not both"),
         (("serve", "--workload", "poetry"), "not one of"),
-        (("serve", "-c", "0"), "at least 1"),
+        (("serve", "-c", "0"), "between 1 and"),
         (("serve", "--rate", "-1"), "more than 0"),
         (("compare", "/nonexistent/a.json", "/nonexistent/b.json"), "No such file"),
     ],
