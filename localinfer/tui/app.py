@@ -4,11 +4,12 @@ RemoteModel (`--url`), streamed by a worker thread so the UI never waits on the 
 
 Who does what: the UI thread owns the store and the widgets. Workers load models and
 stream replies; they hand text and figures to the UI through call_from_thread, batched
-to 15 updates a second, so a fast model costs the UI no more than a slow one.
+to 10 updates a second, so a fast model costs the UI no more than a slow one.
 """
 
 from __future__ import annotations
 
+import gc
 import time
 from collections.abc import Callable, Iterable
 from pathlib import Path
@@ -19,7 +20,7 @@ from textual.app import App, ComposeResult, SystemCommand
 from textual.binding import Binding
 from textual.containers import Horizontal, Vertical, VerticalScroll
 from textual.screen import Screen
-from textual.widgets import Footer, Input, Label, ListView, Markdown
+from textual.widgets import Footer, Input, Label, ListView
 
 from localinfer.engine.templates import Message
 from localinfer.engine.types import SamplingParams
@@ -28,9 +29,9 @@ from localinfer.tui.export import export_chat
 from localinfer.tui.replies import Reply, ReplyFigures, in_own_thread
 from localinfer.tui.screens import SETTINGS, AskScreen, ConfirmScreen, SettingsScreen
 from localinfer.tui.store import Chat, ChatMessage, ChatStore
-from localinfer.tui.widgets import ChatItem, MessageView, PromptInput, StatusLine
+from localinfer.tui.widgets import ChatItem, MessageView, PromptInput, StatusLine, warm_up
 
-UPDATES_PER_S = 15  # smooth to the eye; on 2 cores 30 a second cost more of the decode rate (docs/benchmarks.md)
+UPDATES_PER_S = 10  # what the eye needs to see text flow; each update's drawing is CPU the decode threads lose (docs/benchmarks.md)
 TITLE_LENGTH = 40
 
 # A model loader: (model reference or None, URL or None) -> LocalModel | RemoteModel.
@@ -91,7 +92,6 @@ class ChatApp(App):
         self._dropped_told = 0  # how many trimmed messages the user has been told of, for the reply streaming now
         self.editing: int | None = None  # the position of the user message being edited
         self._view: MessageView | None = None
-        self._stream = None  # the Markdown stream of the reply being written
         self._text: list[str] = []
         self._last_figures: ReplyFigures | None = None
 
@@ -154,6 +154,7 @@ class ChatApp(App):
         """Close the model being replaced (`old`, if any), then load the new one."""
         if old is not None:
             old.close()
+        warm_up()
         try:
             model = in_own_thread(self.loader, ref, url)  # not on this pooled thread: see in_own_thread
         except Exception as e:  # a UserError, or a bug: never a traceback over the screen, and the app stays usable
@@ -165,13 +166,14 @@ class ChatApp(App):
         if self.loaded != (ref, url):  # the user moved on while it loaded
             model.close()
             return
+        settle_heap()
         self.model = model
         self.call_from_thread(self.show_status)
 
     def show_status(self, figures: ReplyFigures | None = None, streaming: bool = False) -> None:
         name, engine = self.model_label()
         status = self.query_one(StatusLine)
-        status.show(name, engine, figures or self._last_figures, streaming)
+        status.show_figures(name, engine, figures or self._last_figures, streaming)
         status.tooltip = self.model.engine_reason if self.model is not None else None  # which engine runs the model, and why
 
     # --- chats -------------------------------------------------------------------------
@@ -180,10 +182,17 @@ class ChatApp(App):
         chats = self.query_one("#chats", ListView)
         chats.clear()
         counts = self.store.message_counts()
-        for chat in self.store.chats(search):
-            n = counts.get(chat.id, 0)
-            chats.append(ChatItem(chat, f"{chat.model or 'default model'} · {n} message{'s' * (n != 1)}"))
+        chats.extend([ChatItem(chat, _chat_detail(chat, counts.get(chat.id, 0))) for chat in self.store.chats(search)])
         self.call_after_refresh(self._highlight_open_chat)  # once the items are mounted
+
+    async def _list_new_chat(self) -> None:
+        """The chat just saved, first in the list, which is not rebuilt for it: a reply starts
+        streaming now, and a long list's rebuild would take the CPU from its decode."""
+        if self.query_one("#search", Input).value.strip():  # it may not match the search
+            self.refresh_chats()
+            return
+        await self.query_one("#chats", ListView).insert(0, [ChatItem(self.chat, _chat_detail(self.chat, 1))])
+        self._highlight_open_chat()
 
     def _highlight_open_chat(self) -> None:
         chats = self.query_one("#chats", ListView)
@@ -247,18 +256,28 @@ class ChatApp(App):
             self.notify("The model is not loaded yet (see the status line); try again in a moment, or pick another in Settings.", severity="warning")
             return
         text = event.text.strip()
-        if self.chat is None:
+        new = self.chat is None
+        if new:
             title = text.splitlines()[0][:TITLE_LENGTH]
             ref, url = self.target()
             self.chat = self.store.new_chat(title, ref or (None if url else self.model.name), url)
             if self.pending_settings:
                 self.store.save_settings(self.chat.id, self.pending_settings)
         position, self.editing = self.editing, None
-        self.store.add(self.chat.id, "user", text, position=position)
+        message = self.store.add(self.chat.id, "user", text, position=position)
         self.query_one(PromptInput).clear()
-        self.refresh_chats()
-        self.show_conversation()
+        if new:
+            await self._list_new_chat()  # an older chat's item is brought up to date when the reply ends
+        if position is None:  # only the new message is mounted, not the whole chat again
+            await self._add_view(MessageView("user", message.content, message))
+        else:  # an edit: the messages after it are gone
+            self.show_conversation()
         await self.start_reply()
+
+    async def _add_view(self, view: MessageView) -> None:
+        conversation = self.query_one("#conversation", VerticalScroll)
+        await conversation.mount(view)
+        conversation.scroll_end(animate=False)
 
     def conversation(self, before: int | None = None) -> list[Message]:
         """The messages the model sees: the system prompt, then the chat up to `before`."""
@@ -274,20 +293,20 @@ class ChatApp(App):
     async def start_reply(self, position: int | None = None) -> None:
         """Write a reply to the conversation (at `position`: in place of the reply there)."""
         messages = self.conversation(before=position)
+        view = MessageView("assistant", note="writing…", streaming=True)
+        await self._add_view(view)
+        await view.wait_for_refresh()  # drawn before the request, not on the cores of its decode
         try:
             reply = self.model.reply(messages, self.sampling())
         except UserError as e:  # the conversation cannot fit, even trimmed
+            await view.remove()
             self.notify(str(e), title="Not sent", severity="error", timeout=10)
             return
         self._tell_dropped(reply)
         self._dropped_told = reply.dropped
         self.reply = reply
         self._text = []
-        self._view = MessageView("assistant", note="writing…")
-        conversation = self.query_one("#conversation", VerticalScroll)
-        await conversation.mount(self._view)
-        conversation.scroll_end(animate=False)
-        self._stream = Markdown.get_stream(self._view.query_one(Markdown))
+        self._view = view
         self.show_status(reply.figures, streaming=True)
         self.stream_reply(reply, position)
 
@@ -313,15 +332,16 @@ class ChatApp(App):
         self.call_from_thread(self.finish_reply, reply, position, error)
 
     async def append(self, thinking: str, text: str) -> None:
-        if thinking and self._view is not None:
-            await self._view.add_thinking(thinking)
-        if text and self._stream is not None:
-            self._text.append(text)
-            await self._stream.write(text)
-        if thinking or text:
-            self.query_one("#conversation", VerticalScroll).scroll_end(animate=False)
-        if self.reply is not None:
-            self.show_status(self.reply.figures, streaming=True)
+        with self.batch_update():  # one frame for the text, the scroll and the status line
+            if thinking and self._view is not None:
+                await self._view.add_thinking(thinking)
+            if text and self._view is not None:
+                self._text.append(text)
+                await self._view.stream(text)
+            if thinking or text:
+                self.query_one("#conversation", VerticalScroll).scroll_end(animate=False)
+            if self.reply is not None:
+                self.show_status(self.reply.figures, streaming=True)
 
     def _tell_dropped(self, reply: Reply, told: int = 0) -> None:
         """Say when the conversation was trimmed: before a local reply, after a remote one (an
@@ -331,9 +351,8 @@ class ChatApp(App):
 
     async def finish_reply(self, reply: Reply, position: int | None, error: str | None) -> None:
         self._tell_dropped(reply, told=self._dropped_told)
-        if self._stream is not None:
-            await self._stream.stop()
-            self._stream = None
+        if self._view is not None and self._view.streaming:
+            await self._view.end_stream()
         self.reply = None
         f = reply.figures
         error = error or f.error
@@ -528,6 +547,20 @@ class ChatApp(App):
     def on_unmount(self) -> None:
         if self.model is not None:
             self.model.close()
+
+
+def settle_heap() -> None:
+    """Collect, then freeze what is left (the modules, the model, the app as it stands): a full
+    garbage collection walks every object the process holds and took 60 ms and more with the
+    GIL held, in the middle of a reply, stopping the UI and the engine's own Python alike.
+    Frozen objects are not walked again; what later replies leave behind still is."""
+    gc.collect()
+    gc.freeze()
+
+
+def _chat_detail(chat: Chat, n: int) -> str:
+    """The line under a chat's title in the list: its model and its number of messages."""
+    return f"{chat.model or 'default model'} · {n} message{'s' * (n != 1)}"
 
 
 def _stored_figures(m: ChatMessage) -> ReplyFigures:

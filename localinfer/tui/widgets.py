@@ -4,35 +4,85 @@ messages up (Textual's "attributes down, messages up")."""
 
 from __future__ import annotations
 
+from markdown_it import MarkdownIt
 from textual import events
 from textual.app import ComposeResult
 from textual.containers import Vertical
+from textual.css.scalar import Scalar
 from textual.message import Message
 from textual.widgets import Collapsible, Label, ListItem, Markdown, Static, TextArea
 
 from localinfer.tui.replies import ReplyFigures
 from localinfer.tui.store import Chat, ChatMessage
 
+TAIL_STEP = 4  # lines the block being written grows by at a time: one layout per 4 lines of text
 ROLE_TITLES = {"user": "You", "assistant": "Assistant", "system": "System"}
+
+
+class QuickStatic(Static):
+    """A Static whose update asks for a new layout only when its height changes: a layout
+    rearranges the whole screen (several ms in Python, on a core the decode threads want),
+    while a repaint redraws only this widget's lines. With `step` > 1 it grows that many
+    lines at a time, so text that streams in lays the screen out once every `step` lines."""
+
+    def __init__(self, *args: object, step: int = 1, **kwargs: object) -> None:
+        super().__init__(*args, **kwargs)  # type: ignore[arg-type]
+        self.step = step
+
+    def show(self, text: str) -> None:
+        self.update(text, layout=False)
+        width = self.content_region.width
+        if not width:  # not laid out yet
+            self.refresh(layout=True)
+            return
+        lines = self.visual.get_height(self.styles, width) if text else 0
+        height = -(-lines // self.step) * self.step
+        if self.step > 1 and self.styles.height != Scalar.from_number(height):
+            self.styles.height = height  # a layout
+        elif self.step == 1 and lines != self.content_region.height:
+            self.refresh(layout=True)
 
 
 class MessageView(Vertical, can_focus=True):
     """A message: a title line, a reasoning model's thinking (collapsed: "Thinking", with how
     long and how many tokens), and its Markdown. A reply streams into it while it is written."""
 
-    def __init__(self, role: str, content: str = "", message: ChatMessage | None = None, note: str = "") -> None:
+    def __init__(self, role: str, content: str = "", message: ChatMessage | None = None, note: str = "", streaming: bool = False) -> None:
         super().__init__(classes=f"message {role}")
         self.role = role
         self.message = message
         self.content = content
         self.note = note
         self.reasoning = (message.reasoning or "") if message is not None else ""
+        self.streaming = streaming  # a reply being written: its last block shows as plain text until it is whole
+        self._tail = ""  # that block's text
 
     def compose(self) -> ComposeResult:
         yield Label(self._title(), classes="title")
         if self.reasoning:
             yield self._thinking()
         yield Markdown(self.content)
+        if self.streaming:
+            yield QuickStatic("", classes="tail", markup=False, step=TAIL_STEP)
+
+    async def stream(self, text: str) -> None:
+        """More of the reply being written. Each block goes to the Markdown widget once, when
+        it is whole; the block still growing is plain text, which costs a fraction of a
+        Markdown re-render per update (why: docs/architecture.md, the chat app)."""
+        self._tail += text
+        whole = whole_blocks(self._tail)
+        if whole:
+            await self.query_one(Markdown).append(self._tail[:whole])
+            self._tail = self._tail[whole:]
+        self.query_one(".tail", QuickStatic).show(self._tail)
+
+    async def end_stream(self) -> None:
+        """The reply is written: its last block becomes Markdown too."""
+        if self._tail:
+            await self.query_one(Markdown).append(self._tail)
+            self._tail = ""
+        await self.query_one(".tail", QuickStatic).remove()
+        self.streaming = False
 
     def _thinking(self) -> Collapsible:
         text = Static(self.reasoning, classes="thinking-text", markup=False)
@@ -88,6 +138,31 @@ class MessageView(Vertical, can_focus=True):
             self.query_one(".title", Label).update(self._title())
             for block in self.query(Collapsible):
                 block.title = self._thinking_title()
+
+
+_PARSER = MarkdownIt("gfm-like")  # Textual's Markdown widget parses with the same
+
+
+def warm_up() -> None:
+    """Load what drawing a reply loads on first use, before a reply streams: Rich's table of
+    character widths (~50 ms, at the first "…" or "│" cut into a frame) and Pygments' Python
+    lexer (~30 ms, at the first Python code block). Paid while the model loads, not by the
+    first reply's decode."""
+    from rich.cells import cell_len
+    from textual.highlight import highlight
+
+    cell_len("…│")
+    highlight("pass", language="python")
+    whole_blocks("warm\n\nup")
+
+
+def whole_blocks(text: str) -> int:
+    """How many characters of `text` are whole Markdown blocks: all before the last block,
+    which more text could still change (a paragraph grows, a code fence is not closed)."""
+    starts = [token.map[0] for token in _PARSER.parse(text) if token.level == 0 and token.map]
+    if not starts:
+        return 0
+    return sum(len(line) for line in text.splitlines(keepends=True)[: max(starts)])
 
 
 class PromptInput(TextArea):
@@ -149,9 +224,9 @@ def speculation_rates(f: ReplyFigures) -> str:
     return " ".join(f"{name} {accepted / drafted:.0%}" for name, drafted, accepted in f.sources if drafted)
 
 
-class StatusLine(Static):
-    def show(self, model: str, engine: str, figures: ReplyFigures | None, streaming: bool = False) -> None:
-        self.update(status_text(model, engine, figures, streaming))
+class StatusLine(QuickStatic):
+    def show_figures(self, model: str, engine: str, figures: ReplyFigures | None, streaming: bool = False) -> None:
+        self.show(status_text(model, engine, figures, streaming))
 
 
 class ChatItem(ListItem):
