@@ -553,7 +553,9 @@ def settle_heap() -> None:
     """Collect, then freeze what is left (the modules, the model, the app as it stands): a full
     garbage collection walks every object the process holds and took 60 ms and more with the
     GIL held, in the middle of a reply, stopping the UI and the engine's own Python alike.
-    Frozen objects are not walked again; what later replies leave behind still is."""
+    Frozen objects are not walked again; what later replies leave behind still is. Unfrozen
+    first, so that a model replaced since the last load is collected, not kept frozen."""
+    gc.unfreeze()
     gc.collect()
     gc.freeze()
 

@@ -5,9 +5,11 @@ request gives through the Engine itself."""
 from __future__ import annotations
 
 import asyncio
+import gc
 import json
 import shutil
 import socket
+import threading
 import time
 from collections.abc import Awaitable, Callable
 from pathlib import Path
@@ -568,6 +570,33 @@ def test_a_model_given_by_path_is_named_by_its_gguf_name(tmp_path: Path, model_p
     run(test)
     [chat] = store.chats()
     assert chat.model == str(copy)  # the chat still opens the file by its path
+
+
+def test_the_model_loads_on_a_thread_that_ends_and_the_heap_is_frozen_after(tmp_path: Path) -> None:
+    """The load's OpenMP team lives as long as the thread that started it: that thread must be
+    gone before the engine decodes (else libgomp cuts every spin-wait of the engine's team).
+    And the heap as loaded is frozen, so a full garbage collection mid-reply walks only what
+    came after."""
+    store, chat_id = greedy_store(tmp_path)
+    loaded_on: list[threading.Thread] = []
+    load = model_loader(OPTIONS)
+
+    def loader(ref: str | None, url: str | None):
+        loaded_on.append(threading.current_thread())
+        return load(ref, url)
+
+    async def test() -> None:
+        app = ChatApp(store, loader, chat_id=chat_id)
+        async with app.run_test(size=SIZE) as pilot:
+            await send(pilot, app, "Hi")
+            [thread] = loaded_on
+            assert not thread.is_alive() and thread is not threading.main_thread()
+            assert app.model.engine.n_running == 0 and gc.get_freeze_count() > 0
+
+    try:
+        run(test)
+    finally:
+        gc.unfreeze()  # the next tests' own objects are theirs to collect
 
 
 def test_opening_a_chat_on_another_model_closes_the_one_loaded(tmp_path: Path, model_path: Path) -> None:
