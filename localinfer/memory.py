@@ -42,14 +42,18 @@ class MemoryPlan:
     cache_note: str = ""  # why --cache-type auto chose what it chose
     placement: str = "every layer on the CPU"  # where the layers went, and why
     gpu_bytes: int = 0  # the layers put on the GPU, with the compute buffer there
+    # a mixture of experts: the weights one token reads (0 for a dense model). `weights`
+    # still counts every expert: the router may pick any of them, so all must be in memory
+    active_weights: int = 0
 
     @property
     def total(self) -> int:
         return self.weights + self.kv_cache + self.compute
 
     def describe(self) -> str:
+        active = f" (all experts; {self.active_weights / GiB:.2f} GiB of them read per token)" if self.active_weights else ""
         return (
-            f"weights {self.weights / GiB:.2f} GiB + KV cache {self.kv_cache / GiB:.2f} GiB ({'/'.join(self.cache_types)})"
+            f"weights {self.weights / GiB:.2f} GiB{active} + KV cache {self.kv_cache / GiB:.2f} GiB ({'/'.join(self.cache_types)})"
             f" + compute {self.compute / GiB:.2f} GiB = {self.total / GiB:.2f} GiB"
         )
 
@@ -85,6 +89,11 @@ def plan_cache(info: GGUFInfo, n_ctx: int, gpu_layers: int | str, cache: tuple[s
         return result
     assert refused is not None
     raise OutOfMemory(f"{refused} (even with a q4_0 KV cache)")
+
+
+def active_weights(info: GGUFInfo) -> int:
+    """A mixture of experts' bytes read per token, for the plan to report; 0 for a dense model."""
+    return info.active_tensor_bytes if info.n_expert else 0
 
 
 def compute_bytes(info: GGUFInfo, n_ctx: int, n_ubatch: int = 512, logits: bool = True) -> int:
@@ -131,7 +140,8 @@ def plan(info: GGUFInfo, n_ctx: int, gpu_layers: int | str, devices: Sequence[De
     on_gpu_fraction = 0.0 if shared else min(n_gpu, n_layer) / n_layer
     needed_ram = (weights + kv) * (1 - on_gpu_fraction) + (compute if n_gpu == 0 or shared else 0)
     where = placement(n_gpu, n_layer, gpu_layers, targets, vram_free, per_layer, compute, GPU_HEADROOM * len(discrete))
-    result = MemoryPlan(weights, kv, compute, n_gpu, ram_free, vram_free, warnings, cache_types, placement=where, gpu_bytes=on_gpu)
+    result = MemoryPlan(weights, kv, compute, n_gpu, ram_free, vram_free, warnings, cache_types, placement=where, gpu_bytes=on_gpu,
+                        active_weights=active_weights(info))  # fmt: skip
     if needed_ram > ram_free:
         raise OutOfMemory(
             f"the model needs {needed_ram / GiB:.2f} GiB of RAM ({result.describe()}) "
@@ -218,7 +228,7 @@ def plan_workers(info: GGUFInfo, n_ctx: int, workers: Sequence[tuple[str, int]],
     ram_free = psutil.virtual_memory().available if ram_free is None else ram_free
     n_remote = sum(s.layers for s in held) + (1 if held else 0)
     plan = MemoryPlan(info.tensor_bytes, kv, compute, n_remote, ram_free, sum(s.offer for s in held), cache_types=cache_types,
-                      placement=describe_split(top, shares), gpu_bytes=sum(s.bytes for s in held))  # fmt: skip
+                      placement=describe_split(top, shares), gpu_bytes=sum(s.bytes for s in held), active_weights=active_weights(info))  # fmt: skip
     for s in shares:
         if not (s.layers or s.output):
             plan.warnings.append(f"the worker at {s.endpoint} offers {size_text(s.offer)}, too little for a layer of this model with its KV cache and compute buffer; it holds none")

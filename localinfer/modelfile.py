@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import math
 import mmap
+import re
 import struct
 from collections import Counter
 from dataclasses import dataclass, field
@@ -19,6 +20,10 @@ from localinfer.errors import InvalidModelFile, ModelNotFound
 GGUF_MAGIC = b"GGUF"
 MAX_DIMS = 4  # GGML_MAX_DIMS
 MAX_NAME = 64  # GGML_MAX_NAME: a tensor name is shorter than this, as llama.cpp requires
+# a mixture of experts' per-expert tensors, [n_expert, ...] in GGUF: ffn_{gate,up,down}_exps
+# (llama-arch.cpp's LLM_TENSOR_FFN_*_EXPS) and their biases and scales (gpt-oss); a shared
+# expert (ffn_*_shexp) and the router (ffn_gate_inp) run for every token
+EXPERT_TENSOR = re.compile(r"blk\.\d+\.ffn_\w+_exps\.")
 
 
 def shown(text: str, limit: int = 60) -> str:
@@ -58,14 +63,21 @@ class GGUFInfo:
     license: str | None
     metadata: dict[str, object] = field(default_factory=dict)  # scalars and short arrays, for --json
     tensors: list[TensorInfo] = field(default_factory=list)
+    # a mixture of experts ({arch}.expert_count > 0); 0 for a dense model
+    n_expert: int = 0
+    n_expert_used: int = 0  # {arch}.expert_used_count: the experts a token runs through
+    n_params_active: int = 0  # what one token computes with (inspect: n_params for a dense model)
+    active_tensor_bytes: int = 0  # the weights one token reads (inspect: tensor_bytes for a dense model)
 
     def as_dict(self) -> dict[str, object]:
+        experts = {"experts": self.n_expert, "experts_used": self.n_expert_used, "active_parameters": self.n_params_active} if self.n_expert else {}
         return {
             "path": str(self.path),
             "file_size": self.file_size,
             "architecture": self.architecture,
             "name": self.name,
             "parameters": self.n_params,
+            **experts,
             "context_length": self.context_length,
             "layers": self.n_layer,
             "embedding_length": self.n_embd,
@@ -268,6 +280,8 @@ def _inspect(path: Path) -> GGUFInfo:
 
     n_embd = arch_int("embedding_length")
     n_head = arch_int("attention.head_count", 1) or 1
+    n_expert, n_expert_used = arch_int("expert_count"), arch_int("expert_used_count")
+    n_params_active, active_bytes = active_share(infos, n_expert, n_expert_used)
     tokens = fields.get("tokenizer.ggml.tokens")
     text = lambda key: fields[key] if isinstance(fields.get(key), str) else None  # noqa: E731
     label = lambda key: shown(fields[key], 200) if isinstance(fields.get(key), str) else None  # noqa: E731  (printed: escaped)
@@ -290,4 +304,23 @@ def _inspect(path: Path) -> GGUFInfo:
         license=label("general.license"),
         metadata={k: v for k, v in fields.items() if isinstance(v, (str, int, float, bool, list))},
         tensors=infos,
+        n_expert=n_expert,
+        n_expert_used=n_expert_used,
+        n_params_active=n_params_active,
+        active_tensor_bytes=active_bytes,
     )
+
+
+def active_share(tensors: list[TensorInfo], n_expert: int, n_expert_used: int) -> tuple[int, int]:
+    """(parameters, bytes) that one token computes with: every tensor but the experts', and
+    n_expert_used / n_expert of theirs (the router picks that many of each layer's experts).
+
+    Every expert tensor is [n_expert, ...], so each expert's share is a whole number of rows.
+    A dense model (no expert count) computes with all of itself."""
+    params, nbytes = sum(math.prod(t.shape) for t in tensors), sum(t.nbytes for t in tensors)
+    if n_expert <= 0:
+        return params, nbytes
+    experts = [t for t in tensors if EXPERT_TENSOR.match(t.name)]
+    expert_params, expert_bytes = sum(math.prod(t.shape) for t in experts), sum(t.nbytes for t in experts)
+    used = min(n_expert_used, n_expert)
+    return params - expert_params + expert_params * used // n_expert, nbytes - expert_bytes + expert_bytes * used // n_expert

@@ -4,12 +4,16 @@ header gives them) and for the embedded model (its real header)."""
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
+from gguf import GGUFReader
 
 from localinfer.devices import Device
 from localinfer.errors import OutOfMemory
 from localinfer.memory import GPU_HEADROOM, GiB, compute_bytes, kv_cache_bytes, plan
 from localinfer.modelfile import GGUFInfo, inspect
+
+from .native.test_architectures import MOE, tiny_model
 
 CPU = Device("CPU", "Intel(R) Core(TM) i7-12700", "CPU", 0, 0)
 GTX_1650 = Device("CUDA0", "NVIDIA GeForce GTX 1650", "GPU", int(3.6 * GiB), 4 * GiB)  # 4 GB card, desktop using some
@@ -213,3 +217,21 @@ def test_a_model_that_does_not_fit_even_with_the_workers_is_refused_with_each_ma
     with pytest.raises(OutOfMemory) as e:
         plan_workers(info, 256, [("a:1", 200 << 20)], ("f16", "f16"), kv_of(info, 256), ram_free=10 << 20)
     assert "a:1 holds" in str(e.value) and "this machine would hold" in str(e.value) and "10 MiB free" in str(e.value)
+
+
+def test_a_mixture_of_experts_is_planned_with_every_expert_and_says_what_a_token_reads(tmp_path) -> None:
+    """The router may pick any expert, so all must be in memory: the plan's weights are every
+    tensor of the file. What one token reads (2 of 8 experts) is reported beside them."""
+    vocab = {"tokenizer.ggml.tokens": [f"t{i}" for i in range(64)], "tokenizer.ggml.token_type": [1] * 64, "tokenizer.ggml.merges": []}
+    path = tiny_model(tmp_path / "tiny-qwen3moe.gguf", "qwen3moe", vocab, 4, 2, np.random.default_rng(0))
+    tensors = GGUFReader(path).tensors
+    total = sum(int(t.n_bytes) for t in tensors)
+    experts = sum(int(t.n_bytes) for t in tensors if t.name.endswith("_exps.weight"))
+    n_expert, n_used = MOE["qwen3moe"]
+    p = plan(inspect(path), 256, "auto", [CPU], ram_free=RAM)
+    assert p.weights == total and p.active_weights == total - experts + experts * n_used // n_expert
+    assert p.describe().startswith(f"weights {total / GiB:.2f} GiB (all experts; {p.active_weights / GiB:.2f} GiB of them read per token) + KV cache")
+    with pytest.raises(OutOfMemory, match=r"all experts"):
+        plan(inspect(path), 256, "auto", [CPU], ram_free=total // 2)  # what a token reads would fit; the experts do not
+    dense = plan(seven_b(), 4096, "auto", [CPU], ram_free=RAM)
+    assert dense.active_weights == 0 and "experts" not in dense.describe()

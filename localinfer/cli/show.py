@@ -21,7 +21,7 @@ def show(
     json_out: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False,
     template: Annotated[bool, typer.Option("--template", help="Print only the chat template.")] = False,
 ) -> None:
-    """Show a model's architecture, size, tensor types, context length, chat template and license."""
+    """Show a model's architecture, size (a mixture of experts: its experts and active parameters), tensor types, context length, chat template and license."""
     src = resolve(model)
     path = local_path(src)
     if path is None:
@@ -39,7 +39,8 @@ def show(
     for key, value in [
         ("name", f"{src.name}" + (f" ({info.name})" if info.name else "")),
         ("architecture", info.architecture),
-        ("parameters", f"{info.n_params / 1e6:.1f}M" if info.n_params < 1e9 else f"{info.n_params / 1e9:.2f}B"),
+        ("parameters", count_text(info.n_params) + (f", {count_text(info.n_params_active)} active per token" if info.n_expert else "")),
+        *([("experts", f"{info.n_expert}, {info.n_expert_used} used per token")] if info.n_expert else []),
         ("context length", str(info.context_length)),
         ("layers", str(info.n_layer)),
         ("embedding length", str(info.n_embd)),
@@ -54,6 +55,11 @@ def show(
     console.print(table)
     if info.chat_template:
         console.print(Panel(info.chat_template, title="chat template", title_align="left", expand=False), markup=False)
+
+
+def count_text(n: int) -> str:
+    """A parameter count as model cards write it: 135.0M, 30.53B."""
+    return f"{n / 1e6:.1f}M" if n < 1e9 else f"{n / 1e9:.2f}B"
 
 
 def register(app: typer.Typer) -> None:

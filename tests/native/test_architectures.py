@@ -12,6 +12,13 @@ architecture's tensor names and metadata:
   phi3    fused q/k/v and gate/up tensors, RoPE on 12 of 16 dims, and long-context
           factors with an attention factor (long ones: the context passes the original)
 
+tiny_model also writes a mixture of experts, for the tests of what reads one (`show`, the
+codecs; the native engine does not run it yet):
+
+  qwen3moe  qwen3's attention (q/k norms, heads of 32), an untied output, and in place of
+          the FFN a router (ffn_gate_inp) over 8 experts of which a token takes 2, their
+          gate/up/down matrices stacked as [n_expert, rows, cols] (ffn_*_exps)
+
 Weights are F32, so neither engine quantizes an activation and the logits must agree
 closely; the vocabulary is the embedded model's, so llama.cpp can load the files.
 """
@@ -36,7 +43,9 @@ from localinfer.modelfile import inspect
 from ..conftest import THREADS, llama_quantize, read_gguf
 
 N_EMBD, N_FF, N_LAYER, N_CTX = 64, 128, 2, 256
-HEAD_DIM = {"qwen3": 32, "gemma3": 32}  # where the head size is not n_embd / n_head
+HEAD_DIM = {"qwen3": 32, "gemma3": 32, "qwen3moe": 32}  # where the head size is not n_embd / n_head
+MOE = {"qwen3moe": (8, 2)}  # experts, experts used per token (the issue's tiny shapes)
+N_FF_EXP = 256  # an expert's FFN width: ffn_down_exps' rows are long enough for the K-quants
 WINDOW = 16  # gemma3's local layer
 PHI3_ROPE_DIMS, PHI3_ORIG_CTX = 12, 128
 
@@ -86,6 +95,10 @@ def write_metadata(w: GGUFWriter, arch: str, n_head: int, n_head_kv: int, head_d
         w.add_rope_dimension_count(PHI3_ROPE_DIMS)
         w.add_rope_scaling_orig_ctx_len(PHI3_ORIG_CTX)
         w.add_rope_scaling_attn_factors(math.sqrt(1 + math.log(512 / PHI3_ORIG_CTX) / math.log(PHI3_ORIG_CTX)))
+    if arch in MOE:  # llama_model_qwen3moe::load_arch_hparams, llama-arch.cpp's LLM_KV_EXPERT_*
+        w.add_expert_count(MOE[arch][0])
+        w.add_expert_used_count(MOE[arch][1])
+        w.add_expert_feed_forward_length(N_FF_EXP)
 
 
 def write_vocabulary(w: GGUFWriter, vocab: dict[str, object]) -> None:
@@ -116,7 +129,7 @@ def tiny_model(path: Path, arch: str, vocab: dict[str, object], n_head: int, n_h
 
     w.add_tensor("token_embd.weight", weight(n_vocab, N_EMBD) * (0.5 if arch == "gemma3" else 4))  # gemma3 scales it by 8
     w.add_tensor("output_norm.weight", norm())
-    if arch == "qwen2" or output_scale:
+    if arch in ("qwen2", "qwen3moe") or output_scale:
         w.add_tensor("output.weight", weight(n_vocab, N_EMBD) * (output_scale or 1.0))
     if arch == "phi3":
         half = PHI3_ROPE_DIMS // 2
@@ -135,17 +148,20 @@ def tiny_model(path: Path, arch: str, vocab: dict[str, object], n_head: int, n_h
             w.add_tensor(p + "attn_q.bias", (0.5 * rng.standard_normal(q_dim)).astype(np.float32))
             w.add_tensor(p + "attn_k.bias", (0.5 * rng.standard_normal(kv_dim)).astype(np.float32))
             w.add_tensor(p + "attn_v.bias", (0.5 * rng.standard_normal(kv_dim)).astype(np.float32))
-        if arch in ("qwen3", "gemma3"):
+        if arch in ("qwen3", "gemma3", "qwen3moe"):
             w.add_tensor(p + "attn_q_norm.weight", norm(head_dim))
             w.add_tensor(p + "attn_k_norm.weight", norm(head_dim))
         w.add_tensor(p + "attn_output.weight", weight(N_EMBD, q_dim))
         w.add_tensor(p + "ffn_norm.weight", norm())
-        if arch == "phi3":
+        if arch in MOE:
+            write_experts(w, p, MOE[arch][0], weight)
+        elif arch == "phi3":
             w.add_tensor(p + "ffn_up.weight", weight(2 * N_FF, N_EMBD))  # the gate's rows, then the up's
+            w.add_tensor(p + "ffn_down.weight", weight(N_EMBD, N_FF))
         else:
             w.add_tensor(p + "ffn_gate.weight", weight(N_FF, N_EMBD))
             w.add_tensor(p + "ffn_up.weight", weight(N_FF, N_EMBD))
-        w.add_tensor(p + "ffn_down.weight", weight(N_EMBD, N_FF))
+            w.add_tensor(p + "ffn_down.weight", weight(N_EMBD, N_FF))
         if arch == "gemma3":
             w.add_tensor(p + "post_attention_norm.weight", norm())
             w.add_tensor(p + "post_ffw_norm.weight", norm())
@@ -154,6 +170,19 @@ def tiny_model(path: Path, arch: str, vocab: dict[str, object], n_head: int, n_h
     w.write_tensors_to_file()
     w.close()
     return path
+
+
+def write_experts(w: GGUFWriter, prefix: str, n_expert: int, weight) -> None:
+    """A layer's router and experts, as llama_model_qwen3moe::load_arch_tensors creates them:
+    ffn_gate_inp {n_embd, n_expert}, ffn_gate/up_exps {n_embd, n_ff_exp, n_expert},
+    ffn_down_exps {n_ff_exp, n_embd, n_expert} (GGUF order; numpy's is reversed)."""
+    def stacked(rows: int, cols: int) -> np.ndarray:  # [n_expert, rows, cols]
+        return np.stack([weight(rows, cols) for _ in range(n_expert)])
+
+    w.add_tensor(prefix + "ffn_gate_inp.weight", weight(n_expert, N_EMBD))
+    w.add_tensor(prefix + "ffn_gate_exps.weight", stacked(N_FF_EXP, N_EMBD))
+    w.add_tensor(prefix + "ffn_up_exps.weight", stacked(N_FF_EXP, N_EMBD))
+    w.add_tensor(prefix + "ffn_down_exps.weight", stacked(N_EMBD, N_FF_EXP))
 
 
 ARCHS = [("qwen2", 4, 2), ("llama", 6, 3), ("qwen3", 4, 2), ("gemma3", 4, 2), ("phi3", 4, 2)]
