@@ -7,8 +7,8 @@ Public API::
     SUPPORTED              the types both work for
 
 Types: Q8_0, Q4_0, Q4_1, Q5_0, Q5_1 (`localinfer_quant.legacy`), Q2_K, Q3_K, Q4_K, Q5_K,
-Q6_K (`localinfer_quant.kquants`), IQ4_NL, IQ4_XS (`localinfer_quant.iquants`) and BF16
-(`localinfer_quant.floats`).
+Q6_K (`localinfer_quant.kquants`), IQ4_NL, IQ4_XS (`localinfer_quant.iquants`), BF16
+(`localinfer_quant.floats`) and MXFP4 (`localinfer_quant.mxfp4`).
 
 What "bit-exact" means here
 ---------------------------
@@ -18,14 +18,16 @@ given (``quantize_q4_K(src, dst, nrow, n_per_row, NULL)`` calls ``quantize_row_q
 so on).  IQ4_NL and IQ4_XS are the exception: there ``quantize_iq4_nl`` / ``quantize_iq4_xs``
 with no imatrix run ``quantize_row_iq4_nl_impl`` with ``ntry=7`` (a 15-scale search), not
 ``quantize_row_iq4_nl_ref`` (``ntry=-1``), and that search is what is reproduced.  BF16 is
-``GGML_FP32_TO_BF16`` (round to nearest even, NaN made quiet).  With an imatrix llama.cpp uses
+``GGML_FP32_TO_BF16`` (round to nearest even, NaN made quiet).  MXFP4 has one quantizer,
+``quantize_row_mxfp4_ref``, with an imatrix or without.  With an imatrix llama.cpp uses
 the ``*_impl`` variants (or imatrix weights in the IQ4 search) instead; those are not
 reproduced.  ``dequantize`` gives the same float32 values as ggml's ``dequantize_row_*`` and as
 ``gguf.quants.dequantize``.  The tests check both against llama.cpp and gguf-py byte for byte.
 
 How: every value is computed with the C code's float32 operations in the C code's order.
 
-* float32 throughout, never float64; ``a*b*c`` is ``(a*b)*c`` as in C.
+* float32 throughout, never float64; ``a*b*c`` is ``(a*b)*c`` as in C.  (One exception:
+  MXFP4's ``log2f``, taken as float64's log2 rounded to float32; see `localinfer_quant.mxfp4`.)
 * Sequential loops (``s += ...``, running min/max/argmax with their strict comparisons and
   first-wins ties, which also decides the sign of zero results) stay sequential: the loop
   runs over the positions of a block and each step is one vector operation over every block
@@ -42,7 +44,8 @@ How: every value is computed with the C code's float32 operations in the C code'
   scale searches.
 
 Inputs are not checked for NaN/inf; ggml's own behaviour there is implementation-defined
-(BF16 excepted: its NaN and infinity handling is defined and reproduced).
+(BF16 excepted: its NaN and infinity handling is defined and reproduced; MXFP4's is
+reproduced as x86-64 builds cast an infinite scale exponent).
 """
 
 from __future__ import annotations
@@ -52,7 +55,7 @@ from typing import Callable
 import numpy as np
 from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
 
-from . import floats, iquants, kquants, legacy
+from . import floats, iquants, kquants, legacy, mxfp4
 
 T = GGMLQuantizationType
 
@@ -71,6 +74,7 @@ _CODECS: dict[GGMLQuantizationType, tuple[Callable, Callable, int]] = {
     T.IQ4_NL: (iquants.quantize_iq4_nl, iquants.dequantize_iq4_nl, 32),
     T.IQ4_XS: (iquants.quantize_iq4_xs, iquants.dequantize_iq4_xs, 32),
     T.BF16: (floats.quantize_bf16, floats.dequantize_bf16, 1),
+    T.MXFP4: (mxfp4.quantize_mxfp4, mxfp4.dequantize_mxfp4, 32),
 }
 
 SUPPORTED: frozenset[GGMLQuantizationType] = frozenset(_CODECS)

@@ -8,6 +8,10 @@
   mixed files people download (Q2_K, Q3_K_M as llama.cpp lays them out);
 * quantize == ggml_quantize_chunk (the function llama_model_quantize calls) on random and
   edge-case data: zeros, signed zeros, constants, ties, tiny and huge values;
+* MXFP4, which llama.cpp writes only into a mixture of experts' expert tensors: quantize ==
+  llama.cpp's quantizer (MXFP4_MOE) on a tiny qwen3moe's experts, and == ggml_quantize_chunk
+  at every scale exponent's edges; dequantize == ggml's own to_float and gguf-py's for every
+  scale byte and code;
 * round trips on random data with bounded error, and clear errors for bad input.
 """
 
@@ -25,11 +29,13 @@ from gguf.quants import dequantize as gguf_dequantize
 from localinfer.modelfile import inspect
 from localinfer_quant import codecs
 from ..conftest import THREADS, read_gguf
+from ..native.test_architectures import N_LAYER, first_tokens, tiny_model, vocabulary  # noqa: F401 - vocabulary: the fixture
 
 LEGACY = [Q.Q8_0, Q.Q4_0, Q.Q4_1, Q.Q5_0, Q.Q5_1]
 K_TYPES = [Q.Q2_K, Q.Q3_K, Q.Q4_K, Q.Q5_K, Q.Q6_K]
 IQ4 = [Q.IQ4_NL, Q.IQ4_XS]
-ALL = LEGACY + K_TYPES + IQ4 + [Q.BF16]
+ALL = LEGACY + K_TYPES + IQ4 + [Q.BF16]  # what llama.cpp writes into a dense model
+EVERY = ALL + [Q.MXFP4]  # and MXFP4, which it writes only into experts (MXFP4_MOE)
 # 256-element blocks: of SmolLM2's matrices only the 1536-wide ffn_down rows take them
 SUPER_BLOCK = K_TYPES + [Q.IQ4_XS]
 
@@ -254,23 +260,49 @@ def ggml_quantize_chunk():
     return _ggml_quantize_chunk()
 
 
-def _ggml_quantize_chunk():
-    """llama.cpp's quantizer of one tensor: (float32 [rows, cols], qtype) -> its bytes."""
+def _ggml_base() -> ctypes.CDLL:
     import llama_cpp
 
-    lib = ctypes.CDLL(os.path.join(os.path.dirname(llama_cpp.__file__), "lib", "libggml-base.so"))
-    fn = lib.ggml_quantize_chunk
+    return ctypes.CDLL(os.path.join(os.path.dirname(llama_cpp.__file__), "lib", "libggml-base.so"))
+
+
+def _ggml_quantize_chunk():
+    """llama.cpp's quantizer of one tensor: (float32 [rows, cols], qtype[, importance
+    float32 [cols]]) -> its bytes."""
+    fn = _ggml_base().ggml_quantize_chunk
     fn.argtypes = [ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64, ctypes.c_int64, ctypes.c_void_p]
     fn.restype = ctypes.c_size_t
 
-    def run(x: np.ndarray, qtype: Q) -> np.ndarray:
+    def run(x: np.ndarray, qtype: Q, imatrix: np.ndarray | None = None) -> np.ndarray:
         x = np.ascontiguousarray(x, dtype=np.float32)
         rows, cols = x.shape
         out = np.zeros((rows, codecs.row_bytes(cols, qtype)), np.uint8)
-        assert fn(int(qtype), x.ctypes.data, out.ctypes.data, 0, rows, cols, None) == out.size
+        weights = None if imatrix is None else np.ascontiguousarray(imatrix, dtype=np.float32).ctypes.data
+        assert fn(int(qtype), x.ctypes.data, out.ctypes.data, 0, rows, cols, weights) == out.size
         return out
 
     return run
+
+
+class _TypeTraits(ctypes.Structure):
+    """ggml.h's struct ggml_type_traits (the wheel's include/ggml.h)."""
+
+    _fields_ = [("type_name", ctypes.c_char_p), ("blck_size", ctypes.c_int64), ("blck_size_interleave", ctypes.c_int64),
+                ("type_size", ctypes.c_size_t), ("is_quantized", ctypes.c_bool), ("to_float", ctypes.c_void_p), ("from_float_ref", ctypes.c_void_p)]  # fmt: skip
+
+
+def ggml_to_float(data: np.ndarray, qtype: Q) -> np.ndarray:
+    """ggml's own dequantizer of a type (ggml_get_type_traits(type)->to_float): uint8
+    [rows, row_bytes] -> float32 [rows, cols]."""
+    get = _ggml_base().ggml_get_type_traits
+    get.argtypes, get.restype = [ctypes.c_int], ctypes.POINTER(_TypeTraits)
+    traits = get(int(qtype)).contents
+    assert traits.type_name.decode() == qtype.name.lower() and (traits.blck_size, traits.type_size) == GGML_QUANT_SIZES[qtype]
+    to_float = ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64)(traits.to_float)
+    data = np.ascontiguousarray(data, dtype=np.uint8)
+    out = np.empty((data.shape[0], data.shape[1] // traits.type_size * traits.blck_size), np.float32)
+    to_float(data.ctypes.data, out.ctypes.data, out.size)
+    return out
 
 
 def _synthetic(rng: np.random.Generator, rows: int, cols: int):
@@ -299,7 +331,7 @@ def _synthetic(rng: np.random.Generator, rows: int, cols: int):
     yield "outliers", outliers
 
 
-@pytest.mark.parametrize("qtype", ALL, ids=lambda q: q.name)
+@pytest.mark.parametrize("qtype", EVERY, ids=lambda q: q.name)
 def test_quantize_matches_ggml_on_synthetic_data(qtype: Q, ggml_quantize_chunk):
     rng = np.random.default_rng(int(qtype))
     for name, x in _synthetic(rng, 32, 512):
@@ -330,14 +362,80 @@ def test_bf16_special_values_match_ggml(ggml_quantize_chunk):
     assert np.array_equal(_bits(codecs.dequantize(ours, Q.BF16)), _bits(gguf_dequantize(ref, Q.BF16).reshape(x.shape)))
 
 
+# --- MXFP4 -------------------------------------------------------------------------------
+
+
+def _mxfp4_scale_edges(rng: np.random.Generator) -> np.ndarray:
+    """Blocks [n, 32] whose largest |x| is 2^k or one of the 40 float32 values below it, for
+    every k a float32 reaches (subnormals included): where floorf(log2f(amax)) may round up
+    to k. The rest of a block: random fractions of amax, either sign, so every code occurs."""
+    amax = np.array([np.ldexp(1.0 - j * 2.0**-24, k) for k in range(-149, 128) for j in range(41)]).astype(np.float32)
+    amax = np.unique(amax[(amax > 0) & np.isfinite(amax)])
+    blocks = amax[:, None] * rng.uniform(-1, 1, (amax.size, 32)).astype(np.float32)
+    blocks[np.arange(amax.size), np.arange(amax.size) % 32] = amax * rng.choice(np.array([-1, 1], np.float32), amax.size)
+    return blocks
+
+
+def test_mxfp4_quantize_matches_ggml_at_every_scale_edge(ggml_quantize_chunk):
+    rng = np.random.default_rng(39)
+    x = _mxfp4_scale_edges(rng)
+    assert x.shape[0] > 250 * 40
+    _assert_same_bytes(codecs.quantize(x, Q.MXFP4), ggml_quantize_chunk(x, Q.MXFP4), Q.MXFP4, "scale edges")
+    # NaN is never the largest and never coded; an infinite amax casts to scale byte 0 (x86-64)
+    special = np.array([np.nan, np.inf, -np.inf, -0.0, 1e-45, 3e-39, 3.4e38, -2.5, 0.75], np.float32)
+    x = np.stack([rng.permutation(np.resize(special, 64)) for _ in range(64)])
+    _assert_same_bytes(codecs.quantize(x, Q.MXFP4), ggml_quantize_chunk(x, Q.MXFP4), Q.MXFP4, "NaN, infinities, subnormals")
+    # llama.cpp's quantizer ignores an importance matrix for MXFP4
+    x = rng.standard_normal((16, 256)).astype(np.float32)
+    assert np.array_equal(ggml_quantize_chunk(x, Q.MXFP4, rng.random(256) * 10), codecs.quantize(x, Q.MXFP4))
+
+
+def test_mxfp4_dequantize_matches_ggml_for_every_scale_and_code():
+    """Every scale byte (2^-128 and 2^-127 as subnormals, up to 2^127, where 12 * 2^127 is
+    infinite), each with every code in both nibbles; ggml's own to_float, and gguf-py's."""
+    j = np.arange(16, dtype=np.uint8)
+    qs = np.tile(j | ((15 - j) << 4), (256, 1))
+    data = np.concatenate([np.arange(256, dtype=np.uint8)[:, None], qs], axis=1).reshape(32, 8 * 17)
+    ours = codecs.dequantize(data, Q.MXFP4)
+    assert np.isinf(ours).any() and (ours == 0).any() and np.array_equal(_bits(ours), _bits(ggml_to_float(data, Q.MXFP4)))
+    with np.errstate(over="ignore"):
+        assert np.array_equal(_bits(ours), _bits(gguf_dequantize(data, Q.MXFP4).reshape(ours.shape)))
+
+
+@pytest.fixture(scope="module")
+def tiny_moe_f32(vocabulary, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A tiny qwen3moe (8 experts of [256, 64] and [64, 256] matrices per layer), F32."""
+    path = tmp_path_factory.mktemp("moe") / "tiny-qwen3moe-F32.gguf"
+    return tiny_model(path, "qwen3moe", first_tokens(vocabulary, 1024), 4, 2, np.random.default_rng(3))
+
+
+def test_mxfp4_quantize_matches_llamacpp_on_experts(tiny_moe_f32: Path, tmp_path: Path):
+    """llama.cpp's MXFP4_MOE: every expert tensor ([n_expert, rows, cols]) MXFP4, the other
+    matrices Q8_0 but the routers; every one byte-identical to ours (an expert tensor's rows
+    are its experts' rows one after another), and decoded as ggml decodes it."""
+    import llama_cpp
+
+    f32 = {t.name: np.asarray(t.data).reshape(-1, t.data.shape[-1]) for t in read_gguf(tiny_moe_f32).tensors}
+    tensors = _read(_quantize_pure(tiny_moe_f32, tmp_path / "MXFP4_MOE.gguf", llama_cpp.LLAMA_FTYPE_MOSTLY_MXFP4_MOE, pure=False))
+    types = {t.name: t.tensor_type for t in tensors}
+    experts = {name for name in types if "_exps." in name}
+    assert len(experts) == 3 * N_LAYER and {types[name] for name in experts} == {Q.MXFP4}
+    for t in tensors:
+        if t.tensor_type in codecs.SUPPORTED:
+            _assert_same_bytes(codecs.quantize(f32[t.name], t.tensor_type), t.rows, t.tensor_type, t.name)
+            assert np.array_equal(_bits(codecs.dequantize(t.rows, t.tensor_type)), _bits(ggml_to_float(t.rows, t.tensor_type))), t.name
+    others = {t.name: t.tensor_type for t in tensors if t.name not in experts and len(t._info.shape) == 2}
+    assert {name for name, qtype in others.items() if qtype != Q.Q8_0} == {f"blk.{i}.ffn_gate_inp.weight" for i in range(N_LAYER)}  # routers stay F32
+
+
 # --- round trips -------------------------------------------------------------------------
 
 # relative RMS error bound for standard-normal data (measured: about 80% of these)
 RMS_BOUND = {Q.Q8_0: 0.007, Q.Q4_0: 0.105, Q.Q4_1: 0.095, Q.Q5_0: 0.052, Q.Q5_1: 0.046, Q.Q4_K: 0.087, Q.Q5_K: 0.044, Q.Q6_K: 0.022,
-             Q.Q2_K: 0.36, Q.Q3_K: 0.185, Q.IQ4_NL: 0.093, Q.IQ4_XS: 0.094, Q.BF16: 0.002}  # fmt: skip
+             Q.Q2_K: 0.36, Q.Q3_K: 0.185, Q.IQ4_NL: 0.093, Q.IQ4_XS: 0.094, Q.BF16: 0.002, Q.MXFP4: 0.14}  # fmt: skip
 
 
-@pytest.mark.parametrize("qtype", ALL, ids=lambda q: q.name)
+@pytest.mark.parametrize("qtype", EVERY, ids=lambda q: q.name)
 def test_round_trip_error_is_bounded(qtype: Q):
     rng = np.random.default_rng(7)
     x = rng.standard_normal((64, 1024)).astype(np.float32)
@@ -358,7 +456,7 @@ def test_round_trip_error_is_bounded(qtype: Q):
         assert np.all(np.abs(y - x) <= np.abs(x) * 2.0**-8)  # half a unit of bfloat16's 8-bit significand
 
 
-@pytest.mark.parametrize("qtype", ALL, ids=lambda q: q.name)
+@pytest.mark.parametrize("qtype", EVERY, ids=lambda q: q.name)
 def test_zeros_round_trip_exactly(qtype: Q):
     x = np.zeros((2, 512), np.float32)
     assert np.array_equal(codecs.dequantize(codecs.quantize(x, qtype), qtype), x)
@@ -378,7 +476,7 @@ def test_large_tensor_round_trips():
 
 
 def test_supported_types():
-    assert codecs.SUPPORTED == frozenset(ALL)
+    assert codecs.SUPPORTED == frozenset(EVERY)
 
 
 @pytest.mark.parametrize("qtype", [Q.F16, Q.F32, Q.Q8_1, Q.IQ2_XXS, Q.IQ3_S, 9999])
@@ -392,7 +490,7 @@ def test_unsupported_type_is_a_clear_error(qtype):
 @pytest.mark.parametrize(
     "qtype, shape",
     [(Q.Q8_0, (64,)), (Q.Q8_0, (2, 2, 32)), (Q.Q4_0, (4, 48)), (Q.Q4_K, (4, 576)), (Q.Q6_K, (1, 128)), (Q.Q5_1, (3, 0)),
-     (Q.Q2_K, (1, 128)), (Q.IQ4_XS, (4, 576)), (Q.IQ4_NL, (2, 48)), (Q.BF16, (2, 0))],  # fmt: skip
+     (Q.Q2_K, (1, 128)), (Q.IQ4_XS, (4, 576)), (Q.IQ4_NL, (2, 48)), (Q.BF16, (2, 0)), (Q.MXFP4, (2, 48))],  # fmt: skip
 )
 def test_bad_quantize_shape_is_a_clear_error(qtype, shape):
     with pytest.raises(ValueError, match="2-D|multiple"):

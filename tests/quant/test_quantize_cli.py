@@ -205,6 +205,26 @@ def test_leave_output_tensor(model_path: Path, tmp_path: Path) -> None:
     assert types == {False: "Q8_0", True: "F32"}
 
 
+def test_mxfp4_moe_on_a_mixture_of_experts(model_path: Path, tmp_path: Path) -> None:
+    """llama.cpp's MXFP4_MOE, one of the types the command takes from llama.cpp: on a tiny
+    qwen3moe the expert tensors become MXFP4, the routers stay F32, the rest is Q8_0; and
+    the file answers (the llama.cpp engine: the native one does not run a MoE yet)."""
+    import numpy as np
+
+    from ..native.test_architectures import N_LAYER, first_tokens, tiny_model, vocabulary_of
+
+    src = tiny_model(tmp_path / "tiny-qwen3moe.gguf", "qwen3moe", first_tokens(vocabulary_of(model_path), 1024), 4, 2, np.random.default_rng(0))
+    out = tmp_path / "mxfp4.gguf"
+    result = run_cli("quantize", str(src), "MXFP4_MOE", "-o", str(out), "--json")
+    assert result.returncode == 0, result.stderr
+    types = {t.name: GGMLQuantizationType(t.type).name for t in inspect(out).tensors if len(t.shape) > 1}
+    assert {name for name, qtype in types.items() if qtype == "MXFP4"} == {f"blk.{i}.ffn_{kind}_exps.weight" for i in range(N_LAYER) for kind in ("gate", "up", "down")}
+    assert {name for name, qtype in types.items() if qtype == "F32"} == {f"blk.{i}.ffn_gate_inp.weight" for i in range(N_LAYER)}
+    assert set(types.values()) == {"MXFP4", "F32", "Q8_0"}
+    answer = run_cli("run", str(out), "--engine", "llama.cpp", "--raw", "--max-tokens", "4", "--temperature", "0", "Hello")
+    assert answer.returncode == 0, answer.stderr
+
+
 def test_bf16_source(f32_path: Path, tmp_path: Path) -> None:
     import llama_cpp
 
