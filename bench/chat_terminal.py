@@ -164,7 +164,7 @@ def table(results: dict[tuple[str, tuple[int, int]], list[tuple[float, float, in
     rows = [f"| model | terminal | run tok/s | app tok/s | app / run, median of {pairs} pairs | range | tokens run/app |", "|---|---|---:|---:|---:|---|---|"]
     for (model, size), values in results.items():
         ratios = [app / alone for alone, app, _, _ in values]
-        rows.append(f"| {model} | {size[0]}×{size[1]} | {statistics.median(v[0] for v in values):.1f} | {statistics.median(v[1] for v in values):.1f} | "
+        rows.append(f"| {Path(model).name} | {size[0]}×{size[1]} | {statistics.median(v[0] for v in values):.1f} | {statistics.median(v[1] for v in values):.1f} | "
                     f"**{statistics.median(ratios):.2f}×** | {min(ratios):.2f}–{max(ratios):.2f} | {values[0][2]}/{values[0][3]} |")  # fmt: skip
     return "\n".join(rows)
 

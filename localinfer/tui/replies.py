@@ -10,10 +10,9 @@ from __future__ import annotations
 import os
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TypeVar
 from urllib.parse import urlsplit
 
 from localinfer.engine.constraints import Constraint
@@ -54,7 +53,6 @@ class ReplyFigures:
         return {k: getattr(self, k) for k in keys}
 
 
-T = TypeVar("T")
 Piece = tuple[str, str]  # (thinking, answer) text, either possibly empty
 
 
@@ -93,32 +91,6 @@ class _Clock:
         """Time the thinking: from the reply's start to its last piece of thinking."""
         if thinking:
             figures.reasoning_ms = (time.perf_counter() - self.t_start) * 1e3
-
-
-def in_own_thread(load: Callable[..., T], *args: object) -> T:
-    """`load(*args)` on a thread that ends when it returns, its exception raised here.
-
-    Loading a model runs OpenMP loops (the native engine packs its weights, llama.cpp warms
-    up), and libgomp keeps a pool of threads for every thread that ever started one, for as
-    long as that thread lives. Loaded on a worker thread that stays (Textual's and asyncio's
-    are pooled), that pool outlives the load; libgomp then counts more of its threads than
-    cores and cuts its spin-waits to almost nothing in every parallel region of the engine's
-    own thread, whose decode ran at half speed (0.45-0.55× of `run`; docs/benchmarks.md)."""
-    result: list[T] = []
-    failed: list[BaseException] = []
-
-    def target() -> None:
-        try:
-            result.append(load(*args))
-        except BaseException as e:  # noqa: BLE001 - raised again on the caller's thread
-            failed.append(e)
-
-    thread = threading.Thread(target=target, name="localinfer-load")
-    thread.start()
-    thread.join()
-    if failed:
-        raise failed[0]
-    return result[0]
 
 
 class LocalModel:
