@@ -63,11 +63,13 @@ class Drafting:
         """This step's drafts, by request (speculative.py): prompt lookup's where it finds one
         and has lately held at least as well as the draft model, else the draft model's, for
         every request at once in draft_model.py's stage; never more than the request's room
-        (`Request.draft_room`). The draft model also takes this step's `prefills`
-        chunks (rows as step() builds them), so its prompt is not left to the first decode step."""
+        (`Request.draft_room`). The draft model also takes this step's `prefills` chunks (rows
+        as step() builds them), so a long prompt is not left to the first decode step; all but
+        the chunk that ends the prompt, whose step gives the first token: nothing stands
+        between a prompt and its first token, and the draft catches that chunk up a step later."""
         drafts: dict[int, list[int]] = {}
         verify = self.verify_cost(len(decoding))
-        asks = [(seq, DraftRequest(seq.seq_id, seq.prompt[: start + len(chunk)], 0)) for seq, chunk, start, _ in prefills if seq.spec and seq.spec.model]
+        asks = [(seq, DraftRequest(seq.seq_id, seq.prompt[: start + len(chunk)], 0)) for seq, chunk, start, _ in prefills if seq.spec and seq.spec.model and start + len(chunk) < len(seq.prompt)]
         for seq in decoding:
             spec = seq.spec
             spec.source, spec.proposals = None, None  # type: ignore[union-attr]

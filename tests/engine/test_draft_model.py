@@ -71,6 +71,22 @@ def test_a_request_that_ends_inside_a_draft_counts_it(pair) -> None:
     assert len(out.tokens) == 3 and out.timings.model_drafted == 1
 
 
+def test_nothing_stands_between_the_prompt_and_its_first_token(pair, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The step that ends the prompt gives the first token without feeding the draft: a
+    one-token answer costs the draft model no forward at all; the draft catches the prompt up
+    a step later, and the answer is plain decoding's."""
+    target, draft = pair
+    fed: list[int] = []
+    forward = draft.forward
+    monkeypatch.setattr(draft, "forward", lambda batch: (fed.append(len(batch.tokens)), forward(batch))[1])
+    plain, spec = engines(target, draft)
+    tokens = chat(plain, PROMPTS[0])
+    one = spec.complete(tokens, replace(GREEDY, max_tokens=1))
+    assert one.tokens == plain.complete(tokens, replace(GREEDY, max_tokens=1)).tokens and fed == []
+    more = spec.complete(tokens, replace(GREEDY, max_tokens=8))
+    assert more.tokens == plain.complete(tokens, replace(GREEDY, max_tokens=8)).tokens and sum(fed) >= len(tokens)
+
+
 @pytest.fixture(scope="module")
 def shuffled_path(model_path: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
     return shuffled(model_path, tmp_path_factory.mktemp("shuffled") / "shuffled.gguf")
