@@ -70,15 +70,16 @@ class Drafting:
         drafts: dict[int, list[int]] = {}
         verify = self.verify_cost(len(decoding))
         asks = [(seq, DraftRequest(seq.seq_id, seq.prompt[: start + len(chunk)], 0)) for seq, chunk, start, _ in prefills if seq.spec and seq.spec.model and start + len(chunk) < len(seq.prompt)]
+        model_cost = self._model_cost(verify, len(decoding)) if self.drafter is not None and verify is not None else None
         for seq in decoding:
             spec = seq.spec
             spec.source, spec.proposals = None, None  # type: ignore[union-attr]
             room = seq.draft_room()
             if room <= 0 or verify is None:
                 continue
-            if tokens := self._lookup(seq, room, verify):
+            if tokens := self._lookup(seq, room, verify, model_cost):
                 drafts[seq.request_id], spec.source = tokens, spec.lookup  # type: ignore[union-attr]
-            elif spec.model is not None and (k := min(spec.model.draft_length(self._model_cost(verify, len(decoding))), room)) > 0:  # type: ignore[union-attr]
+            elif spec.model is not None and (k := min(spec.model.draft_length(model_cost), room)) > 0:  # type: ignore[union-attr, arg-type]
                 asks.append((seq, DraftRequest(seq.seq_id, seq.history, k, self._chooser(seq))))
         if asks:
             try:
@@ -93,10 +94,11 @@ class Drafting:
                     drafts[seq.request_id], spec.source, spec.proposals = draft.tokens, spec.model, draft.proposals  # type: ignore[union-attr]
         return drafts
 
-    def _lookup(self, seq: Request, room: int, verify: np.ndarray) -> list[int]:
-        """Prompt lookup's draft, unless the draft model has lately done better for this request."""
+    def _lookup(self, seq: Request, room: int, verify: np.ndarray, model_cost: np.ndarray | None) -> list[int]:
+        """Prompt lookup's draft, unless the draft model lately promised more tokens per cost
+        for this request (at equal acceptance, lookup wins: its drafts cost no draft steps)."""
         state, model = seq.spec.lookup, seq.spec.model  # type: ignore[union-attr]
-        if model is not None and state.rate < model.rate:
+        if model is not None and model_cost is not None and state.gain(verify) < model.gain(model_cost):
             return []
         k = min(state.draft_length(verify), room)
         if k <= 0:

@@ -204,12 +204,27 @@ class DraftState:
         self._chosen = None if self.paused else (cost, self.drafted, k)
         return k
 
-    def _best_length(self, cost: np.ndarray) -> int:
+    def gain(self, cost: np.ndarray) -> float:
+        """The expected tokens per cost of this source's best K now (0 while paused): what two
+        sources are compared by, since a draft model's step costs what prompt lookup's does not."""
+        return 0.0 if self.paused else float(self._gains(cost).max())
+
+    def _gains(self, cost: np.ndarray) -> np.ndarray:
+        """gains[k - 1]: expected tokens over cost for a K of k (rate < 1: Laplace)."""
         rate = self.rate
         ks = np.arange(1, min(self.config.max_draft, len(cost) - 1) + 1)
-        gains = (1.0 - rate ** (ks + 1)) / (1.0 - rate) / cost[ks]  # expected_tokens over each K (rate < 1: Laplace)
+        return (1.0 - rate ** (ks + 1)) / (1.0 - rate) / cost[ks]
+
+    def _best_length(self, cost: np.ndarray) -> int:
+        """The best K; 0, and drafting paused, once the recent acceptance is known to lose, or
+        at once where the costs alone lose: even if every drafted token were kept (a draft
+        model whose step costs as much as the target's, as an F16 draft for an F32 target does
+        on a compute-bound CPU), no trial is paid for."""
+        gains = self._gains(cost)
         best = int(gains.argmax())
-        if gains[best] < MIN_GAIN and self.judged >= self.config.evidence:
+        ks = np.arange(1, len(gains) + 1)
+        hopeless = float(((ks + 1) / cost[ks]).max()) < MIN_GAIN
+        if gains[best] < MIN_GAIN and (self.judged >= self.config.evidence or hopeless):
             self.paused, self.recent = self.config.retry_after, deque(maxlen=self.config.window)
             return 0
         return best + 1

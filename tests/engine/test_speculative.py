@@ -97,7 +97,7 @@ def test_draft_length_grows_with_acceptance_and_pauses_below_break_even() -> Non
         k = state.draft_length(cheap)
         state.record(k, k)  # every drafted token held
     assert state.draft_length(cheap) == 8
-    dear = np.array([1.0, 2.0, 3.0, 4.0, 5.0, 6.0, 7.0, 8.0, 9.0])  # as dear as decoding each token
+    dear = np.linspace(1.0, 5.0, 9)  # each drafted token's verify costs half a forward: pays only if most are kept
     state = DraftState(config)
     tried = 0
     while k := state.draft_length(dear):
@@ -105,6 +105,14 @@ def test_draft_length_grows_with_acceptance_and_pauses_below_break_even() -> Non
         tried += 1
     assert tried == 4 and state.paused == 3  # switched off for this request once the window saw enough ...
     assert [state.draft_length(dear) for _ in range(4)] == [0, 0, 0, 1]  # ... and it tries again later
+
+
+def test_costs_that_lose_even_if_every_token_were_kept_pay_for_no_trial() -> None:
+    """As dear as decoding each token (a draft model whose step costs the target's): no
+    acceptance could win, so drafting pauses before a single token is drafted."""
+    config = DraftConfig(max_draft=8, window=4, evidence=4, retry_after=3)
+    state = DraftState(config)
+    assert state.draft_length(np.arange(1.0, 10.0)) == 0 and state.paused == 3 and state.drafted == 0
 
 
 def test_acceptance_counts_the_tokens_the_target_judged() -> None:
