@@ -109,13 +109,14 @@ class Drafting:
         return drafted
 
     def _model_cost(self, verify: np.ndarray, base: int) -> np.ndarray:
-        """cost[k]: k draft-model steps and the verify of k drafted tokens, in plain steps."""
-        step = self.config.assumed_draft_step
-        if step is None:
-            plain = self.clock.seconds(base)
-            measured = self.drafter.step_seconds  # type: ignore[union-attr]
-            step = measured / plain if measured is not None and plain else self._draft_prior
-        return verify + step * np.arange(len(verify))
+        """cost[k]: drafting k tokens with the draft model and verifying them, in plain steps
+        (the draft's cost as timed, else assumed: the bytes ratio per token)."""
+        ks = np.arange(len(verify))
+        step, plain = self.config.assumed_draft_step, self.clock.seconds(base)
+        measured = self.drafter.draft_seconds(1) if step is None else None  # type: ignore[union-attr]
+        if measured is None or not plain:
+            return verify + (self._draft_prior if step is None else step) * ks
+        return verify + np.array([self.drafter.draft_seconds(int(k)) for k in ks]) / plain  # type: ignore[union-attr]
 
     def _chooser(self, seq: Request) -> Chooser:
         """How the draft model picks a request's tokens: the request's own sampling settings

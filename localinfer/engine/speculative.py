@@ -38,6 +38,7 @@ judged and no K gains `MIN_GAIN`, that source stops for the request and retries 
 from __future__ import annotations
 
 from collections import deque
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 import numpy as np
@@ -68,6 +69,14 @@ CLOCK_SAMPLES = 8  # recent steps per row count whose median is the cost (memory
 CLOCK_REFRESH = 16  # steps timed before the cost curve is worked out again (~10 µs; memory speed drifts over seconds)
 
 
+def median(values: Iterable[float]) -> float:
+    """The median, without the statistics module (it imports decimal and fractions: 2.5 MB
+    of the native engine's resident-memory bound)."""
+    ordered = sorted(values)
+    middle = len(ordered) // 2
+    return ordered[middle] if len(ordered) % 2 else (ordered[middle - 1] + ordered[middle]) / 2
+
+
 class StepClock:
     """What a decode step costs by the rows it feeds, learned from the steps the engine takes
     anyway: the forward and the sampling of every row, not the drafting before it."""
@@ -87,9 +96,7 @@ class StepClock:
         recent = self._recent.get(rows)
         if not recent or len(recent) < 2:
             return None
-        ordered = sorted(recent)
-        middle = len(ordered) // 2
-        return ordered[middle] if len(ordered) % 2 else (ordered[middle - 1] + ordered[middle]) / 2
+        return median(recent)
 
     def costs(self, base: int, k_max: int) -> np.ndarray | None:
         """cost[k], k = 0..k_max: a step feeding base + k rows over a plain one feeding base

@@ -17,7 +17,7 @@ import pytest
 from localinfer.backends import get_backend
 from localinfer.backends.base import LoadParams
 from localinfer.backends.native import NativeBackend
-from localinfer.engine.draft_model import DraftModel, check_vocab
+from localinfer.engine.draft_model import DRAFT_SAMPLES, DraftModel, check_vocab
 from localinfer.engine.engine import Engine
 from localinfer.engine.loader import LoadOptions, open_engine
 from localinfer.engine.speculative import DraftConfig, speculative_choice
@@ -85,6 +85,19 @@ def test_nothing_stands_between_the_prompt_and_its_first_token(pair, monkeypatch
     assert one.tokens == plain.complete(tokens, replace(GREEDY, max_tokens=1)).tokens and fed == []
     more = spec.complete(tokens, replace(GREEDY, max_tokens=8))
     assert more.tokens == plain.complete(tokens, replace(GREEDY, max_tokens=8)).tokens and sum(fed) >= len(tokens)
+
+
+def test_a_drafts_cost_is_timed_from_its_first_position_and_the_ones_after(pair) -> None:
+    """Nothing is known before DRAFT_SAMPLES drafts were timed (the prior stands in); then a
+    k-token draft costs its first position (which also feeds what the target accepted) and
+    k - 1 later ones, each timed apart."""
+    target, draft = pair
+    plain, spec = engines(target, draft)
+    assert spec.drafter.draft_seconds(1) is None
+    out = spec.complete(chat(plain, PROMPTS[0]), GREEDY)
+    assert out.timings.model_drafted >= DRAFT_SAMPLES
+    first, second, third = (spec.drafter.draft_seconds(k) for k in (1, 2, 3))
+    assert 0 < first and 0 < second - first and third - second == pytest.approx(second - first) and spec.drafter.draft_seconds(0) == 0
 
 
 @pytest.fixture(scope="module")
