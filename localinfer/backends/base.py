@@ -193,6 +193,12 @@ class Backend(ABC):
     def forward(self, batch: Batch) -> np.ndarray:
         """Run the batch through the model; returns [n_wanted, n_vocab] float32 logits."""
 
+    def forward_transient(self, batch: Batch) -> np.ndarray:
+        """forward(), for a caller done with the logits before it next calls this backend (the
+        engine's step): the logits may be a view of the backend's own output buffer, valid only
+        until then, instead of a copy. Every other caller keeps forward()'s own array."""
+        return self.forward(batch)
+
     @abstractmethod
     def embed(self, batch: Batch) -> np.ndarray:
         """As forward, but returns the final-norm hidden states [n_wanted, n_embd] of the

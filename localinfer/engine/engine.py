@@ -362,7 +362,7 @@ class Engine:
         """One batched forward; if it fails, each request alone, so that a failure ends only
         the request it belongs to (with an error event) and never stalls the others."""
         try:
-            logits = self.backend.forward(Batch.of_rows((req.seq_id, chunk, start, n_logits) for req, chunk, start, n_logits in rows))
+            logits = self.backend.forward_transient(Batch.of_rows((req.seq_id, chunk, start, n_logits) for req, chunk, start, n_logits in rows))  # read before the next forward
         except BackendLost as e:
             return self._break(e)
         except Exception as e:  # noqa: BLE001 - a failure is a request's outcome, reported on its stream

@@ -51,3 +51,27 @@ def test_kv_truncate_rolls_back_and_kv_copy_shares_a_prefix(backend) -> None:
         backend.kv_clear(seq)
     assert np.abs(again - full).max() < 1e-3
     assert np.abs(shared - full).max() < 1e-3
+
+
+def test_the_engines_logits_are_a_view_with_forwards_values(backend) -> None:
+    """forward_transient (the engine's step) hands back llama.cpp's own buffer, not a copy, with
+    the same rows forward() copies out: several sequences, several wanted rows each, and a
+    batch longer than one decode chunk (copied, since each chunk overwrites the buffer)."""
+    a = backend.tokenize("The quick brown fox jumps over the lazy dog", add_special=False)
+    b = backend.tokenize("Once upon a time there was", add_special=False)
+    batch = Batch.of_rows([(0, a, 0, 3), (1, b, 0, 2)])
+    for seq in (0, 1):
+        backend.kv_clear(seq)
+    copied = backend.forward(batch)
+    for seq in (0, 1):
+        backend.kv_clear(seq)
+    viewed = backend.forward_transient(batch)
+    assert viewed.base is not None and not viewed.flags.owndata and viewed.shape == copied.shape == (5, backend.vocab.n_vocab)
+    np.testing.assert_array_equal(viewed, copied)
+    backend.kv_clear(0)
+    long = (a * 200)[: backend._n_batch + 10]
+    whole = backend.forward_transient(Batch.for_sequence(long, 0, 0))
+    backend.kv_clear(0)
+    np.testing.assert_array_equal(whole, backend.forward(Batch.for_sequence(long, 0, 0)))
+    for seq in (0, 1):
+        backend.kv_clear(seq)
