@@ -74,6 +74,7 @@ class DraftModel:
         # draft (which also feeds what the target accepted since: 2 rows where the rest feed 1)
         # and the ones after it.
         self._first: deque[float] = deque(maxlen=CLOCK_SAMPLES)
+        self._first_rows: deque[int] = deque(maxlen=CLOCK_SAMPLES)  # the rows a first position fed
         self._later: deque[float] = deque(maxlen=CLOCK_SAMPLES)
 
     def propose(self, requests: list[DraftRequest]) -> dict[int, Draft]:
@@ -93,7 +94,7 @@ class DraftModel:
             if fits and r.k > 0:
                 wanting[r.slot] = r
         drafts = {slot: Draft([], []) for slot in wanting}
-        timed = self._first
+        timed, first = self._first, True
         while rows:
             t0 = time.perf_counter()
             logits, out, following = self._forward(rows), 0, []
@@ -111,7 +112,9 @@ class DraftModel:
                     following.append((slot, [pick[0]], start + len(tokens), True))
             if out and all(len(tokens) <= 2 for _, tokens, _, _ in rows):  # not a catch-up of a whole prompt
                 timed.append((time.perf_counter() - t0) / out)
-            rows, timed = following, self._later
+                if first:
+                    self._first_rows.append(sum(len(tokens) for _, tokens, _, _ in rows) // out)
+            rows, timed, first = following, self._later, False
         return {slot: draft for slot, draft in drafts.items() if draft.tokens}
 
     def _sync(self, slot: int, context: list[int], leave: int) -> int:
@@ -150,7 +153,9 @@ class DraftModel:
         if len(self._first) < DRAFT_SAMPLES:
             return None
         first = median(self._first)
-        later = median(self._later) if len(self._later) >= 2 else first
+        # Until later positions were timed, the first's cost a row: a guess on the cheap side,
+        # so that longer drafts get tried and timed (one on the dear side kept K at 1 for good).
+        later = median(self._later) if len(self._later) >= 2 else first / max(1.0, median(self._first_rows))
         return first + (k - 1) * later if k > 0 else 0.0
 
     def close(self) -> None:
