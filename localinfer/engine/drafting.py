@@ -7,6 +7,7 @@ and why, draft_model.py the draft model.
 
 from __future__ import annotations
 
+from collections import deque
 from dataclasses import replace
 
 import numpy as np
@@ -40,6 +41,10 @@ class Drafting:
         # A draft step before the draft model timed one: its share of the target's bytes (decoding
         # reads every weight once a token, so bytes are what a step costs on a memory-bound machine).
         self._draft_prior = bytes_ratio(drafter.backend, target) if drafter is not None else 0.0
+        # The draft model's latest verdicts, over requests: its acceptance is the pair's more than
+        # the request's, so a new request does not pay for a trial that earlier ones just lost
+        # (prompt lookup's is the request's own: it starts each request afresh).
+        self._model_verdicts: deque[tuple[int, int]] = deque(maxlen=config.window)
 
     def observe(self, rows: int, seconds: float) -> None:
         """A decode step fed `rows` rows (no prompt chunk) and took `seconds`, sampling included."""
@@ -56,7 +61,7 @@ class Drafting:
         """A new request's speculation state (no draft model where it asked draft_max 0)."""
         spec = RequestDrafts(DraftState(self.config), ngrams=NgramIndex(self.config.ngram_min, self.config.ngram_max))
         if self.drafter is not None and params.draft_max != 0:
-            spec.model, spec.sampler = DraftState(self.config), Sampler(replace(params, seed=(params.seed or 0) ^ 0x5EED))
+            spec.model, spec.sampler = DraftState(self.config, self._model_verdicts), Sampler(replace(params, seed=(params.seed or 0) ^ 0x5EED))
         return spec
 
     def drafts(self, decoding: list[Request], prefills: list[tuple[Request, list[int], int, int]]) -> dict[int, list[int]]:

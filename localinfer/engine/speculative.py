@@ -177,9 +177,12 @@ class DraftState:
     """One request's speculation from one source: its recent acceptance, and its counts for
     timings and metrics."""
 
-    def __init__(self, config: DraftConfig) -> None:
+    def __init__(self, config: DraftConfig, shared: deque[tuple[int, int]] | None = None) -> None:
+        """`shared`: the source's verdicts over the engine's earlier requests, which a new
+        request starts from (and adds to) instead of knowing nothing."""
         self.config = config
-        self.recent: deque[tuple[int, int]] = deque(maxlen=config.window)  # (drafted, accepted)
+        self.recent: deque[tuple[int, int]] = deque(shared or (), maxlen=config.window)  # (drafted, accepted)
+        self._shared = shared
         self.paused = 0  # decode steps left before drafting again
         self._chosen: tuple[np.ndarray, int, int] | None = None  # (the costs, drafted so far, K) of the last choice
         self.drafted = 0
@@ -238,6 +241,8 @@ class DraftState:
 
     def record(self, drafted: int, accepted: int) -> None:
         self.recent.append((drafted, accepted))
+        if self._shared is not None:
+            self._shared.append((drafted, accepted))
         self.drafted += drafted
         self.accepted += accepted
 

@@ -5,6 +5,8 @@ sampling rule checked statistically."""
 
 from __future__ import annotations
 
+from collections import deque
+
 from pathlib import Path
 
 import numpy as np
@@ -113,6 +115,22 @@ def test_costs_that_lose_even_if_every_token_were_kept_pay_for_no_trial() -> Non
     config = DraftConfig(max_draft=8, window=4, evidence=4, retry_after=3)
     state = DraftState(config)
     assert state.draft_length(np.arange(1.0, 10.0)) == 0 and state.paused == 3 and state.drafted == 0
+
+
+def test_a_new_request_starts_from_the_draft_models_verdicts_on_earlier_ones() -> None:
+    """The draft model's acceptance is the pair's: a request after one where it lost pauses
+    it at once instead of paying for its own trial; one after a win drafts long at once."""
+    config = DraftConfig(max_draft=8, window=4, evidence=4, retry_after=3)
+    dear = np.linspace(1.0, 5.0, 9)  # pays only if most drafted tokens are kept
+    shared: deque[tuple[int, int]] = deque(maxlen=config.window)
+    first = DraftState(config, shared)
+    while k := first.draft_length(dear):
+        first.record(k, 0)
+    assert first.paused and len(shared) == 4
+    second = DraftState(config, shared)
+    assert second.draft_length(dear) == 0 and second.paused == config.retry_after and second.drafted == 0
+    won: deque[tuple[int, int]] = deque([(8, 8)] * 4, maxlen=config.window)
+    assert DraftState(config, won).draft_length(dear) >= 6 > DraftState(config).draft_length(dear)
 
 
 def test_acceptance_counts_the_tokens_the_target_judged() -> None:
