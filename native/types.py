@@ -77,6 +77,29 @@ class QMatrix:
         return self.data.nbytes
 
 
+@dataclass(frozen=True)
+class MoeFFN:
+    """A mixture of experts' FFN, as llama.cpp's build_moe_ffn reads it: a router with one
+    row per expert, and every expert's gate, up and down matrices stacked in one tensor each
+    (the file's [n_expert, rows, cols], so expert e owns rows [e * rows_e, (e + 1) * rows_e):
+    views, nothing copied). Each token runs `n_used` experts, chosen by `gating`:
+    "softmax_norm" is a softmax over every expert's logit, the n_used largest, their
+    weights divided by their sum (qwen3moe)."""
+
+    router: QMatrix  # [n_expert, n_embd]
+    gate: QMatrix  # [n_expert * n_ff_exp, n_embd]
+    up: QMatrix  # [n_expert * n_ff_exp, n_embd]
+    down: QMatrix  # [n_expert * n_embd, n_ff_exp]
+    n_expert: int
+    n_used: int
+    gating: str
+
+    def expert(self, m: QMatrix, e: int) -> QMatrix:
+        """Expert e's rows of one of the stacked matrices (a view)."""
+        rows = m.rows // self.n_expert
+        return QMatrix(m.type, m.data[e * rows : (e + 1) * rows], rows, m.cols)
+
+
 # op(x, outs, n_fast=0): for every matrix i and activation row j, outs[i][j] = mats[i] @ x[j].
 # x is float32 [n, cols] C-contiguous; outs[i] is float32 [n, mats[i].rows] C-contiguous,
 # written in place. n = 1 is decode; n > 1 is prefill or speculative verification.

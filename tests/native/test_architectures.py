@@ -12,12 +12,10 @@ architecture's tensor names and metadata:
   phi3    fused q/k/v and gate/up tensors, RoPE on 12 of 16 dims, and long-context
           factors with an attention factor (long ones: the context passes the original)
 
-tiny_model also writes a mixture of experts, for the tests of what reads one (`show`, the
-codecs; the native engine does not run it yet):
-
-  qwen3moe  qwen3's attention (q/k norms, heads of 32), an untied output, and in place of
-          the FFN a router (ffn_gate_inp) over 8 experts of which a token takes 2, their
-          gate/up/down matrices stacked as [n_expert, rows, cols] (ffn_*_exps)
+  qwen3moe  a mixture of experts: qwen3's attention (q/k norms, heads of 32), an untied
+          output, and in place of the FFN a router (ffn_gate_inp) over 8 experts of which a
+          token takes 2, their gate/up/down matrices stacked as [n_expert, rows, cols]
+          (ffn_*_exps); also read by `show` and the codecs' tests
 
 Weights are F32, so neither engine quantizes an activation and the logits must agree
 closely; the vocabulary is the embedded model's, so llama.cpp can load the files.
@@ -111,9 +109,14 @@ def write_vocabulary(w: GGUFWriter, vocab: dict[str, object]) -> None:
     w.add_eos_token_id(2)
 
 
-def tiny_model(path: Path, arch: str, vocab: dict[str, object], n_head: int, n_head_kv: int, rng: np.random.Generator, output_scale: float = 0.0) -> Path:
+def tiny_model(
+    path: Path, arch: str, vocab: dict[str, object], n_head: int, n_head_kv: int, rng: np.random.Generator, output_scale: float = 0.0,
+    idle_experts: int = 0, extra: dict[str, np.ndarray] | None = None,
+) -> Path:
     """A random-weight model of `arch`; `output_scale` gives it an output matrix of its own
-    (not the embedding's), that many times the usual size: peaked next-token distributions."""
+    (not the embedding's), that many times the usual size: peaked next-token distributions.
+    A mixture of experts' last `idle_experts` experts are never chosen (write_experts);
+    `extra` tensors are written after the model's own."""
     n_vocab = len(vocab["tokenizer.ggml.tokens"])
     head_dim = HEAD_DIM.get(arch, N_EMBD // n_head)
     q_dim, kv_dim = n_head * head_dim, n_head_kv * head_dim
@@ -154,7 +157,7 @@ def tiny_model(path: Path, arch: str, vocab: dict[str, object], n_head: int, n_h
         w.add_tensor(p + "attn_output.weight", weight(N_EMBD, q_dim))
         w.add_tensor(p + "ffn_norm.weight", norm())
         if arch in MOE:
-            write_experts(w, p, MOE[arch][0], weight)
+            write_experts(w, p, MOE[arch][0], weight, idle_experts)
         elif arch == "phi3":
             w.add_tensor(p + "ffn_up.weight", weight(2 * N_FF, N_EMBD))  # the gate's rows, then the up's
             w.add_tensor(p + "ffn_down.weight", weight(N_EMBD, N_FF))
@@ -165,6 +168,8 @@ def tiny_model(path: Path, arch: str, vocab: dict[str, object], n_head: int, n_h
         if arch == "gemma3":
             w.add_tensor(p + "post_attention_norm.weight", norm())
             w.add_tensor(p + "post_ffw_norm.weight", norm())
+    for name, tensor in (extra or {}).items():
+        w.add_tensor(name, tensor)
     w.write_header_to_file()
     w.write_kv_data_to_file()
     w.write_tensors_to_file()
@@ -172,20 +177,33 @@ def tiny_model(path: Path, arch: str, vocab: dict[str, object], n_head: int, n_h
     return path
 
 
-def write_experts(w: GGUFWriter, prefix: str, n_expert: int, weight) -> None:
+def write_experts(w: GGUFWriter, prefix: str, n_expert: int, weight, idle: int = 0) -> None:
     """A layer's router and experts, as llama_model_qwen3moe::load_arch_tensors creates them:
     ffn_gate_inp {n_embd, n_expert}, ffn_gate/up_exps {n_embd, n_ff_exp, n_expert},
-    ffn_down_exps {n_ff_exp, n_embd, n_expert} (GGUF order; numpy's is reversed)."""
-    def stacked(rows: int, cols: int) -> np.ndarray:  # [n_expert, rows, cols]
-        return np.stack([weight(rows, cols) for _ in range(n_expert)])
+    ffn_down_exps {n_ff_exp, n_embd, n_expert} (GGUF order; numpy's is reversed).
 
-    w.add_tensor(prefix + "ffn_gate_inp.weight", weight(n_expert, N_EMBD))
+    With `idle` experts the router's other rows come in pairs (v, -v), so one expert of each
+    pair scores above 0 for any input, and the idle experts' rows are 0: while there are at
+    least as many pairs as experts a token takes, no token chooses an idle expert. Their
+    weights are NaN, so an engine that computed them anyway would show it in its logits."""
+    def stacked(rows: int, cols: int) -> np.ndarray:  # [n_expert, rows, cols]
+        experts = np.stack([weight(rows, cols) for _ in range(n_expert)])
+        experts[n_expert - idle :] = np.nan
+        return experts
+
+    router = weight(n_expert, N_EMBD)
+    if idle:
+        router[1 : n_expert - idle : 2] = -router[0 : n_expert - idle : 2]
+        router[n_expert - idle :] = 0
+    w.add_tensor(prefix + "ffn_gate_inp.weight", router)
     w.add_tensor(prefix + "ffn_gate_exps.weight", stacked(N_FF_EXP, N_EMBD))
     w.add_tensor(prefix + "ffn_up_exps.weight", stacked(N_FF_EXP, N_EMBD))
     w.add_tensor(prefix + "ffn_down_exps.weight", stacked(N_EMBD, N_FF_EXP))
 
 
-ARCHS = [("qwen2", 4, 2), ("llama", 6, 3), ("qwen3", 4, 2), ("gemma3", 4, 2), ("phi3", 4, 2)]
+ARCHS = [("qwen2", 4, 2), ("llama", 6, 3), ("qwen3", 4, 2), ("gemma3", 4, 2), ("phi3", 4, 2), ("qwen3moe", 4, 2)]
+# llama.cpp's quantizations of each tiny model; a mixture of experts also at F16 (its router stays F32)
+QUANTIZED = [(*a, ftype) for ftype in ("Q8_0", "Q4_0", "Q4_1", "Q5_0") for a in ARCHS[2:]] + [("qwen3moe", 4, 2, "F16")]
 
 
 @pytest.mark.parametrize("arch, n_head, n_head_kv", ARCHS)
@@ -219,12 +237,18 @@ def test_greedy_tokens_equal_llama_cpps_over_64_steps_on_f32(arch: str, n_head: 
     assert len(answers[0]) == 64 and answers[1] == answers[0]
 
 
-@pytest.mark.parametrize("ftype", ["Q8_0", "Q4_0", "Q4_1", "Q5_0"])
-@pytest.mark.parametrize("arch, n_head, n_head_kv", ARCHS[2:])
+@pytest.mark.parametrize("arch, n_head, n_head_kv, ftype", QUANTIZED)
 def test_logits_agree_on_quantized_weights(arch: str, n_head: int, n_head_kv: int, ftype: str, vocabulary, tmp_path: Path, record_property) -> None:
     """The same tiny model quantized by llama.cpp: both engines read the same blocks, and
     each quantizes activations to 8 bits its own way (the order of the sums differs), so the
-    logits agree to within a few per cent of their spread, as the embedded model's do."""
+    logits agree to within a few per cent of their spread, as the embedded model's do.
+
+    A mixture of experts adds routing: where a row's k-th and next expert nearly tie, the
+    two engines' roundings can choose apart, and that row's FFN is another expert's (its
+    logits differ by a third of their spread on these random weights; its keys and values
+    then move later rows a little). Those rows are counted and left out, up to 5 %; the
+    rest are held to the same bounds. (Measured: one such row in 100, two at Q4_1, each
+    where our router's two probabilities were within 0.5 % of each other; none at F16.)"""
     import llama_cpp
 
     f32 = tiny_model(tmp_path / f"tiny-{arch}.gguf", arch, vocabulary, n_head, n_head_kv, np.random.default_rng(7))
@@ -237,7 +261,13 @@ def test_logits_agree_on_quantized_weights(arch: str, n_head: int, n_head_kv: in
     ours = native.forward(batch)
     native.close()
     diff, spread = np.abs(ours - theirs), np.abs(theirs).max()
-    record_property("agreement", f"{arch} {ftype}: max |diff| {diff.max():.4f} of max |logit| {spread:.3f}, top-1 {np.mean(ours.argmax(1) == theirs.argmax(1)):.3f}")
+    apart = np.flatnonzero(diff.max(axis=1) >= 0.1 * spread) if arch in MOE else np.array([], int)
+    record_property(
+        "agreement", f"{arch} {ftype}: max |diff| {diff.max():.4f} of max |logit| {spread:.3f}, top-1 {np.mean(ours.argmax(1) == theirs.argmax(1)):.3f}, "
+        f"rows routed apart {len(apart)}"
+    )  # fmt: skip
+    assert len(apart) <= 0.05 * len(theirs)
+    ours, theirs, diff = (np.delete(a, apart, axis=0) for a in (ours, theirs, diff))
     assert diff.max() < 0.1 * spread and diff.mean() < 0.02 * np.abs(theirs).mean()
     # Where the top tokens differ, theirs were a near tie: ours is within twice the largest
     # difference of llama.cpp's best (random weights make near ties common).
@@ -254,7 +284,8 @@ def test_the_engines_features_on_each_new_architecture(arch: str, n_head: int, n
     from localinfer.engine.constraints import Constraint
     from localinfer.engine.speculative import DraftConfig
 
-    path = tiny_model(tmp_path / f"tiny-{arch}.gguf", arch, vocabulary, n_head, n_head_kv, np.random.default_rng(13))
+    # qwen3moe's untied output seldom repeats itself, which prompt lookup needs: at seed 22 it does
+    path = tiny_model(tmp_path / f"tiny-{arch}.gguf", arch, vocabulary, n_head, n_head_kv, np.random.default_rng(22 if arch in MOE else 13))
     greedy = SamplingParams(temperature=0, repeat_penalty=1.0, max_tokens=24, ignore_eos=True)
     prompt = np.random.default_rng(2).integers(100, 40000, size=16).tolist() * 2  # repeats, for prompt lookup to draft from
     native = NativeBackend.load(path, LoadParams(n_ctx=N_CTX, n_threads=THREADS, n_seq_max=2))
@@ -281,6 +312,93 @@ def test_the_engines_features_on_each_new_architecture(arch: str, n_head: int, n
         backend.close()
     theirs, ours = results
     assert np.abs(ours - theirs).mean() < 0.02 * np.abs(theirs).mean(), kv
+
+
+@pytest.mark.parametrize("kernels", ["c", "numba"])
+def test_a_mixture_of_experts_rows_logits_do_not_depend_on_the_batch(kernels: str, vocabulary, tmp_path: Path) -> None:
+    """The experts run over the rows that chose them, grouped; a row's logits must still be
+    its own, bit for bit: four sequences' next tokens in one batch equal each sent alone, and
+    a prompt whose every row wants logits equals its tokens decoded one by one."""
+    path = tiny_model(tmp_path / "tiny-qwen3moe.gguf", "qwen3moe", vocabulary, 4, 2, np.random.default_rng(17))
+    rng = np.random.default_rng(4)
+    prompts = [rng.integers(100, 40000, size=6 + 3 * s).tolist() for s in range(4)]
+    nexts = rng.integers(100, 40000, size=4).tolist()
+    native = NativeBackend.load(path, LoadParams(n_ctx=N_CTX, n_threads=THREADS, n_seq_max=4, kernels=kernels))
+    try:
+        for s, prompt in enumerate(prompts):
+            native.forward(Batch.for_sequence(prompt, 0, seq_id=s))
+        together = native.forward(Batch.of_rows((s, [nexts[s]], len(prompts[s]), 1) for s in range(4)))
+        alone = []
+        for s, prompt in enumerate(prompts):
+            native.kv_truncate(s, len(prompt))
+            alone.append(native.forward(Batch.for_sequence([nexts[s]], len(prompt), seq_id=s)))
+        assert np.array_equal(together, np.concatenate(alone))
+        tokens = prompts[3] + nexts
+        native.kv_clear(0)
+        batched = native.forward(Batch.for_sequence(tokens, 0, seq_id=0, all_logits=True))
+        native.kv_clear(0)
+        one_by_one = [native.forward(Batch.for_sequence([t], i, seq_id=0)) for i, t in enumerate(tokens)]
+        assert np.array_equal(batched, np.concatenate(one_by_one))
+    finally:
+        native.close()
+
+
+def test_a_mixture_of_experts_drafting_for_itself_decodes_token_for_token(vocabulary, tmp_path: Path) -> None:
+    """Speculation on a mixture of experts: the model loaded twice, as its own draft model,
+    proposes what the target then chooses, so the target verifies several rows at once, each
+    routed alone; the greedy tokens equal plain decoding, and drafts are accepted."""
+    from localinfer.engine.draft_model import DraftModel
+    from localinfer.engine.speculative import DraftConfig
+
+    from ..engine.test_speculative import CHEAP_VERIFIES
+
+    path = tiny_model(tmp_path / "tiny-qwen3moe.gguf", "qwen3moe", vocabulary, 4, 2, np.random.default_rng(13))
+    greedy = SamplingParams(temperature=0, repeat_penalty=1.0, max_tokens=32, ignore_eos=True)
+    prompt = np.random.default_rng(2).integers(100, 40000, size=16).tolist()
+    params = LoadParams(n_ctx=N_CTX, n_threads=THREADS)
+    target, draft = NativeBackend.load(path, params), NativeBackend.load(path, params)
+    try:
+        plain = Engine(target).complete(prompt, greedy).tokens
+        config = DraftConfig(assumed_costs=CHEAP_VERIFIES, assumed_draft_step=0.2)  # draft lengths that do not depend on the machine's load
+        drafted = Engine(target, draft=config, drafter=DraftModel(draft, 1, "self")).complete(prompt, greedy)
+        assert drafted.tokens == plain and drafted.timings.model_accepted > 0
+    finally:
+        draft.close()
+        target.close()
+
+
+@pytest.mark.parametrize("kernels", ["c", "numba"])
+def test_experts_no_row_chooses_are_never_computed(kernels: str, vocabulary, tmp_path: Path) -> None:
+    """Half the experts are chosen by no token (their router rows are 0 beside pairs (v, -v))
+    and their weights are NaN: the logits are finite, and agree with llama.cpp's, which runs
+    only the chosen experts too. (Seed 25: no row's pair is within 0.006 of a tie, which
+    F32's rounding cannot cross; at seed 23 one was within 1e-5, and llama.cpp chose apart.)"""
+    n_expert = MOE["qwen3moe"][0]
+    path = tiny_model(tmp_path / "tiny-qwen3moe.gguf", "qwen3moe", vocabulary, 4, 2, np.random.default_rng(25), idle_experts=n_expert // 2)
+    batch = Batch.for_sequence(np.random.default_rng(8).integers(100, 40000, size=100).tolist(), 0, all_logits=True)
+    reference = LlamaCppBackend.load(path, LoadParams(n_ctx=N_CTX, n_threads=THREADS))
+    theirs = reference.forward(batch)
+    reference.close()
+    native = NativeBackend.load(path, LoadParams(n_ctx=N_CTX, n_threads=THREADS, kernels=kernels))
+    ours = native.forward(batch)
+    decoded = native.forward(Batch.for_sequence([int(ours[-1].argmax())], len(batch), seq_id=0))
+    native.close()
+    assert np.isfinite(theirs).all() and np.isfinite(ours).all() and np.isfinite(decoded).all()
+    diff = np.abs(ours - theirs)
+    assert np.mean(ours.argmax(axis=1) == theirs.argmax(axis=1)) >= 0.99
+    assert diff.mean() < 0.01 * np.abs(theirs).mean() and diff.max() < 0.05 * np.abs(theirs).max(), (diff.mean(), diff.max())
+
+
+def test_a_layer_tensor_the_engine_would_not_read_is_refused(vocabulary, tmp_path: Path) -> None:
+    """A tensor the forward pass would leave out (here a shared expert's gate, as qwen2moe
+    has) is a model it would compute wrongly: one line names it."""
+    from localinfer.backends.native.config import UnsupportedModel
+
+    extra = {"blk.1.ffn_gate_inp_shexp.weight": np.ones(N_EMBD, np.float32)}
+    path = tiny_model(tmp_path / "extra.gguf", "qwen3moe", first_tokens(vocabulary, 1024), 4, 2, np.random.default_rng(0), extra=extra)
+    with pytest.raises(UnsupportedModel) as refused:
+        NativeBackend.load(path, LoadParams(n_ctx=N_CTX, n_threads=THREADS))
+    assert "blk.1.ffn_gate_inp_shexp.weight" in str(refused.value) and "--engine llama.cpp" in str(refused.value) and "\n" not in str(refused.value)
 
 
 def resident_bytes(array: np.ndarray) -> int:

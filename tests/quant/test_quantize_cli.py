@@ -208,7 +208,7 @@ def test_leave_output_tensor(model_path: Path, tmp_path: Path) -> None:
 def test_mxfp4_moe_on_a_mixture_of_experts(model_path: Path, tmp_path: Path) -> None:
     """llama.cpp's MXFP4_MOE, one of the types the command takes from llama.cpp: on a tiny
     qwen3moe the expert tensors become MXFP4, the routers stay F32, the rest is Q8_0; and
-    the file answers (the llama.cpp engine: the native one does not run a MoE yet)."""
+    the file answers (the llama.cpp engine: the native one has no MXFP4 kernels yet)."""
     import numpy as np
 
     from ..native.test_architectures import N_LAYER, first_tokens, tiny_model, vocabulary_of

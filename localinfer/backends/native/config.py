@@ -27,6 +27,9 @@ class Architecture:
     activation: str = "silu"  # the gated FFN's: silu (SwiGLU) or gelu (GeGLU, tanh approximation)
     fused_gate_up: bool = False  # ffn_up holds the gate's rows, then the up's (phi3)
     sliding_window: bool = False  # local layers attend to the last n_swa positions (gemma3)
+    # A mixture of experts in place of the FFN (None: a dense one): how its router picks a
+    # token's experts and weighs them (localinfer_native.types.MoeFFN's `gating`).
+    router: str | None = None
 
 
 # What the native engine runs. SmolLM, SmolLM2 and Mistral GGUFs are all written as "llama".
@@ -36,6 +39,7 @@ ARCHITECTURES = {
     "qwen3": Architecture("neox", qk_norm=True),
     "gemma3": Architecture("neox", qk_norm=True, post_norms=True, embed_scale=True, activation="gelu", sliding_window=True),
     "phi3": Architecture("neox", fused_gate_up=True),
+    "qwen3moe": Architecture("neox", qk_norm=True, router="softmax_norm"),
 }
 
 
@@ -74,6 +78,9 @@ class ModelConfig:
     window: int  # n_swa: a local layer's query sees this many positions, its own included (0: none)
     local_layers: tuple[bool, ...]  # per layer: does it attend within the window?
     logit_softcap: float  # logits = cap * tanh(logits / cap) where not 0
+    n_expert: int = 0  # a mixture of experts' experts per layer (0: a dense FFN)
+    n_expert_used: int = 0  # the experts each token runs
+    n_ff_exp: int = 0  # one expert's FFN width
 
     @classmethod
     def from_gguf(cls, info: GGUFInfo) -> ModelConfig:
@@ -87,9 +94,10 @@ class ModelConfig:
         head_dim = meta.get("attention.key_length", info.n_embd // info.n_head, int)
         if meta.get("attention.value_length", head_dim, int) != head_dim:
             raise UnsupportedModel("keys and values of different sizes are not run by the native engine; use --engine llama.cpp")
-        n_ff = meta.get("feed_forward_length", None, int)
+        n_expert, n_expert_used, n_ff_exp = meta.experts(kind)
+        n_ff = meta.get("feed_forward_length", 0 if n_expert else None, int)  # a mixture of experts may have none
         rope = meta.rope(head_dim)
-        if n_ff <= 0 or head_dim <= 0 or head_dim % 2 or info.n_head % info.n_head_kv or not 0 < rope.dims <= head_dim or rope.dims % 2 or info.n_vocab <= 0:
+        if (n_ff <= 0 and not n_expert) or head_dim <= 0 or head_dim % 2 or info.n_head % info.n_head_kv or not 0 < rope.dims <= head_dim or rope.dims % 2 or info.n_vocab <= 0:
             raise InvalidModelFile(
                 f"{info.path.name} has inconsistent sizes (heads {info.n_head}/{info.n_head_kv}, head size {head_dim}, "
                 f"rotated dims {rope.dims}, feed-forward {n_ff}, vocabulary {info.n_vocab})"
@@ -106,6 +114,7 @@ class ModelConfig:
             rope=rope, rope_local=Rope(meta.positive("rope.freq_base_swa", 10000.0), rope.dims) if window else rope,
             n_ctx_orig=meta.get("rope.scaling.original_context_length", info.context_length or 0, int),
             attn_scale=1.0 / math.sqrt(scale_dim), window=window, local_layers=local, logit_softcap=softcap,
+            n_expert=n_expert, n_expert_used=n_expert_used, n_ff_exp=n_ff_exp,
         )  # fmt: skip
 
 
@@ -151,6 +160,26 @@ class Metadata:
             linear_scale=factor if scaling == "linear" else 1.0,
             attn_factor=self.positive("rope.scaling.attn_factor", 1.0),
         )
+
+    def experts(self, kind: Architecture) -> tuple[int, int, int]:
+        """(experts, experts per token, an expert's FFN width), (0, 0, 0) for a dense model,
+        as llama.cpp reads them: the width falls back to feed_forward_length / experts per
+        token where the file does not say it (qwen3moe)."""
+        n_expert = self.get("expert_count", 0, int)
+        if kind.router is None:
+            if n_expert > 0:
+                raise UnsupportedModel(f"the native engine does not run a mixture of experts written as '{self.arch}' (Mixtral's kind); use --engine llama.cpp")
+            return 0, 0, 0
+        n_used = self.get("expert_used_count", 0, int)
+        if not 0 < n_used <= n_expert:
+            raise InvalidModelFile(f"{self.info.path.name} has {n_used} experts per token of {n_expert} ({self.arch}.expert_used_count, expert_count)")
+        if self.raw("expert_feed_forward_length") is None:
+            n_ff_exp = self.get("feed_forward_length", 0, int) // n_used
+        else:
+            n_ff_exp = self.get("expert_feed_forward_length", 0, int)
+        if n_ff_exp <= 0:
+            raise InvalidModelFile(f"{self.info.path.name} has no usable {self.arch}.expert_feed_forward_length, which the native engine needs")
+        return n_expert, n_used, n_ff_exp
 
     def sliding_window(self, n_layer: int) -> tuple[int, tuple[bool, ...]]:
         """(n_swa, which layers are local), as llama.cpp reads them: without a window every

@@ -7,6 +7,7 @@ tokens of several sequences at any positions: products run over all rows at once
 attention runs per sequence against that sequence's cache. A few rows of one sequence (a
 decode token, a speculative verify, a draft's catch-up) run through the kernel set's fused
 decode step where it has one: the same operations in the same order, every layer in one call.
+A mixture of experts' layer (qwen3moe) calls moe.py's FFN in place of gate/up and down.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from gguf.quants import dequantize
 
 from localinfer.backends.native.config import ModelConfig, Rope
 from localinfer.backends.native.kvcache import KVCache
+from localinfer.backends.native.moe import MixtureOfExperts
 from localinfer.backends.native.weights import Weights
 from localinfer_native import Kernels
 from localinfer_native.types import DecodeLayer, DecodePlan
@@ -67,8 +69,9 @@ class Workspace:
         self.v3 = self.v.reshape(n, c.n_head_kv, c.head_dim)
         self.attn = np.empty((n, c.n_head * c.head_dim), f32)
         self.o = np.empty((n, c.n_embd), f32)
-        self.gate = np.empty((n, c.n_ff), f32)
-        self.up = np.empty((n, c.n_ff), f32)
+        n_ff = 0 if c.n_expert else c.n_ff  # a mixture of experts keeps its own (moe.py)
+        self.gate = np.empty((n, n_ff), f32)
+        self.up = np.empty((n, n_ff), f32)
         self.qkv_out = (self.q, self.k, self.v)
         self.o_out = (self.o,)
         self.gate_up_out = (self.gate, self.up)
@@ -89,13 +92,16 @@ class Transformer:
         # Bind every product once: q/k/v and gate/up each run as one fused kernel call.
         self.qkv = [kernels.matmul_op([lw.wq, lw.wk, lw.wv]) for lw in weights.layers]
         self.attn_out = [kernels.matmul_op([lw.wo]) for lw in weights.layers]
-        self.gate_up = [kernels.matmul_op([lw.w_gate, lw.w_up]) for lw in weights.layers]
-        self.down = [kernels.matmul_op([lw.w_down]) for lw in weights.layers]
+        # A mixture of experts' layer binds each expert's products in its place (None here).
+        self.gate_up = [kernels.matmul_op([lw.w_gate, lw.w_up]) if lw.moe is None else None for lw in weights.layers]
+        self.down = [kernels.matmul_op([lw.w_down]) if lw.moe is None else None for lw in weights.layers]
+        self.experts = [MixtureOfExperts(lw.moe, kernels) if lw.moe is not None else None for lw in weights.layers]
         self.lm_head = kernels.matmul_op([weights.output])
         self.scale = config.attn_scale
         self.peak_activation_bytes = 0  # the largest working set of one forward call so far
         self._workspaces: dict[int, Workspace] = {}
-        self.decode_step = kernels.decode_step(self._decode_plan())  # None: the operations one by one
+        # None: the operations one by one (a mixture of experts' always, for now: decode.c has no router)
+        self.decode_step = kernels.decode_step(self._decode_plan()) if not config.n_expert else None
 
     def _decode_plan(self) -> DecodePlan:
         """Every layer and shape a fused decode step binds, with buffers of its own."""
@@ -119,7 +125,9 @@ class Transformer:
 
     def _note_activations(self, n: int, longest: int, n_wanted: int) -> None:
         c = self.config
-        per_row = 4 * c.n_embd + 2 * c.n_head * c.head_dim + 2 * c.n_head_kv * c.head_dim + 2 * c.n_ff
+        # a mixture of experts: router logits, an expert's gate/up and its rows in and out, each slot's output
+        ffn = 2 * c.n_ff_exp + c.n_expert + (c.n_expert_used + 2) * c.n_embd if c.n_expert else 2 * c.n_ff
+        per_row = 4 * c.n_embd + 2 * c.n_head * c.head_dim + 2 * c.n_head_kv * c.head_dim + ffn
         scores = c.n_head * n * longest
         self.peak_activation_bytes = max(self.peak_activation_bytes, 4 * (n * per_row + scores + n_wanted * c.n_vocab))
 
@@ -215,9 +223,12 @@ class Transformer:
 
             # Feed-forward block.
             k_ops.rms_norm(x, lw.ffn_norm, eps, h)
-            self.gate_up[layer](h, ws.gate_up_out, n_fast)
-            activation(ws.gate, ws.up)
-            self.down[layer](ws.gate, ws.o_out, n_fast)
+            if self.experts[layer] is not None:
+                self.experts[layer](h, ws.o, n_fast)
+            else:
+                self.gate_up[layer](h, ws.gate_up_out, n_fast)
+                activation(ws.gate, ws.up)
+                self.down[layer](ws.gate, ws.o_out, n_fast)
             if lw.post_ffn_norm is not None:
                 k_ops.rms_norm(ws.o, lw.post_ffn_norm, eps, ws.o)
             x += ws.o

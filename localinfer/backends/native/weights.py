@@ -17,6 +17,7 @@ from localinfer.backends.native.config import ModelConfig, UnsupportedModel
 from localinfer.errors import InvalidModelFile
 from localinfer.modelfile import GGUFInfo, TensorInfo
 from localinfer_native import Kernels, QMatrix
+from localinfer_native.types import MoeFFN
 
 
 @dataclass(frozen=True)
@@ -33,10 +34,11 @@ class LayerWeights:
     wo: QMatrix
     post_attn_norm: np.ndarray | None  # gemma3: the attention's output RMS-normed before the residual add
     ffn_norm: np.ndarray
-    w_gate: QMatrix
-    w_up: QMatrix
-    w_down: QMatrix
+    w_gate: QMatrix | None  # None where a mixture of experts takes the FFN's place
+    w_up: QMatrix | None
+    w_down: QMatrix | None
     post_ffn_norm: np.ndarray | None  # gemma3: likewise the FFN's
+    moe: MoeFFN | None = None  # qwen3moe: the router and the stacked experts
 
 
 @dataclass
@@ -61,6 +63,7 @@ class Weights:
             raise InvalidModelFile(f"{path.name} changed while it was being loaded")
         c, read = config, TensorReader(path, mm, info, config, kernels)
         layers = [read.layer(i) for i in range(c.n_layer)]
+        read.refuse_unread_layer_tensors()
         token_embd = read.matrix("token_embd.weight", c.n_embd, c.n_vocab)
         half, has = c.rope.dims // 2, read.tensors.__contains__
         return cls(
@@ -89,6 +92,7 @@ class TensorReader:
     def __init__(self, path: Path, mm: mmap.mmap, info: GGUFInfo, config: ModelConfig, kernels: Kernels) -> None:
         self.path, self.mm, self.config, self.kernels = path, mm, config, kernels
         self.tensors = {t.name: t for t in info.tensors}
+        self.read: set[str] = set()  # the names a view was made of
 
     def raw(self, t: TensorInfo, shape: tuple[int, ...]) -> np.ndarray:
         got = t.shape
@@ -96,16 +100,48 @@ class TensorReader:
             got = got[:-1]
         if got != shape:
             raise InvalidModelFile(f"{self.path.name} has tensor {t.name} of shape {list(t.shape)} where this model's sizes need {list(shape)}")
+        self.read.add(t.name)
         return np.frombuffer(self.mm, dtype=np.uint8, count=t.nbytes, offset=t.offset)
 
     def matrix(self, name: str, cols: int, rows: int) -> QMatrix:
+        t, qtype = self.weight(name)
+        return QMatrix.from_array(qtype, self.raw(t, (cols, rows)), cols)
+
+    def experts(self, name: str, cols: int, rows: int) -> QMatrix:
+        """A mixture of experts' stacked tensor, {cols, rows, n_expert} in GGUF's order, as
+        one matrix of n_expert * rows rows (a view: expert e's are rows e * rows onwards)."""
+        t, qtype = self.weight(name)
+        return QMatrix.from_array(qtype, self.raw(t, (cols, rows, self.config.n_expert)), cols)
+
+    def weight(self, name: str) -> tuple[TensorInfo, GGMLQuantizationType]:
+        """A weight tensor the model needs, in a type the kernels run."""
         t = self.tensors.get(name)
         if t is None:
             raise UnsupportedModel(f"{self.path.name} has no tensor '{name}', which a {self.config.architecture} model needs; use --engine llama.cpp")
         qtype = GGMLQuantizationType(t.type)
         if qtype not in self.kernels.supported_types:
             raise UnsupportedModel(f"type {qtype.name} (tensor {name}) is not supported by the native engine's {self.kernels.name} kernels; use --engine llama.cpp")
-        return QMatrix.from_array(qtype, self.raw(t, (cols, rows)), cols)
+        return t, qtype
+
+    def refuse_unread_layer_tensors(self) -> None:
+        """A layer tensor the forward pass would not read means a part of the model it would
+        leave out (a bias, a shared expert, a newer file's scales): refuse it, as llama.cpp
+        refuses a file with tensors it did not create."""
+        unread = sorted(name for name in self.tensors if name.startswith("blk.") and name not in self.read)
+        if unread:
+            more = f" and {len(unread) - 3} more" if len(unread) > 3 else ""
+            raise UnsupportedModel(f"{self.path.name} has layer tensors the native engine does not read ({', '.join(unread[:3])}{more}); use --engine llama.cpp")
+
+    def moe(self, p: str) -> MoeFFN:
+        """Layer prefix p's router and experts (llama_model_qwen3moe's tensors)."""
+        c = self.config
+        return MoeFFN(
+            router=self.matrix(p + "ffn_gate_inp.weight", c.n_embd, c.n_expert),
+            gate=self.experts(p + "ffn_gate_exps.weight", c.n_embd, c.n_ff_exp),
+            up=self.experts(p + "ffn_up_exps.weight", c.n_embd, c.n_ff_exp),
+            down=self.experts(p + "ffn_down_exps.weight", c.n_ff_exp, c.n_embd),
+            n_expert=c.n_expert, n_used=c.n_expert_used, gating=c.kind.router,
+        )  # fmt: skip
 
     def vector(self, name: str, length: int, required: bool = True) -> np.ndarray | None:
         t = self.tensors.get(name)
@@ -125,6 +161,17 @@ class TensorReader:
             start += rows
         return parts
 
+    def ffn(self, p: str) -> tuple[QMatrix | None, QMatrix | None, QMatrix | None, MoeFFN | None]:
+        """Layer prefix p's gate, up and down matrices, or its mixture of experts."""
+        c = self.config
+        if c.kind.router:
+            return None, None, None, self.moe(p)
+        if c.kind.fused_gate_up:  # phi3: the gate's rows, then the up's
+            w_gate, w_up = self.split(p + "ffn_up.weight", c.n_embd, (c.n_ff, c.n_ff))
+        else:
+            w_gate, w_up = self.matrix(p + "ffn_gate.weight", c.n_embd, c.n_ff), self.matrix(p + "ffn_up.weight", c.n_embd, c.n_ff)
+        return w_gate, w_up, self.matrix(p + "ffn_down.weight", c.n_ff, c.n_embd), None
+
     def layer(self, i: int) -> LayerWeights:
         c, p, matrix, vector = self.config, f"blk.{i}.", self.matrix, self.vector
         q_dim, kv_dim = c.n_head * c.head_dim, c.n_head_kv * c.head_dim
@@ -132,10 +179,7 @@ class TensorReader:
             wq, wk, wv = self.split(p + "attn_qkv.weight", c.n_embd, (q_dim, kv_dim, kv_dim))
         else:
             wq, wk, wv = (matrix(p + f"attn_{x}.weight", c.n_embd, rows) for x, rows in (("q", q_dim), ("k", kv_dim), ("v", kv_dim)))
-        if c.kind.fused_gate_up:  # phi3: the gate's rows, then the up's
-            w_gate, w_up = self.split(p + "ffn_up.weight", c.n_embd, (c.n_ff, c.n_ff))
-        else:
-            w_gate, w_up = matrix(p + "ffn_gate.weight", c.n_embd, c.n_ff), matrix(p + "ffn_up.weight", c.n_embd, c.n_ff)
+        w_gate, w_up, w_down, moe = self.ffn(p)
         qk_norm, post = c.kind.qk_norm, c.kind.post_norms
         lw = LayerWeights(
             attn_norm=vector(p + "attn_norm.weight", c.n_embd),
@@ -148,9 +192,9 @@ class TensorReader:
             wo=matrix(p + "attn_output.weight", q_dim, c.n_embd),
             post_attn_norm=vector(p + "post_attention_norm.weight", c.n_embd) if post else None,
             ffn_norm=vector(p + "ffn_norm.weight", c.n_embd),
-            w_gate=w_gate, w_up=w_up,
-            w_down=matrix(p + "ffn_down.weight", c.n_ff, c.n_embd),
+            w_gate=w_gate, w_up=w_up, w_down=w_down,
             post_ffn_norm=vector(p + "post_ffw_norm.weight", c.n_embd) if post else None,
+            moe=moe,
         )  # fmt: skip
         if len({lw.q_bias is None, lw.k_bias is None, lw.v_bias is None}) > 1:
             raise InvalidModelFile(f"{self.path.name} has some of layer {i}'s q/k/v biases but not all three")
