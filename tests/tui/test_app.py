@@ -137,8 +137,11 @@ def test_esc_stops_the_reply_keeps_it_and_frees_the_slot(tmp_path: Path) -> None
         app = new_app(store, chat_id=chat_id)
         async with app.run_test(size=SIZE) as pilot:
             await until(pilot, ready(app))
-            app.query_one(PromptInput).text = "Tell me a very long story about a dragon and a knight."
-            await pilot.press("enter")
+            prompt = app.query_one(PromptInput)
+            prompt.text = "Tell me a very long story about a dragon and a knight."
+            # Sent as Enter sends it, without Pilot.press: press waits for the app to be idle,
+            # which a streaming reply is not, so it could return only once the reply had ended.
+            prompt.post_message(PromptInput.Submitted(prompt.text))
             await until(pilot, lambda: app.reply is not None and app.reply.figures.tokens >= 5)
             engine = app.model.engine
             assert engine.n_running == 1
