@@ -144,19 +144,24 @@ class DraftModel:
         self._cached[slot] = []
         self.backend.kv_clear(slot)
 
-    def draft_seconds(self, k: int) -> float | None:
-        """What drafting k tokens for one request costs: its first position, then k - 1 more,
-        each the median of the recent ones; None before DRAFT_SAMPLES first positions were
-        timed. Apart, because llama.cpp's forward costs by the row: the first position's 2 rows
-        took 11.5 ms and a later one's 6.5 (a Q4_1 draft beside an F32 target at 9.4), and one
-        mean of both made the draft look as dear as its target."""
+    def position_seconds(self) -> tuple[float, float] | None:
+        """What one request's draft positions cost: (its first, each later one), each the
+        median of the recent ones; None before DRAFT_SAMPLES first positions were timed. Apart,
+        because llama.cpp's forward costs by the row: the first position's 2 rows took 11.5 ms
+        and a later one's 6.5 (a Q4_1 draft beside an F32 target at 9.4), and one mean of both
+        made the draft look as dear as its target."""
         if len(self._first) < DRAFT_SAMPLES:
             return None
         first = median(self._first)
         # Until later positions were timed, the first's cost a row: a guess on the cheap side,
         # so that longer drafts get tried and timed (one on the dear side kept K at 1 for good).
         later = median(self._later) if len(self._later) >= 2 else first / max(1.0, median(self._first_rows))
-        return first + (k - 1) * later if k > 0 else 0.0
+        return first, later
+
+    def draft_seconds(self, k: int) -> float | None:
+        """What drafting k tokens for one request costs: its first position, then k - 1 more."""
+        costs = self.position_seconds()
+        return None if costs is None else (costs[0] + (k - 1) * costs[1] if k > 0 else 0.0)
 
     def close(self) -> None:
         self.backend.close()

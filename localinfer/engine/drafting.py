@@ -66,7 +66,7 @@ class Drafting:
 
     def drafts(self, decoding: list[Request], prefills: list[tuple[Request, list[int], int, int]]) -> dict[int, list[int]]:
         """This step's drafts, by request (speculative.py): prompt lookup's where it finds one
-        and has lately held at least as well as the draft model, else the draft model's, for
+        and lately promised as many tokens per cost as the draft model, else the draft model's, for
         every request at once in draft_model.py's stage; never more than the request's room
         (`Request.draft_room`). The draft model also takes this step's `prefills` chunks (rows
         as step() builds them), so a long prompt is not left to the first decode step; all but
@@ -118,10 +118,11 @@ class Drafting:
         (the draft's cost as timed, else assumed: the bytes ratio per token)."""
         ks = np.arange(len(verify))
         step, plain = self.config.assumed_draft_step, self.clock.seconds(base)
-        measured = self.drafter.draft_seconds(1) if step is None else None  # type: ignore[union-attr]
+        measured = self.drafter.position_seconds() if step is None else None  # type: ignore[union-attr]
         if measured is None or not plain:
             return verify + (self._draft_prior if step is None else step) * ks
-        return verify + np.array([self.drafter.draft_seconds(int(k)) for k in ks]) / plain  # type: ignore[union-attr]
+        first, later = measured
+        return verify + np.where(ks > 0, first + (ks - 1) * later, 0.0) / plain
 
     def _chooser(self, seq: Request) -> Chooser:
         """How the draft model picks a request's tokens: the request's own sampling settings
