@@ -219,7 +219,7 @@ class LlamaCppBackend(LlamaTokenized, Backend):
 
         self._tok = Tokenizer(self._model)
         self._n_vocab = self._tok.info.n_vocab
-        self._views: dict[object, np.ndarray] = {}  # numpy views of llama.cpp's logits, by address (and rows)
+        self._views: dict[tuple[int | None, int | None], np.ndarray] = {}  # numpy views of llama.cpp's logits, by address and rows
 
         self._facts = ModelFacts(
             path=path,
@@ -263,14 +263,9 @@ class LlamaCppBackend(LlamaTokenized, Backend):
         self._live()
         self._decode_chunk(batch, 0, len(batch))
         n_out = int(np.count_nonzero(batch.want_logits))
-        ptr = C.llama_get_logits(self._ctx)
-        key = (ctypes.cast(ptr, ctypes.c_void_p).value, n_out)
-        view = self._views.get(key)
-        if view is None:
-            if len(self._views) > 4096:
-                self._views.clear()
-            view = self._views[key] = np.ctypeslib.as_array(ptr, shape=(n_out, self._n_vocab)) if n_out else np.empty((0, self._n_vocab), np.float32)
-        return view
+        if not n_out:
+            return np.empty((0, self._n_vocab), np.float32)
+        return self._logits_view(C.llama_get_logits(self._ctx), n_out)
 
     def embed(self, batch: Batch) -> np.ndarray:
         """llama.cpp's embeddings output of a generative model is the final-norm hidden
@@ -310,14 +305,15 @@ class LlamaCppBackend(LlamaTokenized, Backend):
         if rc != 0:
             raise BackendError(f"llama_decode failed with code {rc}: {last_error()}")
 
-    def _logits_view(self, ptr: ctypes._Pointer) -> np.ndarray:
-        """A numpy view of one row of llama.cpp's logits, cached per address (decode hot path)."""
-        addr = ctypes.cast(ptr, ctypes.c_void_p).value
-        view = self._views.get(addr)
+    def _logits_view(self, ptr: ctypes._Pointer, rows: int | None = None) -> np.ndarray:
+        """A numpy view of llama.cpp's logits from `ptr`: one row, or `rows` of them; cached
+        per address and shape (decode hot path)."""
+        key = (ctypes.cast(ptr, ctypes.c_void_p).value, rows)
+        view = self._views.get(key)
         if view is None:
             if len(self._views) > 4096:
                 self._views.clear()
-            view = self._views[addr] = np.ctypeslib.as_array(ptr, shape=(self._n_vocab,))
+            view = self._views[key] = np.ctypeslib.as_array(ptr, shape=(self._n_vocab,) if rows is None else (rows, self._n_vocab))
         return view
 
     # --- KV cache ----------------------------------------------------------------

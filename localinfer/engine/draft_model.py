@@ -94,7 +94,7 @@ class DraftModel:
             if fits and r.k > 0:
                 wanting[r.slot] = r
         drafts = {slot: Draft([], []) for slot in wanting}
-        timed, first = self._first, True
+        first = True
         while rows:
             t0 = time.perf_counter()
             logits, out, following = self._forward(rows), 0, []
@@ -111,10 +111,10 @@ class DraftModel:
                 if len(draft.tokens) < r.k:
                     following.append((slot, [pick[0]], start + len(tokens), True))
             if out and all(len(tokens) <= 2 for _, tokens, _, _ in rows):  # not a catch-up of a whole prompt
-                timed.append((time.perf_counter() - t0) / out)
+                (self._first if first else self._later).append((time.perf_counter() - t0) / out)
                 if first:
                     self._first_rows.append(sum(len(tokens) for _, tokens, _, _ in rows) // out)
-            rows, timed, first = following, self._later, False
+            rows, first = following, False
         return {slot: draft for slot, draft in drafts.items() if draft.tokens}
 
     def _sync(self, slot: int, context: list[int], leave: int) -> int:
@@ -158,10 +158,11 @@ class DraftModel:
         later = median(self._later) if len(self._later) >= 2 else first / max(1.0, median(self._first_rows))
         return first, later
 
-    def draft_seconds(self, k: int) -> float | None:
-        """What drafting k tokens for one request costs: its first position, then k - 1 more."""
+    def draft_seconds(self, k: int | np.ndarray) -> np.ndarray | None:
+        """What drafting k tokens for one request costs (k: a count, or an array of them): its
+        first position, then k - 1 more; None before the positions were timed."""
         costs = self.position_seconds()
-        return None if costs is None else (costs[0] + (k - 1) * costs[1] if k > 0 else 0.0)
+        return None if costs is None else np.where(np.asarray(k) > 0, costs[0] + (np.asarray(k) - 1) * costs[1], 0.0)
 
     def close(self) -> None:
         self.backend.close()

@@ -118,11 +118,10 @@ class Drafting:
         (the draft's cost as timed, else assumed: the bytes ratio per token)."""
         ks = np.arange(len(verify))
         step, plain = self.config.assumed_draft_step, self.clock.seconds(base)
-        measured = self.drafter.position_seconds() if step is None else None  # type: ignore[union-attr]
+        measured = self.drafter.draft_seconds(ks) if step is None else None  # type: ignore[union-attr]
         if measured is None or not plain:
             return verify + (self._draft_prior if step is None else step) * ks
-        first, later = measured
-        return verify + np.where(ks > 0, first + (ks - 1) * later, 0.0) / plain
+        return verify + measured / plain
 
     def _chooser(self, seq: Request) -> Chooser:
         """How the draft model picks a request's tokens: the request's own sampling settings

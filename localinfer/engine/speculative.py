@@ -232,12 +232,16 @@ class DraftState:
         on a compute-bound CPU), no trial is paid for."""
         gains = self._gains(cost)
         best = int(gains.argmax())
-        ks = np.arange(1, len(gains) + 1)
-        hopeless = float(((ks + 1) / cost[ks]).max()) < MIN_GAIN
-        if gains[best] < MIN_GAIN and (self.judged >= self.config.evidence or hopeless):
+        if gains[best] < MIN_GAIN and (self.judged >= self.config.evidence or self._hopeless(cost, len(gains))):
             self.paused, self.recent = self.config.retry_after, deque(maxlen=self.config.window)
             return 0
         return best + 1
+
+    @staticmethod
+    def _hopeless(cost: np.ndarray, k_max: int) -> bool:
+        """No K up to k_max gains MIN_GAIN even with every drafted token kept."""
+        ks = np.arange(1, k_max + 1)
+        return float(((ks + 1) / cost[ks]).max()) < MIN_GAIN
 
     def record(self, drafted: int, accepted: int) -> None:
         self.recent.append((drafted, accepted))
