@@ -13,13 +13,14 @@ from localinfer_native.types import KV_TYPES, DecodePlan, DecodeStep, kv_rotatio
 
 _P, _I64, _I32, _F = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int32, ctypes.c_float
 BUFFERS = ("h", "q", "k", "v", "attn", "o", "gate", "up")
-VECTORS = ("attn_norm", "ffn_norm", "q_bias", "k_bias", "v_bias", "q_norm", "k_norm", "post_attn_norm", "post_ffn_norm")  # a layer's, 0 where None
+VECTORS = ("attn_norm", "ffn_norm", "q_bias", "k_bias", "v_bias", "q_norm", "k_norm", "post_attn_norm", "post_ffn_norm", "o_bias")  # a layer's, 0 where None
+OPS = ("qkv", "o", "gate_up", "down", "moe")  # a layer's bound products; gate_up/down or moe 0
 
 
 class _Layer(ctypes.Structure):
     """li_layer in decode.c"""
 
-    _fields_ = [*((name, _P) for name in ("qkv", "o", "gate_up", "down", *VECTORS)), ("window", _I64)]
+    _fields_ = [*((name, _P) for name in (*OPS, *VECTORS)), ("window", _I64)]
 
 
 class _Decoder(ctypes.Structure):
@@ -52,13 +53,13 @@ def _address(a: np.ndarray | None) -> int | None:
     return a.ctypes.data
 
 
-def make_step(lib: ctypes.CDLL, plan: DecodePlan, structs: list[list[ctypes.Structure]], threads: ctypes.c_int32) -> DecodeStep:
-    """The step over `plan`; `structs` holds each layer's li_op structs (qkv, o, gate_up, down)."""
+def make_step(lib: ctypes.CDLL, plan: DecodePlan, structs: list[list[ctypes.Structure | None]], threads: ctypes.c_int32) -> DecodeStep:
+    """The step over `plan`; `structs` holds each layer's structs of OPS (li_op, li_moe), None where it has none."""
     bufs = plan.buffers
     layers = (_Layer * len(plan.layers))()
     for dst, lw, ops in zip(layers, plan.layers, structs):
-        for name, st in zip(("qkv", "o", "gate_up", "down"), ops):
-            setattr(dst, name, ctypes.addressof(st))
+        for name, st in zip(OPS, ops):
+            setattr(dst, name, ctypes.addressof(st) if st is not None else None)
         for name in VECTORS:
             setattr(dst, name, _address(getattr(lw, name)))
         dst.window = lw.window

@@ -20,10 +20,10 @@ from pathlib import Path
 
 import numpy as np
 
-from localinfer_native import KernelsUnavailable, c_decode, c_ops
-from localinfer_native.types import C_TYPES, DecodePlan, DecodeStep, MatmulOp, QMatrix
+from localinfer_native import KernelsUnavailable, c_decode, c_moe, c_ops
+from localinfer_native.types import C_TYPES, DecodePlan, DecodeStep, MatmulOp, MoeFFN, MoeOp, QMatrix
 
-ABI_VERSION = 6
+ABI_VERSION = 7
 MAX_MATS = 3
 _F32 = np.dtype(np.float32)
 _ERRORS = {1: "unsupported block type", 2: "row length not a multiple of the block size", 3: "bad arguments", 4: "out of memory"}
@@ -76,7 +76,7 @@ def _load(path: Path | None = None) -> ctypes.CDLL:
     if version != ABI_VERSION:
         raise KernelsUnavailable(f"{path.name} has ABI {version}, this localinfer needs {ABI_VERSION}; reinstall to rebuild it")
     lib.li_op_size.restype = ctypes.c_int
-    if lib.li_op_size() != ctypes.sizeof(_Op) or not c_decode.bind(lib):
+    if lib.li_op_size() != ctypes.sizeof(_Op) or not c_decode.bind(lib) or not c_moe.bind(lib):
         raise KernelsUnavailable(f"{path.name} was built with another op layout; reinstall to rebuild it")
     lib.li_build_info.restype = ctypes.c_char_p
     lib.li_build_info.argtypes = []
@@ -144,6 +144,7 @@ class CKernels(c_ops.COps):
         if not self._lib.li_amx_usable():  # built with AMX, but this OS or LOCALINFER_AMX=0 says no
             self._info = " ".join(w for w in self._info.split() if w != "amx")
         self._threads = ctypes.c_int32(threads or default_threads())
+        self._moe_scratch = c_moe.new_scratch(self._lib)  # one call at a time, as the forward runs
 
     @property
     def threads(self) -> int:
@@ -183,11 +184,21 @@ class CKernels(c_ops.COps):
             st.packed[i] = p.ctypes.data if p is not None else None
         return _make_op(self._lib.li_matmul_op, st, tuple(mats), panels, self._threads, k)
 
+    def moe_op(self, ffn: MoeFFN) -> MoeOp:
+        """moe.c's li_moe_ffn over the layer's stacked experts, each packed once as a whole."""
+        return c_moe.make_op(self._lib, ffn, self.matmul_op([ffn.router]), self._stacked_panels, self._threads, self._moe_scratch)
+
+    def _stacked_panels(self, m: QMatrix, n_expert: int) -> np.ndarray | None:
+        """A stacked expert tensor's panels, where each expert's rows fill whole panels (so
+        expert e's are the e-th equal share)."""
+        return self._packed(m) if (m.rows // n_expert) % 16 == 0 else None
+
     def decode_step(self, plan: DecodePlan) -> DecodeStep | None:
         """li_decode over the plan's layers, whose products this set bound (else None)."""
-        structs = [[_struct_of(op) for op in (lw.qkv, lw.o, lw.gate_up, lw.down)] for lw in plan.layers]
-        if any(st is None for ops in structs for st in ops):
-            return None
+        layer_ops = [(lw.qkv, lw.o, lw.gate_up, lw.down, lw.moe) for lw in plan.layers]
+        structs = [[_struct_of(op) if op is not None else None for op in ops] for ops in layer_ops]
+        if any(op is not None and st is None for ops, sts in zip(layer_ops, structs) for op, st in zip(ops, sts)):
+            return None  # an op another set bound
         return c_decode.make_step(self._lib, plan, structs, self._threads)
 
     def packs(self, m: QMatrix) -> bool:
@@ -247,10 +258,10 @@ def _drop_mapped_pages(data: np.ndarray) -> None:
         base.madvise(mmap.MADV_DONTNEED, first, end - first)
 
 
-def _struct_of(op: MatmulOp) -> _Op | None:
-    """The li_op struct behind an op that _make_op made."""
+def _struct_of(op: MatmulOp | MoeOp) -> ctypes.Structure | None:
+    """The C struct behind an op this set made: li_op (_make_op), li_moe (c_moe.make_op)."""
     keep = getattr(op, "_keep", None)
-    return keep[0] if keep and isinstance(keep[0], _Op) else None
+    return keep[0] if keep and isinstance(keep[0], (_Op, c_moe.MoeStruct)) else None
 
 
 def _make_op(fn, st: _Op, mats: tuple[QMatrix, ...], panels: list, threads: ctypes.c_int32, k: int) -> MatmulOp:

@@ -23,7 +23,8 @@ import numpy as np
 
 from localinfer_native.numba_ir import BLOCK, BYTES, F16_NATIVE, FLOAT_TYPES, NUMBA_TYPES, matmul, tag_dtype
 from localinfer_native.numba_ops import NumbaOps
-from localinfer_native.types import DecodePlan, MatmulOp, QMatrix
+from localinfer_native.moe import MixtureOfExperts
+from localinfer_native.types import DecodePlan, MatmulOp, MoeFFN, MoeOp, QMatrix
 
 
 class NumbaKernels(NumbaOps):
@@ -57,6 +58,10 @@ class NumbaKernels(NumbaOps):
             layer = numba.config.THREADING_LAYER
         f16 = "f16c" if F16_NATIVE else "soft f16"
         return f"numba {numba.__version__} ({layer} threading layer, {f16}, {self._threads} threads)"
+
+    def moe_op(self, ffn: MoeFFN) -> MoeOp:
+        """moe.py's loop over the experts' bound products."""
+        return MixtureOfExperts(ffn, self)
 
     def decode_step(self, plan: DecodePlan) -> None:
         """None: Numba's parallel regions are entered from Python, so a fused step would save

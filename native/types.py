@@ -84,7 +84,9 @@ class MoeFFN:
     (the file's [n_expert, rows, cols], so expert e owns rows [e * rows_e, (e + 1) * rows_e):
     views, nothing copied). Each token runs `n_used` experts, chosen by `gating`:
     "softmax_norm" is a softmax over every expert's logit, the n_used largest, their
-    weights divided by their sum (qwen3moe)."""
+    weights divided by their sum (qwen3moe); "topk_softmax" takes the n_used largest logits
+    and a softmax over those alone (gpt-oss). The biases (gpt-oss's) are float32 [n_expert]
+    for the router and [n_expert, rows_e] for the experts."""
 
     router: QMatrix  # [n_expert, n_embd]
     gate: QMatrix  # [n_expert * n_ff_exp, n_embd]
@@ -93,11 +95,22 @@ class MoeFFN:
     n_expert: int
     n_used: int
     gating: str
+    activation: str = "swiglu"  # or "geglu", "swiglu_oai" (gpt-oss's clamped SwiGLU)
+    router_bias: np.ndarray | None = None
+    gate_bias: np.ndarray | None = None
+    up_bias: np.ndarray | None = None
+    down_bias: np.ndarray | None = None
 
     def expert(self, m: QMatrix, e: int) -> QMatrix:
         """Expert e's rows of one of the stacked matrices (a view)."""
         rows = m.rows // self.n_expert
         return QMatrix(m.type, m.data[e * rows : (e + 1) * rows], rows, m.cols)
+
+
+# moe(x, out, n_fast=0): out [n, n_embd] = the experts' FFN of the normed rows x [n, n_embd]
+# (float32, C-contiguous), under the matmul contract: every row's result depends on that
+# row alone, except that the first n_fast rows may take the products' faster path.
+MoeOp = Callable[..., None]
 
 
 # op(x, outs, n_fast=0): for every matrix i and activation row j, outs[i][j] = mats[i] @ x[j].
@@ -119,8 +132,8 @@ class DecodeLayer:
 
     qkv: MatmulOp
     o: MatmulOp
-    gate_up: MatmulOp
-    down: MatmulOp
+    gate_up: MatmulOp | None  # None in a mixture of experts' layer, which has `moe`
+    down: MatmulOp | None
     attn_norm: np.ndarray
     ffn_norm: np.ndarray
     q_bias: np.ndarray | None
@@ -131,6 +144,8 @@ class DecodeLayer:
     post_attn_norm: np.ndarray | None = None
     post_ffn_norm: np.ndarray | None = None
     window: int = 0  # a local layer: attention over the last `window` positions, RoPE from the local tables
+    moe: MoeOp | None = None  # a mixture of experts' FFN (moe_op), in place of gate_up and down
+    o_bias: np.ndarray | None = None  # the attention output's bias (gpt-oss)
 
 
 @dataclass(frozen=True)
@@ -221,6 +236,11 @@ class Kernels(Protocol):
         """gate = gelu(gate) * up, in place: GELU's tanh approximation as ggml's CPU build
         evaluates it (input and result rounded to float16; 0 at or below -10, the input
         itself from 10 up)."""
+        ...
+
+    def moe_op(self, ffn: MoeFFN) -> MoeOp:
+        """A layer's experts bound once: routing, each chosen expert's products over the rows
+        that chose it, and the weighted sum in slot order (llama.cpp's build_moe_ffn)."""
         ...
 
     def decode_step(self, plan: DecodePlan) -> DecodeStep | None:

@@ -15,11 +15,13 @@
 
 /* One layer's weights: its bound products, norms and (qwen2's) q/k/v biases. */
 typedef struct {
-    const li_op *qkv, *o, *gate_up, *down;
+    const li_op *qkv, *o, *gate_up, *down; /* gate_up and down 0 where moe is set */
+    const li_moe *moe;                     /* a mixture of experts' FFN (moe.c); 0 for a dense one */
     const float *attn_norm, *ffn_norm;
     const float *q_bias, *k_bias, *v_bias; /* 0 where the model has none */
     const float *q_norm, *k_norm;          /* per-head norms of q and k [hd] (qwen3, gemma3); 0 where none */
     const float *post_attn_norm, *post_ffn_norm; /* norms of the attention's and FFN's outputs (gemma3); 0 where none */
+    const float *o_bias;                   /* the attention output's bias (gpt-oss); 0 where none */
     int64_t window;                        /* a local layer's sliding window (its own RoPE tables); 0: global */
 } li_layer;
 
@@ -76,13 +78,19 @@ int li_decode(const li_decoder *d, float *x, int64_t n, const int32_t *pos, uint
                           d->attn, n, d->n_head, d->n_head_kv, d->hd, d->n_ctx, d->scale, w->window, threads);
         if (rc) return rc;
         if ((rc = li_matmul_op(w->o, d->attn, n, d->o, 0, 0, 0))) return rc;
+        if (w->o_bias)
+            for (int64_t i = 0; i < n; i++) add_into(d->o + i * d->n_embd, w->o_bias, d->n_embd);
         if (w->post_attn_norm) li_rms_norm(d->o, w->post_attn_norm, d->o, n, d->n_embd, d->eps);
         add_into(x, d->o, n * d->n_embd);
 
         li_rms_norm(x, w->ffn_norm, d->h, n, d->n_embd, d->eps);
-        if ((rc = li_matmul_op(w->gate_up, d->h, n, d->gate, d->up, 0, 0))) return rc;
-        (d->gelu ? li_geglu : li_swiglu)(d->gate, d->up, n * d->n_ff, threads);
-        if ((rc = li_matmul_op(w->down, d->gate, n, d->o, 0, 0, 0))) return rc;
+        if (w->moe) {
+            if ((rc = li_moe_ffn(w->moe, d->h, n, d->o, 0))) return rc;
+        } else {
+            if ((rc = li_matmul_op(w->gate_up, d->h, n, d->gate, d->up, 0, 0))) return rc;
+            (d->gelu ? li_geglu : li_swiglu)(d->gate, d->up, n * d->n_ff, threads);
+            if ((rc = li_matmul_op(w->down, d->gate, n, d->o, 0, 0, 0))) return rc;
+        }
         if (w->post_ffn_norm) li_rms_norm(d->o, w->post_ffn_norm, d->o, n, d->n_embd, d->eps);
         add_into(x, d->o, n * d->n_embd);
     }

@@ -324,11 +324,57 @@ typedef struct {
 } li_op;
 int li_matmul_op(const li_op *op, const float *x, int n, float *y0, float *y1, float *y2, int n_fast);
 
+/* matmul.c: products as works, so that moe.c runs many of them in one parallel region. A
+ * work is li_work_size() opaque bytes; li_work_init sets it up (the bytes of activation
+ * scratch and of each thread's AMX scratch it needs come back), li_work_carve places that
+ * scratch, then every thread calls li_works_quantize, waits for the others, and takes
+ * chunks of the dots with li_works_dots. li_run_works does all of it in one region. */
+int64_t li_work_size(void);
+int li_work_init(void *wk, int nmat, const int *types, const void *const *w, const void *const *packed,
+                 const int64_t *rows, int64_t k, const float *x, int64_t n, float *const *y, int64_t n_fast,
+                 int64_t *scratch, int64_t *amx);
+void li_work_carve(void *wk, uint8_t *base, uint8_t *amx, int64_t amx_bytes);
+void li_works_quantize(const void *works, int count, int t, int T);
+void li_works_dots(const void *works, int count, int chunks_per_work, int *next, int thread);
+void li_run_works(void *works, int count, int nthreads);
+
+/* moe.c: a mixture of experts' FFN. Each stacked expert tensor is the file's
+ * [n_expert][rows][k] blocks (expert e's rows at w + e * w_stride) with, where packed.c
+ * packs it, its panels (expert e's at packed + e * packed_stride) and an optional float
+ * bias [n_expert][rows]. The scratch grows to the largest call and is shared by the
+ * layers of one model (one call at a time). */
+enum { LI_ROUTE_SOFTMAX_NORM = 0, LI_ROUTE_TOPK_SOFTMAX = 1 };
+typedef struct {
+    int32_t type;
+    const uint8_t *w, *packed;
+    int64_t rows, k, w_stride, packed_stride;
+    const float *bias;
+} li_experts;
+typedef struct {
+    uint8_t *base;
+    int64_t bytes;
+} li_buffer;
+typedef struct {
+    li_buffer fixed, works;
+} li_moe_scratch;
+typedef struct {
+    const li_op *router; /* [n_expert][k] */
+    const float *router_bias;
+    li_experts gate, up, down;
+    int32_t n_expert, n_used, gating, activation;
+    const int32_t *nthreads;
+    li_moe_scratch *scratch;
+} li_moe;
+int li_moe_ffn(const li_moe *m, const float *x, int64_t n, float *out, int64_t n_fast);
+void li_moe_scratch_free(li_moe_scratch *s);
+
 /* ops.c: a layer's small operations */
 void li_rms_norm(const float *x, const float *w, float *out, int64_t n, int64_t d, float eps);
 void li_rope(float *x, int64_t n, int64_t heads, int64_t head_dim, const int32_t *pos, const float *cos_t,
              const float *sin_t, int64_t dims, int neox);
 void li_swiglu(float *gate, const float *up, int64_t n, int nthreads);
+enum { LI_ACT_SWIGLU = 0, LI_ACT_GEGLU = 1, LI_ACT_SWIGLU_OAI = 2 };
+void li_gated_serial(int act, float *gate, const float *up, int64_t n);
 void li_geglu(float *gate, const float *up, int64_t n, int nthreads);
 int li_attention(const float *q, const float *k_new, const float *v_new, uint8_t *keys, uint8_t *values, int type_k,
                  int type_v, int64_t rot_k, int64_t rot_v, const int32_t *pos, float *out, int64_t m, int64_t n_head,

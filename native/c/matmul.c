@@ -18,7 +18,7 @@
 #include <omp.h>
 #endif
 
-#define LI_ABI_VERSION 6
+#define LI_ABI_VERSION 7
 
 /* ---- legacy.c --------------------------------------------------------------------- */
 typedef struct {
@@ -166,7 +166,7 @@ typedef struct {
     int64_t rows[LI_MAXMAT];
     int64_t row_bytes[LI_MAXMAT];
     int64_t row_cost[LI_MAXMAT];
-    int64_t total_cost;
+    int64_t total_cost, total_bytes;
     int64_t k, n;
     const float *x;
     float *const *y;
@@ -184,6 +184,7 @@ typedef struct {
     int32_t *pairs;     /* packed Q4_K/Q5_K products' activation sums, 4 per q8_K block */
     uint8_t *amx_scratch; /* li_amx_scratch_bytes(k) per thread */
     int64_t amx_scratch_bytes;
+    int64_t q8a_bytes, q8k_bytes, fast_bytes, s8_bytes; /* the scratch's parts, in carving order */
 } li_work;
 
 /* first row (matrix *mi, row *ri) whose start cost is >= the boundary of part t of T;
@@ -309,66 +310,106 @@ static void carve_q8a(uint8_t *base, li_q8a *a, int64_t rows, int64_t k) {
     a->s = (const float *)(base + qs + ds);
 }
 
+/* Sets up one product's work: wk describes y[i] = x . w[i]^T for nmat matrices of
+ * rows[i] x k over n rows of x. *scratch gets the bytes of activation scratch it needs and
+ * *amx the AMX scratch of each thread; carve_work then places both. Returns 0 or an error. */
+static int init_work(li_work *wk, int nmat, const int *types, const void *const *w, const void *const *packed,
+                     const int64_t *rows, int64_t k, const float *x, int64_t n, float *const *y, int64_t n_fast,
+                     int64_t *scratch, int64_t *amx) {
+    if (nmat < 1 || nmat > LI_MAXMAT || k <= 0 || n < 0 || !types || !w || !rows || !x || !y) return 3;
+    memset(wk, 0, sizeof *wk);
+    wk->nmat = nmat;
+    wk->k = k;
+    wk->n = n;
+    wk->x = x;
+    wk->y = y;
+    int all_amx = 1, all_exact = 1;
+    for (int i = 0; i < nmat; i++) {
+        if (type_info(types[i], &wk->ti[i])) return 1;
+        if (k % wk->ti[i].block) return 2;
+        if (rows[i] < 0 || !w[i] || !y[i]) return 3;
+        wk->type[i] = types[i];
+        wk->w[i] = (const uint8_t *)w[i];
+        wk->rows[i] = rows[i];
+        wk->row_bytes[i] = k / wk->ti[i].block * wk->ti[i].bytes;
+        wk->row_cost[i] = k / wk->ti[i].block * wk->ti[i].cost;
+        wk->total_cost += rows[i] * wk->row_cost[i];
+        wk->total_bytes += rows[i] * wk->row_bytes[i];
+        all_amx &= li_amx_runs(types[i]);
+        all_exact &= li_amx_exact_runs(types[i]);
+    }
+    /* legacy types alone take the exact path or the row dots, never the fast path */
+    wk->exact = all_exact && n >= amx_exact_min_rows(k) && li_amx_usable();
+    wk->n_fast = !all_exact && n_fast > 0 && all_amx && li_amx_usable() ? (n_fast < n ? n_fast : n) : 0;
+    for (int i = 0; i < nmat; i++) {
+        const int dots = wk->n_fast < n && !wk->exact;
+        if (dots && packed && packed[i] && li_pack_bytes(types[i], rows[i], k)) {
+            wk->packed[i] = (const uint8_t *)packed[i];
+            wk->packed_rows[i] = rows[i] & ~(int64_t)15;
+        }
+        const int tail = wk->packed_rows[i] < rows[i]; /* rows the row dots still take */
+        wk->need_q8a |= wk->ti[i].fmt == FMT_Q8A && dots && tail;
+        wk->need_q8s |= wk->ti[i].fmt == FMT_Q8A && dots && wk->packed[i];
+        wk->need_q8k |= wk->ti[i].fmt == FMT_Q8K && dots;
+        wk->need_pairs |= (types[i] == LI_Q4_K || types[i] == LI_Q5_K) && dots && wk->packed[i];
+    }
+    /* scratch, each part 64-byte aligned: q8a of the row dots | q8_K | plain q8a of the
+     * fast rows, or the exact path's tiles (whole 16-row tiles) | q8s | pairs */
+    const int64_t n_dots = n - wk->n_fast, fast_rows = ((wk->exact ? n : wk->n_fast) + 15) & ~(int64_t)15;
+    wk->q8a_bytes = wk->need_q8a ? q8a_bytes(n_dots, k) : 0;
+    wk->q8k_bytes = wk->need_q8k ? ((int64_t)(n_dots * (k / LI_QK_K) * sizeof(li_block_q8_K)) + 63) & ~63 : 0;
+    wk->fast_bytes = wk->n_fast || wk->exact ? q8a_bytes(fast_rows, k) : 0;
+    wk->s8_bytes = wk->need_q8s ? q8a_bytes(n_dots, k) : 0; /* qs, then d and sum as q8a has d and s */
+    const int64_t pairs = wk->need_pairs ? (n_dots * (k / LI_QK_K) * 16 + 63) & ~63 : 0;
+    *scratch = wk->q8a_bytes + wk->q8k_bytes + wk->fast_bytes + wk->s8_bytes + pairs;
+    *amx = wk->exact    ? (li_amx_exact_scratch_bytes(k) + 63) & ~63
+           : wk->n_fast ? (li_amx_scratch_bytes(k) + 63) & ~63
+                        : 0;
+    return 0;
+}
+
+/* Places a work's scratch at `base` (64-byte aligned, the bytes init_work asked for) and
+ * its threads' AMX scratch at `amx` (amx_bytes each). */
+static void carve_work(li_work *wk, uint8_t *base, uint8_t *amx, int64_t amx_bytes) {
+    const int64_t k = wk->k, n = wk->n, n_dots = n - wk->n_fast;
+    const int64_t fast_rows = ((wk->exact ? n : wk->n_fast) + 15) & ~(int64_t)15;
+    uint8_t *fast = base + wk->q8a_bytes + wk->q8k_bytes, *s8 = fast + wk->fast_bytes;
+    carve_q8a(base, &wk->a, n_dots, k);
+    wk->a8k = (li_block_q8_K *)(base + wk->q8a_bytes);
+    if (wk->n_fast) {
+        carve_q8a(fast, &wk->fast, fast_rows, k);
+        memset((int8_t *)wk->fast.qs + wk->n_fast * k, 0, (size_t)((fast_rows - wk->n_fast) * k));
+    }
+    if (wk->exact) {
+        carve_q8a(fast, &wk->tiles, fast_rows, k);
+        if (n < fast_rows) { /* the last tile's missing rows: zero values and scales */
+            const int64_t nb = k / 32;
+            memset((int8_t *)wk->tiles.qs + (fast_rows - 16) * k, 0, (size_t)(16 * k));
+            memset((float *)wk->tiles.d + (fast_rows - 16) * nb, 0, (size_t)(16 * nb * 4));
+            memset((float *)wk->tiles.s + (fast_rows - 16) * nb, 0, (size_t)(16 * nb * 4));
+        }
+    }
+    if (wk->need_q8s) { /* li_q8a's carving fits: int32 sums where q8a has float s */
+        li_q8a t;
+        carve_q8a(s8, &t, n_dots, k);
+        wk->s8 = (li_q8s){t.qs, t.d, (const int32_t *)t.s};
+    }
+    wk->pairs = (int32_t *)(s8 + wk->s8_bytes);
+    wk->amx_scratch = amx;
+    wk->amx_scratch_bytes = amx_bytes;
+}
+
 /* y[i] = x . w[i]^T for nmat matrices of rows[i] x k. Rows [0, n_fast) of x may go
  * through AMX (see amx.c for what that changes); pass 0 for the row dots alone. */
 int li_matmul(int nmat, const int *types, const void *const *w, const void *const *packed, const int64_t *rows,
               int64_t k, const float *x, int64_t n, float *const *y, int nthreads, int64_t n_fast) {
-    if (nmat < 1 || nmat > LI_MAXMAT || k <= 0 || n < 0 || !types || !w || !rows || !x || !y) return 3;
-    if (n == 0) return 0;
     li_work wk;
-    memset(&wk, 0, sizeof wk);
-    wk.nmat = nmat;
-    wk.k = k;
-    wk.n = n;
-    wk.x = x;
-    wk.y = y;
-    int64_t total_bytes = 0;
-    int all_amx = 1, all_exact = 1;
-    for (int i = 0; i < nmat; i++) {
-        if (type_info(types[i], &wk.ti[i])) return 1;
-        if (k % wk.ti[i].block) return 2;
-        if (rows[i] < 0 || !w[i] || !y[i]) return 3;
-        wk.type[i] = types[i];
-        wk.w[i] = (const uint8_t *)w[i];
-        wk.rows[i] = rows[i];
-        wk.row_bytes[i] = k / wk.ti[i].block * wk.ti[i].bytes;
-        wk.row_cost[i] = k / wk.ti[i].block * wk.ti[i].cost;
-        wk.total_cost += rows[i] * wk.row_cost[i];
-        total_bytes += rows[i] * wk.row_bytes[i];
-        all_amx &= li_amx_runs(types[i]);
-        all_exact &= li_amx_exact_runs(types[i]);
-    }
+    int64_t scratch, amx;
+    const int rc = init_work(&wk, nmat, types, w, packed, rows, k, x, n, y, n_fast, &scratch, &amx);
+    if (rc || n == 0) return rc;
     if (nthreads < 1) nthreads = 1;
-    if (total_bytes * n < LI_PARALLEL_MIN_BYTES) nthreads = 1;
-    /* legacy types alone take the exact path or the row dots, never the fast path */
-    wk.exact = all_exact && n >= amx_exact_min_rows(k) && li_amx_usable();
-    wk.n_fast = !all_exact && n_fast > 0 && all_amx && li_amx_usable() ? (n_fast < n ? n_fast : n) : 0;
-    for (int i = 0; i < nmat; i++) {
-        const int dots = wk.n_fast < n && !wk.exact;
-        if (dots && packed && packed[i] && li_pack_bytes(types[i], rows[i], k)) {
-            wk.packed[i] = (const uint8_t *)packed[i];
-            wk.packed_rows[i] = rows[i] & ~(int64_t)15;
-        }
-        const int tail = wk.packed_rows[i] < rows[i]; /* rows the row dots still take */
-        wk.need_q8a |= wk.ti[i].fmt == FMT_Q8A && dots && tail;
-        wk.need_q8s |= wk.ti[i].fmt == FMT_Q8A && dots && wk.packed[i];
-        wk.need_q8k |= wk.ti[i].fmt == FMT_Q8K && dots;
-        wk.need_pairs |= (types[i] == LI_Q4_K || types[i] == LI_Q5_K) && dots && wk.packed[i];
-    }
-
-    /* scratch, each part 64-byte aligned: q8a of the row dots | q8_K | plain q8a of the
-     * fast rows, or the exact path's tiles (whole 16-row tiles, the rows past n_fast or n
-     * zero) | AMX panels per thread */
-    const int64_t n_dots = n - wk.n_fast, fast_rows = ((wk.exact ? n : wk.n_fast) + 15) & ~(int64_t)15;
-    const int64_t q8a = wk.need_q8a ? q8a_bytes(n_dots, k) : 0;
-    const int64_t q8k = wk.need_q8k ? ((int64_t)(n_dots * (k / LI_QK_K) * sizeof(li_block_q8_K)) + 63) & ~63 : 0;
-    const int64_t s8 = wk.need_q8s ? q8a_bytes(n_dots, k) : 0; /* qs, then d and sum as q8a has d and s */
-    const int64_t pairs = wk.need_pairs ? (n_dots * (k / LI_QK_K) * 16 + 63) & ~63 : 0;
-    const int64_t fast = wk.n_fast || wk.exact ? q8a_bytes(fast_rows, k) : 0;
-    wk.amx_scratch_bytes = wk.exact    ? (li_amx_exact_scratch_bytes(k) + 63) & ~63
-                           : wk.n_fast ? (li_amx_scratch_bytes(k) + 63) & ~63
-                                       : 0;
-    const size_t need = (size_t)(q8a + q8k + s8 + pairs + fast + nthreads * wk.amx_scratch_bytes) + 64;
+    if (wk.total_bytes * n < LI_PARALLEL_MIN_BYTES) nthreads = 1;
+    const size_t need = (size_t)(scratch + nthreads * amx) + 64;
     _Alignas(64) uint8_t stack[LI_STACK_SCRATCH];
     void *heap = 0;
     uint8_t *base = stack;
@@ -377,54 +418,67 @@ int li_matmul(int nmat, const int *types, const void *const *w, const void *cons
         if (!heap) return 4;
         base = (uint8_t *)(((uintptr_t)heap + 63) & ~(uintptr_t)63);
     }
-    carve_q8a(base, &wk.a, n_dots, k);
-    wk.a8k = (li_block_q8_K *)(base + q8a);
-    if (wk.n_fast) {
-        carve_q8a(base + q8a + q8k, &wk.fast, fast_rows, k);
-        memset((int8_t *)wk.fast.qs + wk.n_fast * k, 0, (size_t)((fast_rows - wk.n_fast) * k));
-    }
-    if (wk.exact) {
-        carve_q8a(base + q8a + q8k, &wk.tiles, fast_rows, k);
-        if (n < fast_rows) { /* the last tile's missing rows: zero values and scales */
-            const int64_t nb = k / 32;
-            memset((int8_t *)wk.tiles.qs + (fast_rows - 16) * k, 0, (size_t)(16 * k));
-            memset((float *)wk.tiles.d + (fast_rows - 16) * nb, 0, (size_t)(16 * nb * 4));
-            memset((float *)wk.tiles.s + (fast_rows - 16) * nb, 0, (size_t)(16 * nb * 4));
-        }
-    }
-    wk.amx_scratch = base + q8a + q8k + fast;
-    if (wk.need_q8s) { /* li_q8a's carving fits: int32 sums where q8a has float s */
-        li_q8a t;
-        carve_q8a(base + q8a + q8k + fast + nthreads * wk.amx_scratch_bytes, &t, n_dots, k);
-        wk.s8 = (li_q8s){t.qs, t.d, (const int32_t *)t.s};
-    }
-    wk.pairs = (int32_t *)(base + q8a + q8k + fast + nthreads * wk.amx_scratch_bytes + s8);
+    carve_work(&wk, base, base + scratch, amx);
+    li_run_works(&wk, 1, nthreads);
+    free(heap);
+    return 0;
+}
 
+/* ---- many products in one parallel region (moe.c) ------------------------------------ */
+
+int64_t li_work_size(void) { return (int64_t)sizeof(li_work); }
+
+int li_work_init(void *wk, int nmat, const int *types, const void *const *w, const void *const *packed,
+                 const int64_t *rows, int64_t k, const float *x, int64_t n, float *const *y, int64_t n_fast,
+                 int64_t *scratch, int64_t *amx) {
+    return init_work((li_work *)wk, nmat, types, w, packed, rows, k, x, n, y, n_fast, scratch, amx);
+}
+
+void li_work_carve(void *wk, uint8_t *base, uint8_t *amx, int64_t amx_bytes) {
+    carve_work((li_work *)wk, base, amx, amx_bytes);
+}
+
+/* Thread t of T quantizes its part of every work's activations. */
+void li_works_quantize(const void *works, int count, int t, int T) {
+    const li_work *wk = (const li_work *)works;
+    for (int i = 0; i < count; i++)
+        if (wk[i].n) quantize_part(&wk[i], t, T);
+}
+
+/* Takes chunks of the works' dots from the shared counter until none is left: each work
+ * in chunks_per_work parts of equal estimated cost. */
+void li_works_dots(const void *works, int count, int chunks_per_work, int *next, int thread) {
+    const li_work *wk = (const li_work *)works;
+    const int total = count * chunks_per_work;
+    for (;;) {
+        const int c = __atomic_fetch_add(next, 1, __ATOMIC_RELAXED);
+        if (c >= total) break;
+        const li_work *w = &wk[c / chunks_per_work];
+        if (w->n) run_part(w, c % chunks_per_work, chunks_per_work, thread);
+    }
+}
+
+/* Runs `count` works carved with li_work_carve: one parallel region quantizes every
+ * activation, then the threads take the dots in chunks. Rows go out in chunks taken in
+ * turn: on a shared machine a thread that loses its core for a while leaves its share to
+ * the other instead of holding the whole call up. */
+void li_run_works(void *works, int count, int nthreads) {
 #ifdef _OPENMP
     if (nthreads > 1) {
-        /* Rows go out in chunks (parts of equal estimated cost), taken in turn: on a shared
-         * machine a thread that loses its core for a while leaves its share to the other
-         * instead of holding the whole call up. */
         int next_chunk = 0;
 #pragma omp parallel num_threads(nthreads)
         {
-            const int T = omp_get_num_threads(), t = omp_get_thread_num(), chunks = LI_CHUNKS_PER_THREAD * T;
-            quantize_part(&wk, t, T);
+            const int T = omp_get_num_threads(), t = omp_get_thread_num();
+            li_works_quantize(works, count, t, T);
 #pragma omp barrier
-            for (;;) {
-                const int c = __atomic_fetch_add(&next_chunk, 1, __ATOMIC_RELAXED);
-                if (c >= chunks) break;
-                run_part(&wk, c, chunks, t);
-            }
+            li_works_dots(works, count, LI_CHUNKS_PER_THREAD * T, &next_chunk, t);
         }
-    } else
-#endif
-    {
-        quantize_part(&wk, 0, 1);
-        run_part(&wk, 0, 1, 0);
+        return;
     }
-    free(heap);
-    return 0;
+#endif
+    int next_chunk = 0;
+    li_works_quantize(works, count, 0, 1);
+    li_works_dots(works, count, 1, &next_chunk, 0);
 }
 
 /* li_op (kernels.h): the per-token entry, bound once by c_kernels.py. */

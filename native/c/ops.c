@@ -90,6 +90,26 @@ static void geglu_run(float *gate, const float *up, int64_t n) {
     }
 }
 
+/* gate = swiglu_oai(gate, up), gpt-oss's clamped SwiGLU as ggml computes it (alpha 1.702,
+ * limit 7): x = min(g, 7), y = clamp(u, -7, 7), x / (1 + e^(-1.702 x)) * (y + 1). libm's
+ * expf, as ggml's: for very negative x the quotient goes to -0 through an infinite e^. */
+static void swiglu_oai_run(float *gate, const float *up, int64_t n) {
+    const float alpha = 1.702f, limit = 7.0f;
+    for (int64_t i = 0; i < n; i++) {
+        const float x = gate[i] < limit ? gate[i] : limit;
+        const float y = up[i] < -limit ? -limit : up[i] > limit ? limit : up[i];
+        gate[i] = x / (1.0f + expf(alpha * -x)) * (y + 1.0f);
+    }
+}
+
+/* One thread's gated activation (LI_ACT_*) over n values, for callers already inside a
+ * parallel region (moe.c): the same arithmetic as li_swiglu / li_geglu. */
+void li_gated_serial(int act, float *gate, const float *up, int64_t n) {
+    if (act == LI_ACT_GEGLU) geglu_run(gate, up, n);
+    else if (act == LI_ACT_SWIGLU_OAI) swiglu_oai_run(gate, up, n);
+    else swiglu_run(gate, up, n);
+}
+
 /* A gated activation over n values, in chunks shared by the threads where n is large. */
 static void gated(void (*run)(float *, const float *, int64_t), float *gate, const float *up, int64_t n, int nthreads) {
     const int64_t chunk = 4096;

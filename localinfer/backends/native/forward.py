@@ -7,7 +7,7 @@ tokens of several sequences at any positions: products run over all rows at once
 attention runs per sequence against that sequence's cache. A few rows of one sequence (a
 decode token, a speculative verify, a draft's catch-up) run through the kernel set's fused
 decode step where it has one: the same operations in the same order, every layer in one call.
-A mixture of experts' layer (qwen3moe) calls moe.py's FFN in place of gate/up and down.
+A mixture of experts' layer (qwen3moe) calls its kernel set's moe_op in place of gate/up and down.
 """
 
 from __future__ import annotations
@@ -17,7 +17,6 @@ from gguf.quants import dequantize
 
 from localinfer.backends.native.config import ModelConfig, Rope
 from localinfer.backends.native.kvcache import KVCache
-from localinfer.backends.native.moe import MixtureOfExperts
 from localinfer.backends.native.weights import Weights
 from localinfer_native import Kernels
 from localinfer_native.types import DecodeLayer, DecodePlan
@@ -69,7 +68,7 @@ class Workspace:
         self.v3 = self.v.reshape(n, c.n_head_kv, c.head_dim)
         self.attn = np.empty((n, c.n_head * c.head_dim), f32)
         self.o = np.empty((n, c.n_embd), f32)
-        n_ff = 0 if c.n_expert else c.n_ff  # a mixture of experts keeps its own (moe.py)
+        n_ff = 0 if c.n_expert else c.n_ff  # a mixture of experts keeps its own (moe_op)
         self.gate = np.empty((n, n_ff), f32)
         self.up = np.empty((n, n_ff), f32)
         self.qkv_out = (self.q, self.k, self.v)
@@ -95,20 +94,19 @@ class Transformer:
         # A mixture of experts' layer binds each expert's products in its place (None here).
         self.gate_up = [kernels.matmul_op([lw.w_gate, lw.w_up]) if lw.moe is None else None for lw in weights.layers]
         self.down = [kernels.matmul_op([lw.w_down]) if lw.moe is None else None for lw in weights.layers]
-        self.experts = [MixtureOfExperts(lw.moe, kernels) if lw.moe is not None else None for lw in weights.layers]
+        self.experts = [kernels.moe_op(lw.moe) if lw.moe is not None else None for lw in weights.layers]
         self.lm_head = kernels.matmul_op([weights.output])
         self.scale = config.attn_scale
         self.peak_activation_bytes = 0  # the largest working set of one forward call so far
         self._workspaces: dict[int, Workspace] = {}
-        # None: the operations one by one (a mixture of experts' always, for now: decode.c has no router)
-        self.decode_step = kernels.decode_step(self._decode_plan()) if not config.n_expert else None
+        self.decode_step = kernels.decode_step(self._decode_plan())  # None: the operations one by one
 
     def _decode_plan(self) -> DecodePlan:
         """Every layer and shape a fused decode step binds, with buffers of its own."""
         c, rope, ws = self.config, self.rope, Workspace(self.config, FUSED_ROWS)
         layers = [
             DecodeLayer(self.qkv[i], self.attn_out[i], self.gate_up[i], self.down[i], lw.attn_norm, lw.ffn_norm, lw.q_bias, lw.k_bias, lw.v_bias,
-                        lw.q_norm, lw.k_norm, lw.post_attn_norm, lw.post_ffn_norm, self.windows[i])
+                        lw.q_norm, lw.k_norm, lw.post_attn_norm, lw.post_ffn_norm, self.windows[i], self.experts[i])
             for i, lw in enumerate(self.weights.layers)
         ]  # fmt: skip
         buffers = {name: getattr(ws, name) for name in ("h", "q", "k", "v", "attn", "o", "gate", "up")}
