@@ -13,6 +13,7 @@ import psutil
 
 from localinfer.devices import Device
 from localinfer.errors import OutOfMemory
+from localinfer.experts import ExpertLayout
 from localinfer.kvtypes import AUTO_CACHE, position_bytes
 from localinfer.modelfile import GGUFInfo
 
@@ -45,6 +46,9 @@ class MemoryPlan:
     # a mixture of experts: the weights one token reads (0 for a dense model). `weights`
     # still counts every expert: the router may pick any of them, so all must be in memory
     active_weights: int = 0
+    n_cpu_moe: int = 0  # a mixture of experts: the experts of the first n_cpu_moe layers stay in RAM
+    ram_bytes: int = 0  # what the plan puts in RAM: weights, KV cache and compute not on a GPU
+    split: str = ""  # bytes per device, in words (`run --verbose`, `doctor MODEL`)
 
     @property
     def total(self) -> int:
@@ -67,17 +71,17 @@ KVBytes = Callable[[tuple[str, str]], int]  # a cache's bytes for its K/V types 
 
 
 def plan_cache(info: GGUFInfo, n_ctx: int, gpu_layers: int | str, cache: tuple[str, str] | str, devices: Sequence[Device] = (), ram_free: int | None = None,
-               kv_bytes: KVBytes | None = None) -> MemoryPlan:  # fmt: skip
+               kv_bytes: KVBytes | None = None, cpu_moe: int | str = "auto") -> MemoryPlan:  # fmt: skip
     """plan() with the KV-cache types given, or for cache "auto" the first of f16, q8_0, q4_0
     that fits (saying why), before refusing. `kv_bytes`: what the chosen engine's cache takes
-    (default: every position of every layer, n_ctx in all)."""
+    (default: every position of every layer, n_ctx in all); `cpu_moe` as plan() takes it."""
     kv_bytes = kv_bytes or (lambda types: kv_cache_bytes(info, n_ctx, types))
     if cache != "auto":
-        return plan(info, n_ctx, gpu_layers, devices, ram_free, cache, kv_bytes)  # type: ignore[arg-type]
+        return plan(info, n_ctx, gpu_layers, devices, ram_free, cache, kv_bytes, cpu_moe)  # type: ignore[arg-type]
     refused: OutOfMemory | None = None
     for types in AUTO_CACHE:
         try:
-            result = plan(info, n_ctx, gpu_layers, devices, ram_free, types, kv_bytes)
+            result = plan(info, n_ctx, gpu_layers, devices, ram_free, types, kv_bytes, cpu_moe)
         except OutOfMemory as e:
             refused = e  # the last: the smallest cache tried
             continue
@@ -104,7 +108,7 @@ def compute_bytes(info: GGUFInfo, n_ctx: int, n_ubatch: int = 512, logits: bool 
 
 
 def plan(info: GGUFInfo, n_ctx: int, gpu_layers: int | str, devices: Sequence[Device] = (), ram_free: int | None = None,
-         cache_types: tuple[str, str] = ("f16", "f16"), kv_bytes: KVBytes | None = None) -> MemoryPlan:  # fmt: skip
+         cache_types: tuple[str, str] = ("f16", "f16"), kv_bytes: KVBytes | None = None, cpu_moe: int | str = "auto") -> MemoryPlan:  # fmt: skip
     """Choose GPU layers (for "auto") and check that the rest fits in RAM; raises OutOfMemory.
 
     `devices` are the ones the chosen engine can offload to (none on a CPU-only build).
@@ -112,55 +116,187 @@ def plan(info: GGUFInfo, n_ctx: int, gpu_layers: int | str, devices: Sequence[De
     splits layers across them), else to a GPU that shares the system's RAM (an integrated
     GPU, Apple silicon), whose layers still count against RAM.
     llama.cpp counts the output layer as one more, so "all layers" is n_layer + 1.
+    A mixture of experts beside a GPU is placed with its experts apart (`place_experts`);
+    `cpu_moe` is --n-cpu-moe's N, "all" (--cpu-moe), or "auto": planned with the layers.
     """
     kv = kv_bytes(cache_types) if kv_bytes else kv_cache_bytes(info, n_ctx, cache_types)
-    weights, compute = info.tensor_bytes, compute_bytes(info, n_ctx)
+    compute = compute_bytes(info, n_ctx)
     ram_free = psutil.virtual_memory().available if ram_free is None else ram_free
-    n_layer = max(1, info.n_layer)
-    discrete = [d for d in devices if d.kind == "GPU" and not d.unified]
-    targets = discrete or [d for d in devices if d.unified]
-    shared = bool(targets) and not discrete
-    vram_free = sum(d.free_bytes for d in targets)
-    usable = max(0, vram_free - GPU_HEADROOM * len(discrete))
-    warnings = []
-    per_layer = (weights + kv) / n_layer
-    if not targets:
-        if gpu_layers not in ("auto", 0):
-            warnings.append("this engine has no GPU to offload to, so --gpu-layers is ignored and every layer runs on the CPU")
-        n_gpu = 0
-    elif gpu_layers == "auto":
-        n_gpu = max(0, min(n_layer + 1, int((usable - compute) // per_layer)))
+    room = GpuRoom.of(devices)
+    warnings: list[str] = []
+    n_cpu_moe = experts_asked(info, cpu_moe, bool(room.targets), warnings)
+    if room.targets and info.n_expert and info.tensors:
+        where = place_experts(ExpertLayout(info, kv, compute), gpu_layers, n_cpu_moe, room, warnings)
     else:
-        n_gpu = n_layer + 1 if gpu_layers == "all" else int(gpu_layers)
-    on_gpu = int(min(n_gpu, n_layer) * per_layer + compute) if n_gpu else 0
-    if gpu_layers not in ("auto", 0) and targets and on_gpu > usable:
-        warnings.append(f"{min(n_gpu, n_layer)} layers take {on_gpu / GiB:.2f} GiB but the GPU has {vram_free / GiB:.2f} GiB free"
-                        f"{f' ({GPU_HEADROOM * len(discrete) / GiB:.0f} GiB of it kept for the GPU runtime)' if discrete else ''}; "
-                        "loading may fail (--gpu-layers auto takes what fits)")  # fmt: skip
-    on_gpu_fraction = 0.0 if shared else min(n_gpu, n_layer) / n_layer
-    needed_ram = (weights + kv) * (1 - on_gpu_fraction) + (compute if n_gpu == 0 or shared else 0)
-    where = placement(n_gpu, n_layer, gpu_layers, targets, vram_free, per_layer, compute, GPU_HEADROOM * len(discrete))
-    result = MemoryPlan(weights, kv, compute, n_gpu, ram_free, vram_free, warnings, cache_types, placement=where, gpu_bytes=on_gpu,
-                        active_weights=active_weights(info))  # fmt: skip
-    if needed_ram > ram_free:
+        where = place_layers(info, kv, compute, gpu_layers, room, warnings, n_cpu_moe or 0)
+    result = MemoryPlan(info.tensor_bytes, kv, compute, where.n_gpu, ram_free, room.vram_free, warnings, cache_types, placement=where.where,
+                        gpu_bytes=where.gpu_bytes, active_weights=active_weights(info), n_cpu_moe=where.n_cpu_moe, ram_bytes=where.ram_bytes,
+                        split=where.split)  # fmt: skip
+    if where.ram_bytes > ram_free:
         raise OutOfMemory(
-            f"the model needs {needed_ram / GiB:.2f} GiB of RAM ({result.describe()}) "
+            f"the model needs {where.ram_bytes / GiB:.2f} GiB of RAM ({result.describe()}) "
             f"but only {ram_free / GiB:.2f} GiB is free; try a smaller --ctx or a smaller quantization"
         )
     return result
 
 
-def placement(n_gpu: int, n_layer: int, asked: int | str, targets: Sequence[Device], vram_free: int, per_layer: float, compute: int, kept: int) -> str:
+@dataclass(frozen=True)
+class GpuRoom:
+    """The GPUs a plan may put layers on: the discrete ones if any, else one that shares RAM."""
+
+    targets: tuple[Device, ...]
+    vram_free: int  # their free memory added up
+    kept: int  # of it, left for the GPU runtime (GPU_HEADROOM a discrete card)
+    shared: bool  # an integrated GPU or Apple silicon: what it holds still takes RAM
+
+    @classmethod
+    def of(cls, devices: Sequence[Device]) -> GpuRoom:
+        discrete = [d for d in devices if d.kind == "GPU" and not d.unified]
+        targets = discrete or [d for d in devices if d.unified]
+        return cls(tuple(targets), sum(d.free_bytes for d in targets), GPU_HEADROOM * len(discrete), bool(targets) and not discrete)
+
+    @property
+    def usable(self) -> int:
+        return max(0, self.vram_free - self.kept)
+
+    @property
+    def names(self) -> str:
+        return ", ".join(f"{d.name} ({d.description})" for d in self.targets)
+
+    def free_text(self) -> str:
+        return f"{self.vram_free / GiB:.2f} GiB free" + (f" less {self.kept / GiB:.0f} GiB kept for the GPU runtime" if self.kept else "")
+
+    def too_small(self, what: str, on_gpu: int, auto: str) -> str:
+        """The warning for layers asked for that the arithmetic says will not fit."""
+        kept = f" ({self.kept / GiB:.0f} GiB of it kept for the GPU runtime)" if self.kept else ""
+        return f"{what} take {size_text(on_gpu)} but the GPU has {size_text(self.vram_free)} free{kept}; loading may fail ({auto} what fits)"
+
+    def split(self, gpu_bytes: int, gpu_what: str, ram_bytes: int, cpu_what: str) -> str:
+        """Bytes per device in words: 'CUDA0: 7.90 GiB (...) · CPU: 5.10 GiB (...)'."""
+        if not self.targets or not gpu_bytes:
+            return f"CPU: {size_text(ram_bytes)} ({cpu_what})"
+        gpu = f"{'+'.join(d.name for d in self.targets)}: {size_text(gpu_bytes)} ({gpu_what})"
+        if self.shared:  # its bytes are RAM's too
+            return f"{gpu} · CPU: {size_text(max(0, ram_bytes - gpu_bytes))} ({cpu_what}); {size_text(ram_bytes)} of RAM in all"
+        return f"{gpu} · CPU: {size_text(ram_bytes)} ({cpu_what})"
+
+
+@dataclass(frozen=True)
+class Placement:
+    """Where a plan puts the model: llama.cpp's n_gpu_layers and n_cpu_moe, what the GPU and
+    RAM hold, and the why and the split in words."""
+
+    n_gpu: int
+    n_cpu_moe: int
+    gpu_bytes: int
+    ram_bytes: int
+    where: str
+    split: str
+
+
+def experts_asked(info: GGUFInfo, cpu_moe: int | str, has_gpu: bool, warnings: list[str]) -> int | None:
+    """--cpu-moe / --n-cpu-moe as a layer count (None: "auto", for the plan to choose), with
+    one warning where it changes nothing: a dense model, or no GPU to keep experts off."""
+    if cpu_moe == "auto":
+        return None
+    flag = "--cpu-moe" if cpu_moe == "all" else "--n-cpu-moe"
+    if not info.n_expert:
+        warnings.append(f"{flag} keeps a mixture of experts' experts on the CPU, and this model has no experts: it changes nothing")
+        return 0
+    if not has_gpu:
+        warnings.append(f"{flag} only matters beside a GPU, and this engine has none to offload to: every expert runs on the CPU anyway")
+    return info.n_layer if cpu_moe == "all" else max(0, min(int(cpu_moe), info.n_layer))
+
+
+def place_layers(info: GGUFInfo, kv: int, compute: int, gpu_layers: int | str, room: GpuRoom, warnings: list[str], n_cpu_moe: int = 0) -> Placement:
+    """Whole layers, the last ones to the GPU, as many as fit at the average layer's bytes
+    with its KV cache (a dense model, or any model without a GPU)."""
+    weights, n_layer = info.tensor_bytes, max(1, info.n_layer)
+    per_layer = (weights + kv) / n_layer
+    if not room.targets:
+        if gpu_layers not in ("auto", 0):
+            warnings.append("this engine has no GPU to offload to, so --gpu-layers is ignored and every layer runs on the CPU")
+        n_gpu = 0
+    elif gpu_layers == "auto":
+        n_gpu = max(0, min(n_layer + 1, int((room.usable - compute) // per_layer)))
+    else:
+        n_gpu = n_layer + 1 if gpu_layers == "all" else int(gpu_layers)
+    on_gpu = int(min(n_gpu, n_layer) * per_layer + compute) if n_gpu else 0
+    if gpu_layers not in ("auto", 0) and room.targets and on_gpu > room.usable:
+        warnings.append(room.too_small(f"{min(n_gpu, n_layer)} layers", on_gpu, "--gpu-layers auto takes"))
+    on_gpu_fraction = 0.0 if room.shared else min(n_gpu, n_layer) / n_layer
+    needed_ram = int((weights + kv) * (1 - on_gpu_fraction) + (compute if n_gpu == 0 or room.shared else 0))
+    where = placement(n_gpu, n_layer, gpu_layers, room, per_layer, compute)
+    repeating = max(0, min(n_gpu, n_layer + 1) - 1)  # the output is the first layer offloaded
+    gpu_what = f"{layers_text(repeating)} and the output" if repeating else "the output"
+    if not n_gpu:
+        cpu_what = "every layer"
+        if info.n_expert:  # a mixture of experts: all of it resident, a share of it read
+            cpu_what += f"; {size_text(active_weights(info))} of the weights read per token"
+    else:
+        cpu_what = f"{layers_text(n_layer - repeating)} and the input embedding" if repeating < n_layer else "the input embedding"
+    return Placement(n_gpu, n_cpu_moe, on_gpu, needed_ram, where, room.split(on_gpu, gpu_what, needed_ram, cpu_what))
+
+
+def layers_text(n: int) -> str:
+    return f"{n} layer{'s' * (n != 1)}"
+
+
+def place_experts(layout: ExpertLayout, gpu_layers: int | str, n_cpu_moe: int | None, room: GpuRoom, warnings: list[str]) -> Placement:
+    """A mixture of experts beside a GPU: every layer's shared weights, then experts while
+    they fit (ExpertLayout.fit), each of --gpu-layers and --n-cpu-moe as given where given."""
+    n_layer = layout.n_layer
+    asked_gpu = None if gpu_layers == "auto" else n_layer + 1 if gpu_layers == "all" else int(gpu_layers)
+    n_gpu, n_cpu_moe_now = layout.fit(room.usable, asked_gpu, n_cpu_moe)
+    on_gpu = layout.gpu_bytes(n_gpu, n_cpu_moe_now)
+    n_shared, n_experts = len(layout.gpu_layers(n_gpu)), len(layout.experts_on_gpu(n_gpu, n_cpu_moe_now))
+    if on_gpu > room.usable:
+        warnings.append(room.too_small(f"{layers_text(n_shared)} (the experts of {n_experts} of them) with the output", on_gpu, "--gpu-layers auto and no --n-cpu-moe take"))
+    ram = layout.resident + layout.compute if room.shared else layout.ram_bytes(n_gpu, n_cpu_moe_now)
+    gpu_read, cpu_read = layout.reads(n_gpu, n_cpu_moe_now)
+    gpu_what = f"attention and shared weights of {layers_text(n_shared)}, {f'experts of {n_experts}' if n_experts else 'no experts'}, the output; {size_text(gpu_read)} read per token"
+    cpu_parts = [f"attention and shared weights of {layers_text(n_layer - n_shared)}"] if n_shared < n_layer else []
+    cpu_parts += [f"experts of {layers_text(n_layer - n_experts)}"] if n_experts < n_layer else []
+    cpu_what = ", ".join([*cpu_parts, "the input embedding"]) + f"; {size_text(cpu_read)} read per token"
+    where = expert_placement(layout, n_gpu, n_cpu_moe_now, gpu_layers, n_cpu_moe, room)
+    return Placement(n_gpu, n_cpu_moe_now if n_gpu else (n_cpu_moe or 0), on_gpu, ram, where, room.split(on_gpu, gpu_what, ram, cpu_what))
+
+
+def expert_placement(layout: ExpertLayout, n_gpu: int, n_cpu_moe: int, gpu_layers: int | str, asked_moe: int | None, room: GpuRoom) -> str:
+    """Where a mixture of experts' layers and experts go and why, in words (`run --verbose`)."""
+    top = layout.n_layer + 1
+    n = min(n_gpu, top)
+    if not n:
+        where = f"every layer on the CPU, none on {room.names}"
+    else:
+        kept = "every layer's" if n_cpu_moe >= layout.n_layer else "no layer's" if not n_cpu_moe else f"the first {layers_text(n_cpu_moe)}'" if n_cpu_moe > 1 else "the first layer's"
+        where = f"{n} of {top} layers (the output layer counted) on {room.names}, {kept} experts kept on the CPU"
+    asked = [f"--gpu-layers {gpu_layers}"] if gpu_layers != "auto" else []
+    asked += [] if asked_moe is None else ["--cpu-moe" if asked_moe >= layout.n_layer else f"--n-cpu-moe {asked_moe}"]
+    if len(asked) == 2:
+        return f"{where}: {' '.join(asked)}"
+    if asked_moe is not None:
+        why = "the last layers that fit beside them"
+    elif gpu_layers != "auto":
+        why = "as few layers' experts kept on the CPU as fit beside them"
+    elif not n:
+        why = "not even the output layer with the compute buffer fits"
+    else:
+        shared = sum(layout.shared) + layout.kv_layer * layout.n_layer + layout.output + layout.compute
+        why = (f"the attention and shared weights of every layer first ({size_text(shared)} with the KV cache, output and compute), "
+               f"then the experts of the last layers while they fit ({size_text(sum(layout.experts) / layout.n_layer)} a layer)")  # fmt: skip
+    return f"{where}: {(', '.join(asked) + '; ') if asked else ''}{why}, in {room.free_text()}"
+
+
+def placement(n_gpu: int, n_layer: int, asked: int | str, room: GpuRoom, per_layer: float, compute: int) -> str:
     """Where the layers go and why, in words (`run --verbose`)."""
-    if not targets:
+    if not room.targets:
         return "every layer on the CPU"
-    names = ", ".join(f"{d.name} ({d.description})" for d in targets)
     n = min(n_gpu, n_layer + 1)
-    where = f"{n} of {n_layer + 1} layers (the output layer counted) on {names}" if n else f"every layer on the CPU, none on {names}"
+    where = f"{n} of {n_layer + 1} layers (the output layer counted) on {room.names}" if n else f"every layer on the CPU, none on {room.names}"
     if asked != "auto":
         return f"{where}: --gpu-layers {asked}"
-    kept_note = f" less {kept / GiB:.0f} GiB kept for the GPU runtime" if kept else ""
-    free = f"{vram_free / GiB:.2f} GiB free{kept_note}, {per_layer / GiB:.3f} GiB a layer with its KV cache, {compute / GiB:.2f} GiB for compute"
+    free = f"{room.free_text()}, {per_layer / GiB:.3f} GiB a layer with its KV cache, {compute / GiB:.2f} GiB for compute"
     return f"{where}: {'all fit' if n == n_layer + 1 else 'what fits'} in {free}"
 
 

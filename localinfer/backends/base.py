@@ -36,6 +36,9 @@ class LoadParams:
     # RPC workers (HOST:PORT) in llama.cpp's device order, each with how many of the
     # n_gpu_layers offloaded layers it holds (the output layer counted on the last)
     rpc_split: tuple[tuple[str, int], ...] = ()
+    # a mixture of experts: the experts of the first n_cpu_moe layers stay in RAM beside a
+    # GPU (llama.cpp's --n-cpu-moe); -1: every layer's (--cpu-moe)
+    n_cpu_moe: int = 0
 
 
 @dataclass(frozen=True)

@@ -18,6 +18,7 @@ import numpy as np
 
 from localinfer.backends.base import Backend, Batch, Capabilities, LoadParams, ModelFacts, VocabInfo
 from localinfer.errors import BackendError, ContextOverflow
+from localinfer.experts import expert_patterns
 from localinfer.kvtypes import KV_TYPES, ggml_id
 
 import llama_cpp as C  # noqa: E402  (after our imports: its import loads the shared library)
@@ -112,6 +113,33 @@ def rpc_devices(split: tuple[tuple[str, int], ...]) -> tuple[ctypes.Array, ctype
     return (ctypes.c_void_p * (len(devices) + 1))(*devices, None), (ctypes.c_float * len(weights))(*weights)
 
 
+class TensorBuftOverride(ctypes.Structure):
+    """llama.h's llama_model_tensor_buft_override, which llama-cpp-python leaves unbound
+    (its llama_model_params types the field as a bare pointer): tensors whose names match
+    `pattern` (a std::regex, searched) go to buffer type `buft`."""
+
+    _fields_ = [("pattern", ctypes.c_char_p), ("buft", ctypes.c_void_p)]
+
+
+def cpu_overrides(n_cpu_moe: int) -> tuple[ctypes.Array, list[bytes]] | None:
+    """llama_model_params.tensor_buft_overrides that keep a mixture of experts' experts in
+    RAM (LoadParams.n_cpu_moe): each of experts.expert_patterns with ggml's CPU buffer type,
+    as llama.cpp's --cpu-moe / --n-cpu-moe make them, then {NULL, NULL}. With the patterns'
+    bytes: both must outlive the model (llama.cpp keeps the pointer and reads it again
+    while it loads); None where no expert is kept back."""
+    from localinfer.devices import ggml
+
+    patterns = [p.encode() for p in expert_patterns(n_cpu_moe)]
+    if not patterns:
+        return None
+    lib = ggml()
+    if lib is None:
+        raise BackendError("--cpu-moe / --n-cpu-moe need ggml's library beside llama.cpp's, and this llama-cpp-python has none")
+    lib.ggml_backend_cpu_buffer_type.restype = ctypes.c_void_p
+    cpu = lib.ggml_backend_cpu_buffer_type()
+    return (TensorBuftOverride * (len(patterns) + 1))(*[(p, cpu) for p in patterns], (None, None)), patterns
+
+
 @contextmanager
 def log_listener(listener: Callable[[str], None]) -> Iterator[None]:
     """Also hand every llama.cpp log line to `listener` (the quantizer's progress)."""
@@ -178,6 +206,9 @@ class LlamaCppBackend(LlamaTokenized, Backend):
             self._rpc = rpc_devices(params.rpc_split)  # kept: llama.cpp reads them during the load
             mparams.devices = ctypes.cast(self._rpc[0], ctypes.c_void_p)
             mparams.tensor_split = self._rpc[1]
+        self._overrides = cpu_overrides(params.n_cpu_moe)  # kept with the model: llama.cpp holds the pointer
+        if self._overrides is not None:
+            mparams.tensor_buft_overrides = ctypes.cast(self._overrides[0], ctypes.c_void_p)
         _log_lines.clear()
         with _ctrl_c_after_the_call():
             self._model = C.llama_model_load_from_file(os.fsencode(path), mparams)

@@ -42,6 +42,7 @@ class Setup:
     type_v: str = "f16"
     draft: str = "none"  # speculation: none, prompt-lookup, or a draft model (beside prompt lookup)
     gpu_layers: int | str = 0  # llama.cpp: layers offloaded, or "auto" (all that fit)
+    cpu_moe: int | str = "auto"  # llama.cpp, a mixture of experts: the first N layers' experts in RAM, "all", or "auto" (planned)
     rpc: str = ""  # RPC workers the layers are split with, HOST:PORT comma-separated ("" none)
 
 
@@ -164,7 +165,7 @@ def measure(setup: Setup, prompts: list[int], gens: list[int], reps: int) -> Ite
     ctx = max([*prompts, 1]) + max([*gens, 1]) + 16
     model = setup.draft if setup.draft not in ("none", "prompt-lookup") else None
     options = LoadOptions(engine=setup.engine, ctx=ctx, threads=setup.threads, kernels=setup.kernels, draft=DraftConfig() if setup.draft != "none" else None,
-                          draft_model=model, cache=(setup.type_k, setup.type_v), gpu_layers=setup.gpu_layers,
+                          draft_model=model, cache=(setup.type_k, setup.type_v), gpu_layers=setup.gpu_layers, cpu_moe=setup.cpu_moe,
                           prompt_cache=CacheOptions(enabled=False), rpc=tuple(setup.rpc.split(",")) if setup.rpc else ())  # fmt: skip  # prefill is what is measured
     engine = open_engine(setup.model, options)
     results: list[Result] = []

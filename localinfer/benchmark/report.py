@@ -26,7 +26,8 @@ def _engine(r: Result) -> str:
         return f"{r.setup.engine} ({kernels.split(' ', 1)[0]})"
     workers = len(r.setup.rpc.split(",")) if r.setup.rpc else 0
     trips = f", {r.round_trips_per_token:.1f} round trips and {r.rpc_bytes_per_token / 1e3:.0f} kB a token" if r.round_trips_per_token is not None else ""
-    return r.setup.engine + (f", ngl {r.setup.gpu_layers}" if r.setup.gpu_layers else "") + (f", {workers} RPC worker{'s' * (workers > 1)}{trips}" if workers else "")
+    experts = f", ncmoe {r.setup.cpu_moe}" if r.setup.cpu_moe != "auto" else ""
+    return r.setup.engine + (f", ngl {r.setup.gpu_layers}" if r.setup.gpu_layers else "") + experts + (f", {workers} RPC worker{'s' * (workers > 1)}{trips}" if workers else "")
 
 
 def _draft(r: Result) -> str:

@@ -75,6 +75,8 @@ def model(
     cache_v: Annotated[str, typer.Option("--cache-type-v", "-ctv", help="V cache types, comma-separated.")] = "f16",
     draft: Annotated[str, typer.Option("--draft", help="Speculation, comma-separated: off, on (prompt lookup), or a draft model (catalog alias, file or repo; beside prompt lookup). The table gives each source's acceptance.")] = "off",
     gpu_layers: Annotated[str, typer.Option("--gpu-layers", "-ngl", help="llama.cpp: layers on the GPU, comma-separated (numbers, all or auto).")] = "0",
+    cpu_moe: Annotated[bool, typer.Option("--cpu-moe", help="llama.cpp, a mixture of experts beside a GPU: every layer's experts in RAM (--n-cpu-moe all).")] = False,
+    n_cpu_moe: Annotated[str, typer.Option("--n-cpu-moe", "-ncmoe", metavar="N[,N...]", help="llama.cpp, a mixture of experts beside a GPU: the experts of the first N layers in RAM, comma-separated (numbers, all, or auto: planned with -ngl), as llama-bench's -ncmoe.")] = "auto",
     rpc: Annotated[Optional[list[str]], typer.Option("--rpc", metavar="none|HOST:PORT[,HOST:PORT...]", help="llama.cpp: RPC workers to split the layers with; repeat it to compare (--rpc none --rpc A --rpc A,B). Each row gives the round trips a decoded token waits on, counted in a separate pass: times a network's round-trip time, what the network adds to each token.", show_default=False)] = None,
     json_out: Annotated[bool, typer.Option("--json", help="Print the results as JSON (one record per test, fields as in docs/benchmarks.md).")] = False,
     csv_out: Annotated[bool, typer.Option("--csv", help="Print the results as CSV.")] = False,
@@ -103,13 +105,16 @@ def model(
     k_list, v_list = _list(str, _cache, "-ctk")(cache_k), _list(str, _cache, "-ctv")(cache_v)
     draft_list = _list(str, _draft, "--draft")(draft)
     ngl_list = _list(str, opt.gpu_layers, "-ngl")(gpu_layers)  # numbers as ints, or "auto"
+    if cpu_moe and n_cpu_moe != "auto":
+        raise typer.BadParameter("give --cpu-moe or --n-cpu-moe, not both", param_hint="--n-cpu-moe")
+    moe_list = ["all"] if cpu_moe else _list(str, _experts_in_ram, "-ncmoe")(n_cpu_moe)
     refs = models or [None]
     for ref in refs:
         resolve(ref)  # a bad name fails here, in one line, before any run
     setups, skipped = [], []
     caps = {engine: get_backend(engine).capabilities() for engine in engine_list}
     rpc_list = [",".join(opt.rpc_endpoints(value)) if value != "none" else "" for value in rpc or ["none"]]
-    for ref, engine, kern, n_threads, k, v, spec, ngl, workers in itertools.product(refs, engine_list, kernel_list, thread_list, k_list, v_list, draft_list, ngl_list, rpc_list):
+    for ref, engine, kern, n_threads, k, v, spec, ngl, moe, workers in itertools.product(refs, engine_list, kernel_list, thread_list, k_list, v_list, draft_list, ngl_list, moe_list, rpc_list):
         c = caps[engine]
         if not {k, v} <= set(c.kv_types):
             skipped.append(f"{engine} with a {k}/{v} cache (its cache is {', '.join(c.kv_types)})")
@@ -117,7 +122,8 @@ def model(
         if workers and not c.rpc:
             skipped.append(f"{engine} with --rpc (it runs on this machine alone)")
             continue
-        setups.append(Setup(ref or "smollm2:135m", engine, kern if c.kernel_sets else None, n_threads, k, v, spec, ngl if c.gpu_offload and not workers else 0, workers))
+        offloads = c.gpu_offload and not workers
+        setups.append(Setup(ref or "smollm2:135m", engine, kern if c.kernel_sets else None, n_threads, k, v, spec, ngl if offloads else 0, moe if offloads else "auto", workers))
     setups = list(dict.fromkeys(setups))  # one row, not a copy per value of an option the engine ignores
     for note in dict.fromkeys(skipped):
         err.print(f"[dim]skipped: {note}[/dim]")
@@ -146,6 +152,17 @@ def _nonnegative(n: int) -> int:
     if not 0 <= n <= opt.MAX_CTX:
         raise typer.BadParameter(f"must be between 0 and {opt.MAX_CTX}, not {n}")
     return n
+
+
+def _experts_in_ram(value: str) -> int | str:
+    """An -ncmoe item: a number of layers, all or auto."""
+    if value in ("all", "auto"):
+        return value
+    try:
+        n = int(value)
+    except ValueError:
+        raise typer.BadParameter(f"'{value}' is not a number of layers, 'all' or 'auto'") from None
+    return opt.between(0, opt.MAX_CTX)(n)  # type: ignore[return-value]
 
 
 def _cache(value: str) -> str:

@@ -35,6 +35,8 @@ def chat(
     ctx: opt.Ctx = None,
     threads: opt.Threads = None,
     gpu_layers: opt.GpuLayers = "auto",
+    cpu_moe: opt.CpuMoe = False,
+    n_cpu_moe: opt.NCpuMoe = None,
     rpc: opt.Rpc = None,
     kernels: opt.Kernels = None,
     cache_type: opt.CacheType = None,
@@ -82,7 +84,7 @@ def chat(
         from localinfer.tui.app import ChatApp
         from localinfer.tui.threads import UI_NICE
 
-        options = opt.load_options(engine_name, ctx, threads, kernels, (cache_type, cache_type_k, cache_type_v), (draft, draft_max, draft_ngram_min, draft_ngram_max), gpu_layers, draft_engine=draft_engine, prompt_cache=opt.prompt_cache(no_prompt_cache, cache_ram, cache_disk, cache_dir), rpc=rpc)
+        options = opt.load_options(engine_name, ctx, threads, kernels, (cache_type, cache_type_k, cache_type_v), (draft, draft_max, draft_ngram_min, draft_ngram_max), gpu_layers, draft_engine=draft_engine, cpu_moe=opt.cpu_moe_choice(cpu_moe, n_cpu_moe), prompt_cache=opt.prompt_cache(no_prompt_cache, cache_ram, cache_disk, cache_dir), rpc=rpc)
         sampling = {"temperature": temperature, "top_k": top_k, "top_p": top_p, "min_p": min_p, "repeat_penalty": repeat_penalty, "seed": seed, "max_tokens": max_tokens}
         ChatApp(store, model_loader(options, think == "on" and think_budget != 0, think_budget), model=model, url=url, sampling=sampling, ui_nice=UI_NICE).run()
     finally:

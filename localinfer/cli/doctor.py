@@ -105,19 +105,30 @@ def engines_report() -> dict[str, object]:
 
 
 def model_report(ref: str) -> dict[str, object]:
-    """Which engine `--engine auto` takes for a model on this machine, and why."""
-    from localinfer.engine.loader import choose_engine
-    from localinfer.errors import ModelNotFound
+    """Which engine `--engine auto` takes for a model on this machine, and why; and where
+    `run`'s defaults would put it (the memory plan's split, bytes per device)."""
+    from localinfer.backends import get_backend
+    from localinfer.engine.loader import LoadOptions, cache_types, choose_engine, context_of, plan_memory
+    from localinfer.errors import ModelNotFound, OutOfMemory
     from localinfer.modelfile import inspect
     from localinfer.store.pull import local_path
     from localinfer.store.refs import resolve
 
-    path = local_path(resolve(ref))
+    src = resolve(ref)
+    path = local_path(src)
     if path is None:
         raise ModelNotFound(f"model '{ref}' is not downloaded; run 'localinfer pull {ref}' first")
     info = inspect(path)
     choice = choose_engine("auto", info, "auto")
-    return {"path": str(path), "architecture": info.architecture, "tensor_types": sorted(info.tensor_types), "engine": choice.name, "reason": choice.reason}
+    report: dict[str, object] = {"path": str(path), "architecture": info.architecture, "tensor_types": sorted(info.tensor_types), "engine": choice.name, "reason": choice.reason}
+    options = LoadOptions()
+    try:
+        plan, _ = plan_memory(info, context_of(options, src, info), options, get_backend(choice.name), cache_types(options.cache, src.defaults))
+    except OutOfMemory as e:
+        return report | {"memory": {"fits": False, "error": str(e)}}
+    memory = {"fits": True, "gpu_layers": plan.n_gpu_layers, "n_cpu_moe": plan.n_cpu_moe, "gpu_bytes": plan.gpu_bytes, "ram_bytes": plan.ram_bytes,
+              "weights_bytes": plan.weights, "active_weights_bytes": plan.active_weights, "placement": plan.placement, "split": plan.split, "warnings": plan.warnings}  # fmt: skip
+    return report | {"memory": memory}
 
 
 def workers_report(endpoints: tuple[str, ...]) -> list[dict[str, object]]:
@@ -222,6 +233,8 @@ def print_report(report: dict[str, object]) -> None:
     if "model" in report:
         m = report["model"]
         t.add_row("model", f"{m['path']} ({m['architecture']}): engine {m['engine']}, because {m['reason']}")  # type: ignore[index]
+        mem = m["memory"]  # type: ignore[index]
+        t.add_row("", f"memory: {mem['split']}; {mem['placement']}" if mem["fits"] else f"[red]memory:[/red] {mem['error']}")
     gpus = report["gpus_seen_by_os"]
     t.add_row("GPUs", ", ".join(gpus) if gpus else "none found")  # type: ignore[arg-type]
     if gpus and lc.get("gpu_offload") is False:

@@ -129,6 +129,17 @@ Threads = Annotated[Optional[int], typer.Option("--threads", "-t", envvar="LOCAL
 Ctx = Annotated[Optional[int], typer.Option("--ctx", "-c", help="Context of each sequence in tokens, prompt and answer together. [default: the model's, at most 4096]", callback=between(16, MAX_CTX))]
 GpuLayers = Annotated[str, typer.Option("--gpu-layers", "-ngl", help="Layers to offload to the GPU, 'all', or 'auto' to fit free VRAM (engines that offload: llama.cpp).", callback=gpu_layers)]
 ENGINE_DEFAULT = "auto"
+# A mixture of experts beside a GPU: its experts kept in RAM, as llama.cpp's flags of these names do.
+CpuMoe = Annotated[bool, typer.Option("--cpu-moe", help="A mixture of experts beside a GPU: keep every layer's experts in RAM and the rest of the model on the GPU (llama.cpp's --cpu-moe). [default: planned with --gpu-layers auto]")]
+NCpuMoe = Annotated[Optional[int], typer.Option("--n-cpu-moe", "-ncmoe", metavar="N", callback=between(0, MAX_CTX), show_default=False,
+    help="A mixture of experts beside a GPU: keep the experts of the first N layers in RAM (llama.cpp's --n-cpu-moe). [default: as few as fit beside the GPU's layers]")]  # fmt: skip
+
+
+def cpu_moe_choice(every: bool, first: int | None) -> int | str:
+    """LoadOptions.cpu_moe from --cpu-moe and --n-cpu-moe: "all", N, or "auto" (planned)."""
+    if every and first is not None:
+        raise typer.BadParameter("give --cpu-moe (every layer's experts) or --n-cpu-moe N (the first N layers'), not both", param_hint="--n-cpu-moe")
+    return "all" if every else first if first is not None else "auto"
 
 
 def rpc_endpoints(value: str | tuple[str, ...] | None) -> tuple[str, ...]:
@@ -282,7 +293,7 @@ def load_options(engine: str, ctx: int | None, threads: int | None, kernels: str
                  draft: tuple[str, int, int, int] = ("none", 10, 2, 4), gpu_layers: int | str = "auto", **more: object):  # fmt: skip  # -> LoadOptions
     """LoadOptions from the shared options: `cache` is (--cache-type, -k, -v), `draft` is
     (--draft, --draft-max, --draft-ngram-min, --draft-ngram-max); `more` sets the rest
-    (n_seq_max, verbose, prefill_chunk, decode_slowdown, draft_engine)."""
+    (n_seq_max, verbose, prefill_chunk, decode_slowdown, draft_engine, cpu_moe)."""
     from localinfer.engine.loader import LoadOptions
 
     model = None if draft[0] in ("prompt-lookup", "none") else draft[0]

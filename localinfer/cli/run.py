@@ -140,6 +140,8 @@ def tell_about(engine: Engine, verbose: bool, raw: bool) -> None:
         err.print(f"[dim]draft model: {engine.drafter.name} on the {engine.drafter.backend.name} engine[/dim]", soft_wrap=True)
     if verbose and engine.memory is not None:
         err.print(f"[dim]{engine.name}: {engine.memory.describe()}; {engine.memory.placement}[/dim]", soft_wrap=True)
+        if engine.memory.split:
+            err.print(f"[dim]split: {engine.memory.split}[/dim]", soft_wrap=True)
     for warning in engine.warnings:
         err.print(f"[yellow]warning:[/yellow] {warning}", soft_wrap=True)
     if not raw and engine.backend.facts.chat_template is None:
@@ -318,6 +320,8 @@ def run(
     ctx: opt.Ctx = None,
     threads: opt.Threads = None,
     gpu_layers: opt.GpuLayers = "auto",
+    cpu_moe: opt.CpuMoe = False,
+    n_cpu_moe: opt.NCpuMoe = None,
     rpc: opt.Rpc = None,
     engine_name: opt.Engine = opt.ENGINE_DEFAULT,
     kernels: opt.Kernels = None,
@@ -356,7 +360,7 @@ def run(
     from localinfer.cli.pull import progress_bar
     from localinfer.engine.loader import open_engine
 
-    load = opt.load_options(engine_name, ctx, threads, kernels, (cache_type, cache_type_k, cache_type_v), (draft, draft_max, draft_ngram_min, draft_ngram_max), gpu_layers, verbose=DEBUG, draft_engine=draft_engine, prompt_cache=opt.prompt_cache(no_prompt_cache, cache_ram, cache_disk, cache_dir), rpc=rpc)
+    load = opt.load_options(engine_name, ctx, threads, kernels, (cache_type, cache_type_k, cache_type_v), (draft, draft_max, draft_ngram_min, draft_ngram_max), gpu_layers, verbose=DEBUG, cpu_moe=opt.cpu_moe_choice(cpu_moe, n_cpu_moe), draft_engine=draft_engine, prompt_cache=opt.prompt_cache(no_prompt_cache, cache_ram, cache_disk, cache_dir), rpc=rpc)
     constraint = opt.constraint_choice(json_schema, grammar, regex)
 
     with progress_bar(enabled=not json_out) as progress:

@@ -36,6 +36,8 @@ def serve(
     kernels: opt.Kernels = None,
     threads: opt.Threads = None,
     gpu_layers: opt.GpuLayers = "auto",
+    cpu_moe: opt.CpuMoe = False,
+    n_cpu_moe: opt.NCpuMoe = None,
     rpc: opt.Rpc = None,
     api_key: Annotated[Optional[str], typer.Option("--api-key", envvar="LOCALINFER_API_KEY", help="Require 'Authorization: Bearer KEY' on every route but /health.", show_default=False)] = None,
     keep_alive: Annotated[str, typer.Option(help="Unload a model idle this long (300, 30s, 5m, 1h; -1: never).", callback=duration)] = "5m",
@@ -65,7 +67,7 @@ def serve(
     model = opt.one_model(model, model_option)
     if host not in LOOPBACK and not api_key:
         err.print(f"[yellow]warning:[/yellow] listening on {host} without --api-key: anyone who can reach this port can use your models")
-    options = opt.load_options(engine_name, ctx, threads, kernels, (cache_type, cache_type_k, cache_type_v), (draft, draft_max, draft_ngram_min, draft_ngram_max), gpu_layers,
+    options = opt.load_options(engine_name, ctx, threads, kernels, (cache_type, cache_type_k, cache_type_v), (draft, draft_max, draft_ngram_min, draft_ngram_max), gpu_layers, cpu_moe=opt.cpu_moe_choice(cpu_moe, n_cpu_moe),
                                n_seq_max=parallel, prefill_chunk=prefill_chunk, decode_slowdown=decode_slowdown, draft_engine=draft_engine, prompt_cache=opt.prompt_cache(no_prompt_cache, cache_ram, cache_disk, cache_dir), rpc=rpc)  # fmt: skip
     # keep_alive is in seconds already: duration() is its callback
     models = ModelHost(model, options, max_loaded=max_loaded, keep_alive=keep_alive, allow_paths=allow_paths)  # type: ignore[arg-type]

@@ -37,6 +37,9 @@ class LoadOptions:
     ctx: int | None = None  # per sequence; None: the catalog's value, else min(4096, trained context)
     threads: int | None = None
     gpu_layers: int | str = "auto"
+    # a mixture of experts' experts kept in RAM beside a GPU: of the first N layers
+    # (--n-cpu-moe N), of "all" (--cpu-moe), or "auto": planned with --gpu-layers
+    cpu_moe: int | str = "auto"
     n_seq_max: int = 1  # sequences decoded at once: the engine's slots
     kernels: str | None = None  # native engine only: auto | c | numba
     verbose: bool = False  # let the backend print its own log (LOCALINFER_DEBUG=1)
@@ -138,21 +141,17 @@ def open_engine(ref: str | None, options: LoadOptions | None = None, progress: P
     backend_cls: type[Backend] = get_backend(choice.name)
     caps = backend_cls.capabilities()
     check_cache_types(choice.name, caps, types)
-    n_ctx = options.ctx or int(src.defaults.get("ctx", 0)) or min(DEFAULT_CTX, info.context_length or DEFAULT_CTX)
-
-    def kv_bytes(kv: tuple[str, str]) -> int:  # every sequence holds n_ctx, in one shared pool or a cache each
-        return backend_cls.kv_cache_bytes(info, n_ctx, options.n_seq_max, kv)
-
-    if options.rpc:
-        plan, split = plan_rpc(options.rpc, info, n_ctx * options.n_seq_max, types, kv_bytes)
-    else:
-        plan, split = memory.plan_cache(info, n_ctx * options.n_seq_max, options.gpu_layers, types, offload_devices(caps), kv_bytes=kv_bytes), ()
+    n_ctx = context_of(options, src, info)
+    plan, split = plan_memory(info, n_ctx, options, backend_cls, types)
     warnings = list(plan.warnings)
     if options.rpc and options.gpu_layers not in ("auto", 0):
         warnings.append("--gpu-layers is ignored with --rpc: the workers hold what they offer, this machine the rest on its CPU")
+    if options.rpc and options.cpu_moe != "auto":
+        warnings.append("--cpu-moe and --n-cpu-moe are ignored with --rpc: the workers hold whole layers")
     draft = plan_draft(options, src, choice.name, plan, n_ctx, warnings, progress) if options.draft is not None and options.draft_model else None
     params = LoadParams(n_ctx=n_ctx, n_threads=options.threads, n_gpu_layers=plan.n_gpu_layers, n_seq_max=options.n_seq_max,
-                        kernels=options.kernels, verbose=options.verbose, cache_types=plan.cache_types, rpc_split=split)  # fmt: skip
+                        kernels=options.kernels, verbose=options.verbose, cache_types=plan.cache_types, rpc_split=split,
+                        n_cpu_moe=-1 if plan.n_cpu_moe >= info.n_layer > 0 else plan.n_cpu_moe)  # fmt: skip
     if split:  # llama.cpp ends its process when a worker goes: it runs in a child, so only the requests end
         backend: Backend = IsolatedBackend(choice.name, path, params, explain=lambda: workers_now(options.rpc))
     else:
@@ -166,6 +165,24 @@ def open_engine(ref: str | None, options: LoadOptions | None = None, progress: P
         draft=options.draft, drafter=drafter, name=src.name, info=info, memory=plan, choice=choice, warnings=warnings,
         prompt_cache=open_prompt_cache(options.prompt_cache, path, info.architecture, choice.name, params),
     )  # fmt: skip
+
+
+def context_of(options: LoadOptions, src: ModelSource, info: GGUFInfo) -> int:
+    """One sequence's context: --ctx, else the catalog's, else the model's, at most DEFAULT_CTX."""
+    return options.ctx or int(src.defaults.get("ctx", 0)) or min(DEFAULT_CTX, info.context_length or DEFAULT_CTX)
+
+
+def plan_memory(info: GGUFInfo, n_ctx: int, options: LoadOptions, backend_cls: type[Backend], types: tuple[str, str] | str) -> tuple[memory.MemoryPlan, tuple[tuple[str, int], ...]]:
+    """The memory plan of a load (refused with OutOfMemory where it does not fit), and
+    llama.cpp's split across RPC workers where there are any."""
+
+    def kv_bytes(kv: tuple[str, str]) -> int:  # every sequence holds n_ctx, in one shared pool or a cache each
+        return backend_cls.kv_cache_bytes(info, n_ctx, options.n_seq_max, kv)
+
+    if options.rpc:
+        return plan_rpc(options.rpc, info, n_ctx * options.n_seq_max, types, kv_bytes)
+    devices = offload_devices(backend_cls.capabilities())
+    return memory.plan_cache(info, n_ctx * options.n_seq_max, options.gpu_layers, types, devices, kv_bytes=kv_bytes, cpu_moe=options.cpu_moe), ()
 
 
 def plan_rpc(endpoints: tuple[str, ...], info: GGUFInfo, n_ctx: int, types: tuple[str, str] | str, kv_bytes: memory.KVBytes) -> tuple[memory.MemoryPlan, tuple[tuple[str, int], ...]]:
@@ -205,7 +222,8 @@ def open_prompt_cache(options: CacheOptions, model: Path, architecture: str, eng
     if not options.enabled or ram + disk == 0:
         return None
     describe = {"architecture": architecture, "engine": engine, "kernels": params.kernels or os.environ.get("LOCALINFER_KERNELS") or "auto", "cpu": cpu_name(), "kv_types": list(params.cache_types), "gpu_layers": params.n_gpu_layers,
-                **({"rpc": [list(part) for part in params.rpc_split]} if params.rpc_split else {})}  # fmt: skip
+                **({"rpc": [list(part) for part in params.rpc_split]} if params.rpc_split else {}),
+                **({"cpu_moe": params.n_cpu_moe} if params.n_cpu_moe and params.n_gpu_layers else {})}  # fmt: skip
     return PromptCache(describe, model, ram, disk, options.folder or prompt_cache_dir(), logging.getLogger("localinfer.prompt_cache").warning)
 
 
@@ -268,7 +286,7 @@ def load_draft(draft: DraftPlan, target: Backend, params: LoadParams, warnings: 
     """Load the draft with one KV sequence per target slot and check that it tokenizes as
     the target does."""
     try:
-        backend = get_backend(draft.engine).load(draft.path, replace(params, n_gpu_layers=0, cache_types=draft.plan.cache_types))
+        backend = get_backend(draft.engine).load(draft.path, replace(params, n_gpu_layers=0, n_cpu_moe=0, cache_types=draft.plan.cache_types))
     except UserError as e:
         return _draft_failed(draft.name, e, draft.lenient, warnings)
     try:

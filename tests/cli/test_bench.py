@@ -13,7 +13,7 @@ import pytest
 from ..conftest import THREADS, run_cli
 
 FIELDS = {
-    "model", "engine", "kernels", "threads", "type_k", "type_v", "draft", "gpu_layers", "rpc",  # the setup
+    "model", "engine", "kernels", "threads", "type_k", "type_v", "draft", "gpu_layers", "cpu_moe", "rpc",  # the setup
     "test", "n_prompt", "n_gen", "samples", "avg_ts", "stddev_ts",  # the test and its tokens/s
     "model_file", "model_bytes", "n_params", "kernels_used", "verify_cost", "rss_bytes", "cpu",
     "model_drafted", "model_accepted", "lookup_drafted", "lookup_accepted",  # speculation over the tg runs
