@@ -17,6 +17,21 @@ pads Qwen's: both engines load it, tokenize and detokenize with it. Greedy text 
 weights repeats one token, so measure with speculation off (`bench model`'s default): every
 prompt-lookup draft would be accepted, which no real model does.
 
+Mixtures of experts: qwen3-30b-a3b (qwen3moe: 48 layers, 128 experts of which a token
+takes 8, q/k norms, an untied output) and gpt-oss-20b (24 layers, 32 experts, top 4, biases,
+attention sinks, a 128-position window on every other layer, YaRN RoPE) are made in their
+real files' block types only, Q4_K_M and MXFP4_MOE (MXFP4 experts, Q8_0 attention), written
+straight from pools of real blocks with no F16 source (bench/synthetic_moe.py says how);
+--types does not apply to them. Whole, they take 18.6 and 12.1 GB.
+
+--layers N makes the first N layers of each shape instead (each layer its real size, the
+embedding and the output matrix whole), NAME-LN-TYPE.gguf, for a disk or RAM too small for
+the whole. Tokens per second then scale with the layer count: a token reads N layers' bytes
+instead of all of them, so the layers' share of its time shrinks to N/L of the full model's
+(the output matrix's share does not), and a speed measured on N of L layers is not the full
+model's; scale it, and say so. --vocab N pads the tokenizer to N tokens instead of the
+shape's vocabulary (NAME-VN-TYPE.gguf): a smaller embedding and output matrix, for tests.
+
 Files are NAME-TYPE.gguf in --out (default: the user cache, ~/.cache/localinfer/bench-models
 on Linux); a file that exists is skipped; every file is written under a temporary name and
 renamed when whole. The F16 source (NAME-F16.gguf) is deleted after quantizing if this run
@@ -26,6 +41,7 @@ disk (Llama-3.2-3B: a 6.4 GB source, 2.0 GB at Q4_K_M).
 
     .venv/bin/python bench/synthetic.py --list
     .venv/bin/python bench/synthetic.py qwen2.5-1.5b llama-3.2-3b [--types Q4_K_M,Q4_0,Q8_0] [--out DIR] [--keep-source] [--threads N] [--seed 0]
+    .venv/bin/python bench/synthetic.py qwen3-30b-a3b gpt-oss-20b [--layers 12]
     .venv/bin/localinfer bench model ~/.cache/localinfer/bench-models/qwen2.5-1.5b-Q4_K_M.gguf -p 512 -n 128 --engine llama.cpp,native -t 1,2
 """
 
@@ -40,16 +56,20 @@ import struct
 import sys
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import numpy as np
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "bench"))
 
 from localinfer.errors import UserError  # noqa: E402
 from localinfer_quant.source import embedded_model_path  # noqa: E402
+
+import synthetic_moe  # noqa: E402
+from synthetic_moe import MOE_SHAPES, MoeShape  # noqa: E402
 
 DEFAULT_TYPES = "Q4_K_M,Q4_0,Q8_0"
 WEIGHT_STD = 0.02  # the usual initialiser's scale; trained models' matrices are of that order
@@ -82,6 +102,12 @@ class Shape:
     fused: bool = False  # phi3's attn_qkv and gate+up ffn_up
     rope_dims: int = 0  # rotated dims per head where not all (phi-4-mini's 96 of 128)
     longrope_ctx: int = 0  # phi3's original context: writes rope_factors_long/short and the attention factor
+
+    def cut(self, layers: int | None = None, vocab: int | None = None) -> Shape:
+        """The same shape with only its first `layers` layers and/or a vocabulary of `vocab`
+        tokens, named so (NAME-L2-V49536)."""
+        s = self if layers in (None, self.n_layer) else replace(self, name=f"{self.name}-L{layers}", n_layer=layers)
+        return s if vocab in (None, s.n_vocab) else replace(s, name=f"{s.name}-V{vocab}", n_vocab=vocab)
 
 
 SHAPES = {s.name: s for s in [
@@ -231,7 +257,7 @@ def gguf_tokenizer(path: Path) -> dict[str, tuple[object, list]]:
 
 def add_metadata(w, s: Shape, tokenizer: dict[str, tuple[object, list]]) -> None:  # w: gguf.GGUFWriter
     """The architecture's hyperparameters under llama.cpp's keys, and the padded vocabulary."""
-    from gguf import GGUFValueType, LlamaFileType, TokenType
+    from gguf import LlamaFileType
 
     w.add_name(f"synthetic {s.name}")
     w.add_file_type(LlamaFileType.MOSTLY_F16)
@@ -254,10 +280,17 @@ def add_metadata(w, s: Shape, tokenizer: dict[str, tuple[object, list]]) -> None
         w.add_rope_scaling_attn_factors(math.sqrt(1 + math.log(s.n_ctx / s.longrope_ctx) / math.log(s.longrope_ctx)))
     w.add_layer_norm_rms_eps(s.norm_eps)
     w.add_vocab_size(s.n_vocab)
+    add_vocabulary(w, s.n_vocab, tokenizer)
+
+
+def add_vocabulary(w, n_vocab: int, tokenizer: dict[str, tuple[object, list]]) -> None:  # w: gguf.GGUFWriter
+    """The tokenizer's keys, its tokens padded to `n_vocab` with unused [PADn] tokens."""
+    from gguf import GGUFValueType, TokenType
+
     tokens, types = list(tokenizer["tokenizer.ggml.tokens"][0]), list(tokenizer["tokenizer.ggml.token_type"][0])
-    if len(tokens) > s.n_vocab:
-        raise UserError(f"{s.name} has {s.n_vocab:,} tokens, fewer than the tokenizer's {len(tokens):,}")
-    pad = range(len(tokens), s.n_vocab)
+    if len(tokens) > n_vocab:
+        raise UserError(f"the shape has {n_vocab:,} tokens, fewer than the tokenizer's {len(tokens):,}")
+    pad = range(len(tokens), n_vocab)
     tokens += [f"[PAD{i}]" for i in pad]
     types += [int(TokenType.UNUSED)] * len(pad)
     padded = {"tokenizer.ggml.tokens": tokens, "tokenizer.ggml.token_type": types}
@@ -346,6 +379,23 @@ def make(s: Shape, types: list[str], out: Path, *, seed: int, threads: int | Non
     return list(targets.values())
 
 
+def make_moe(s: MoeShape, out: Path, *, seed: int, log: Callable[[str], None], tokenizer: Path) -> Path:
+    """The mixture of experts' file in its real file's types, written straight (no F16 source)."""
+    from localinfer.cli.progress import work_bar
+
+    path = out / f"{s.name}-{s.ftype}.gguf"
+    if path.exists():
+        log(f"{path.name}: exists, skipped")
+        return path
+    check_disk(out, sum(t.nbytes for t in synthetic_moe.tensor_plan(s)), path.name)
+    started = time.perf_counter()
+    vocabulary = functools.partial(add_vocabulary, tokenizer=gguf_tokenizer(tokenizer))
+    with work_bar(f"writing {path.name} (MB)", enabled=sys.stderr.isatty()) as bar:
+        synthetic_moe.write(s, path, seed, bar, vocabulary)
+    log(f"{path.name}: {path.stat().st_size / 1e9:.2f} GB in {time.perf_counter() - started:.0f} s")
+    return path
+
+
 def parse_types(text: str) -> list[str]:
     """The comma-separated llama ftype names, checked against what llama.cpp's quantizer takes."""
     from localinfer_quant.quantize import ftypes
@@ -358,6 +408,33 @@ def parse_types(text: str) -> list[str]:
     return types
 
 
+def shapes_asked(names: list[str], layers: int | None, vocab: int | None, types: list[str] | None) -> list[Shape | MoeShape]:
+    """The named shapes, cut to `layers` layers and a `vocab`-token vocabulary where asked;
+    every name and option checked before anything is written."""
+    known = {**SHAPES, **MOE_SHAPES}
+    unknown = [name for name in names if name not in known]
+    if unknown:
+        raise UserError(f"unknown shape {', '.join(unknown)}; choose from: {', '.join(known)}")
+    shapes = [known[name] for name in dict.fromkeys(names)]
+    if layers is not None:
+        deeper = [f"{s.name} has {s.n_layer}" for s in shapes if layers > s.n_layer]
+        if layers < 1 or deeper:
+            raise UserError(f"--layers {layers} is not between 1 and the shape's layer count ({'; '.join(deeper) or 'at least 1'})")
+    for s in shapes:
+        if isinstance(s, MoeShape) and types is not None and s.ftype not in types:
+            raise UserError(f"{s.name} is made only in its real file's types, {s.ftype}; add {s.ftype} to --types or leave --types out")
+    return [s.cut(layers, vocab) for s in shapes]
+
+
+def check_vocab(vocab: int | None, tokenizer: Path) -> None:
+    """--vocab holds at least the tokenizer's tokens (checked before anything is written)."""
+    if vocab is None:
+        return
+    n_tokens = len(gguf_tokenizer(tokenizer)["tokenizer.ggml.tokens"][0])
+    if vocab < n_tokens:
+        raise UserError(f"--vocab {vocab} is fewer than the tokenizer's {n_tokens:,} tokens ({tokenizer.name})")
+
+
 def listing() -> Iterator[str]:
     from localinfer_quant.quantize import ftypes
 
@@ -368,6 +445,13 @@ def listing() -> Iterator[str]:
         yield (f"{s.name:14} {s.arch:6} {s.n_layer:6} {s.n_embd:5} {s.n_ff:6} {s.n_head:>3}/{s.n_head_kv:<2} {s.head_dim:4} {s.n_vocab:8,}"
                f" {p / 1e6:7,.0f}M {p * 2 / 1e9:6.2f}GB  {', '.join(extras)}")  # fmt: skip
     yield ""
+    yield "mixtures of experts, in their real files' types only (--layers N: N layers of each)"
+    yield f"{'shape':14} {'arch':8} {'type':9} {'layers':>6} {'embd':>5} {'experts':>8} {'ff_exp':>6} {'heads':>6} {'head':>4} {'vocab':>8} {'params':>8} {'active':>7} {'file':>8}"
+    for s in MOE_SHAPES.values():
+        (total, active), size = synthetic_moe.n_params(s), sum(t.nbytes for t in synthetic_moe.tensor_plan(s))
+        yield (f"{s.name:14} {s.arch:8} {s.ftype:9} {s.n_layer:6} {s.n_embd:5} {s.n_expert_used:>3} of {s.n_expert:<3} {s.n_ff_exp:6}"
+               f" {s.n_head:>3}/{s.n_head_kv:<2} {s.head_dim:4} {s.n_vocab:8,} {total / 1e9:7.2f}B {active / 1e9:6.2f}B {size / 1e9:6.2f}GB")  # fmt: skip
+    yield ""
     yield "types (llama.cpp's quantizer, by llama-quantize's names): " + ", ".join(ftypes())
 
 
@@ -377,10 +461,19 @@ def default_out() -> Path:
     return Path(platformdirs.user_cache_dir("localinfer", appauthor=False)) / "bench-models"
 
 
+VOCAB_HELP = ("pad the tokenizer to N tokens instead of the shape's vocabulary (at least the tokenizer's own: 49,152 for the embedded one): "
+              "a smaller embedding and output matrix, for tests and small disks; the output matrix's share of a token's time is then not the real one")
+LAYERS_HELP = ("make only the first N layers of each shape, each its real size (the embedding and output matrix whole), to fit a small disk "
+               "or RAM; tokens per second then scale with the layer count: the layers' share of a token's time is N/L of the full model's, "
+               "so scale a speed measured on N of L layers before comparing it, and say so")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("shapes", nargs="*", help=f"shapes to make: {', '.join(SHAPES)}")
-    ap.add_argument("--types", default=DEFAULT_TYPES, help=f"comma-separated llama ftypes (default {DEFAULT_TYPES}); F16 keeps the source")
+    ap.add_argument("shapes", nargs="*", help=f"shapes to make: {', '.join([*SHAPES, *MOE_SHAPES])}")
+    ap.add_argument("--types", default=None, help=f"comma-separated llama ftypes (default {DEFAULT_TYPES}); F16 keeps the source; a mixture of experts is made in its own")
+    ap.add_argument("--layers", type=int, default=None, metavar="N", help=LAYERS_HELP)
+    ap.add_argument("--vocab", type=int, default=None, metavar="N", help=VOCAB_HELP)
     ap.add_argument("--out", type=Path, default=None, help=f"folder for the files (default {default_out()})")
     ap.add_argument("--keep-source", action="store_true", help="keep the F16 source this run writes (it is deleted after quantizing otherwise)")
     ap.add_argument("--threads", type=int, default=None, help="quantizer threads (default: every core)")
@@ -392,23 +485,26 @@ def main() -> None:
         print("\n".join(listing()))
         return
     if not args.shapes:
-        ap.error(f"name at least one shape ({', '.join(SHAPES)}), or pass --list")
+        ap.error(f"name at least one shape ({', '.join([*SHAPES, *MOE_SHAPES])}), or pass --list")
     log = lambda line: print(line, file=sys.stderr, flush=True)  # noqa: E731
     try:
-        unknown = [name for name in args.shapes if name not in SHAPES]
-        if unknown:
-            raise UserError(f"unknown shape {', '.join(unknown)}; choose from: {', '.join(SHAPES)}")
         if args.threads is not None and args.threads < 1:
             raise UserError("--threads must be at least 1")
-        types = parse_types(args.types)
+        types = parse_types(args.types) if args.types is not None else None
+        shapes = shapes_asked(args.shapes, args.layers, args.vocab, types)
         tokenizer = args.tokenizer or embedded_model_path()
         if not tokenizer.is_file():
             raise UserError(f"--tokenizer {tokenizer}: no such file")
+        check_vocab(args.vocab, tokenizer)
         from localinfer.paths import ensure_dir
 
         out = ensure_dir((args.out or default_out()).expanduser())
-        for name in dict.fromkeys(args.shapes):
-            for path in make(SHAPES[name], types, out, seed=args.seed, threads=args.threads, keep_source=args.keep_source, log=log, tokenizer=tokenizer):
+        for s in shapes:
+            if isinstance(s, MoeShape):
+                paths = [make_moe(s, out, seed=args.seed, log=log, tokenizer=tokenizer)]
+            else:
+                paths = make(s, types or parse_types(DEFAULT_TYPES), out, seed=args.seed, threads=args.threads, keep_source=args.keep_source, log=log, tokenizer=tokenizer)
+            for path in paths:
                 print(path, flush=True)
     except UserError as e:
         raise SystemExit(f"error: {e}") from None
