@@ -81,19 +81,21 @@ def chat(
             return
         if not (sys.stdin.isatty() and sys.stdout.isatty()):
             raise typer.BadParameter("the chat app needs a terminal; for scripts use 'localinfer run' (one prompt) or 'localinfer serve' (an API)")
+        from localinfer.engine.reasoning import think_of
         from localinfer.tui.app import ChatApp
         from localinfer.tui.threads import UI_NICE
 
         options = opt.load_options(engine_name, ctx, threads, kernels, (cache_type, cache_type_k, cache_type_v), (draft, draft_max, draft_ngram_min, draft_ngram_max), gpu_layers, draft_engine=draft_engine, cpu_moe=opt.cpu_moe_choice(cpu_moe, n_cpu_moe), prompt_cache=opt.prompt_cache(no_prompt_cache, cache_ram, cache_disk, cache_dir), rpc=rpc)
         sampling = {"temperature": temperature, "top_k": top_k, "top_p": top_p, "min_p": min_p, "repeat_penalty": repeat_penalty, "seed": seed, "max_tokens": max_tokens}
-        ChatApp(store, model_loader(options, think == "on" and think_budget != 0, think_budget), model=model, url=url, sampling=sampling, ui_nice=UI_NICE).run()
+        ChatApp(store, model_loader(options, think_of(think, think_budget), think_budget), model=model, url=url, sampling=sampling, ui_nice=UI_NICE).run()
     finally:
         store.close()
 
 
-def model_loader(options, think: bool = True, think_budget: int | None = None):  # (LoadOptions) -> Loader
+def model_loader(options, think: bool | str = True, think_budget: int | None = None):  # (LoadOptions) -> Loader
     """How the app opens a chat's model: in-process with these options, or at its URL
-    (`think`: a reasoning model thinks before it answers, at most `think_budget` tokens)."""
+    (`think`: a reasoning model thinks before it answers, or how hard: low, medium or high,
+    at most `think_budget` tokens)."""
 
     def load(ref: str | None, url: str | None):
         from localinfer.tui.replies import LocalModel, RemoteModel

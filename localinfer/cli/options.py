@@ -172,8 +172,14 @@ def on_off(value: str) -> str:
     return value
 
 
+def think_level(value: str) -> str:
+    if value not in ("on", "off", "low", "medium", "high"):
+        raise typer.BadParameter(f"'{value}' is not on, off, low, medium or high")
+    return value
+
+
 # Reasoning models, on the commands that chat (run, chat).
-Think = Annotated[str, typer.Option("--think", help="Let a reasoning model (Qwen3, DeepSeek-R1 distills) think before it answers: on or off (its template's enable_thinking, or the think block closed at once).", callback=on_off)]
+Think = Annotated[str, typer.Option("--think", metavar="on|off|low|medium|high", help="Let a reasoning model (Qwen3, DeepSeek-R1 distills, gpt-oss) think before it answers: on or off (its template's enable_thinking, or the think block closed at once; gpt-oss always reasons, off is its low), or how hard: low, medium or high (the template's reasoning_effort, gpt-oss's; on for the others).", callback=think_level)]
 ThinkBudget = Annotated[Optional[int], typer.Option("--think-budget", help="Most tokens a reasoning model may think; then localinfer closes the think block and the model answers. 0: do not think. [default: no limit]", callback=between(0, MAX_CTX), show_default=False)]
 
 

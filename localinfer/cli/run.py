@@ -18,7 +18,7 @@ from localinfer.errors import ContextOverflow, ModelNotFound, OutputClosed, User
 if TYPE_CHECKING:
     from localinfer.engine.engine import Engine
     from localinfer.engine.templates import Message
-    from localinfer.engine.types import CompletionOutput, SamplingParams, Timings
+    from localinfer.engine.types import CompletionOutput, SamplingParams, Think, Timings
 
 err = Console(stderr=True, highlight=False)
 DEBUG = os.environ.get("LOCALINFER_DEBUG") == "1"  # also shows the backend's own log
@@ -212,7 +212,7 @@ def as_json(engine: Engine, result: CompletionOutput) -> str:
     )
 
 
-def interactive(engine: Engine, system: str | None, params: SamplingParams, verbose: bool, think: bool = True, show_thinking: bool = True) -> None:
+def interactive(engine: Engine, system: str | None, params: SamplingParams, verbose: bool, think: Think = True, show_thinking: bool = True) -> None:
     import readline
 
     from localinfer.engine.conversation import answer_room, fit_conversation
@@ -359,6 +359,7 @@ def run(
 
     from localinfer.cli.pull import progress_bar
     from localinfer.engine.loader import open_engine
+    from localinfer.engine.reasoning import think_of
 
     load = opt.load_options(engine_name, ctx, threads, kernels, (cache_type, cache_type_k, cache_type_v), (draft, draft_max, draft_ngram_min, draft_ngram_max), gpu_layers, verbose=DEBUG, cpu_moe=opt.cpu_moe_choice(cpu_moe, n_cpu_moe), draft_engine=draft_engine, prompt_cache=opt.prompt_cache(no_prompt_cache, cache_ram, cache_disk, cache_dir), rpc=rpc)
     constraint = opt.constraint_choice(json_schema, grammar, regex)
@@ -370,7 +371,7 @@ def run(
         temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p,
         repeat_penalty=repeat_penalty, seed=seed, max_tokens=max_tokens, constraint=constraint, think_budget=think_budget,
     )
-    thinks = think == "on" and think_budget != 0
+    thinks = think_of(think, think_budget)
     try:
         if prompt is None:
             interactive(engine, system, params, verbose, thinks, not hide_thinking)

@@ -6,6 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from localinfer.engine.templates import Message
+from localinfer.engine.types import Think
 from localinfer.errors import ContextOverflow
 
 
@@ -22,10 +23,10 @@ def answer_room(n_ctx: int, max_tokens: int | None) -> int:
     return min(max_tokens or n_ctx // 4, n_ctx // 2)
 
 
-def fit_conversation(engine, messages: list[Message], room: int, think: bool = True) -> FittedPrompt:
+def fit_conversation(engine, messages: list[Message], room: int, think: Think = True) -> FittedPrompt:
     """The prompt for `messages`, dropping the oldest non-system messages until the prompt
     and `room` fit in the context. The last message is always kept; if it alone cannot
-    fit, ContextOverflow says so and nothing is dropped. `think`: a reasoning model thinks first."""
+    fit, ContextOverflow says so and nothing is dropped. `think`: a reasoning model thinks first (or how hard)."""
     system = [m for m in messages[:1] if m["role"] == "system"]
     turns = messages[len(system) :]
     n_ctx = engine.n_ctx

@@ -38,7 +38,7 @@ from localinfer.engine.draft_model import DraftModel
 from localinfer.engine.drafting import Drafting
 from localinfer.engine.filewatch import ModelFileWatch
 from localinfer.engine.prompt_cache import PromptCache
-from localinfer.engine.reasoning import BUDGET_CLOSE, ReasoningSplitter, ThinkSyntax
+from localinfer.engine.reasoning import Splitter, syntax_of
 from localinfer.engine.request import Ending, Request, RequestContext
 from localinfer.engine.sampler import Sampler
 from localinfer.engine.slots import Slots
@@ -46,13 +46,14 @@ from localinfer.engine.speculative import DraftConfig
 from localinfer.engine.stops import StopMatcher
 from localinfer.engine.stream import Event, RequestStream
 from localinfer.engine.templates import Message, render_chat
-from localinfer.engine.types import CompletionOutput, EngineChoice, SamplingParams
+from localinfer.engine.types import CompletionOutput, EngineChoice, SamplingParams, Think
 from localinfer.errors import BackendError, BackendLost, ContextOverflow, UserError
 from localinfer.memory import MemoryPlan, kv_cache_bytes
 from localinfer.modelfile import GGUFInfo
 
 DEFAULT_PREFILL_CHUNK = 512
 MAX_BACKLOG = 256  # unread events after which a request waits for its reader
+PROMPT_TAIL = 64  # a prompt's last tokens, read for where its reasoning syntax leaves the model (a required call's harmony header)
 Row = tuple[Request, list[int], int, int]  # one request's part of a step's batch: (request, tokens, start position, rows wanting logits)
 
 
@@ -103,12 +104,16 @@ class Engine:
         self.broken: str | None = None  # why the model can no longer run (its file was truncated)
         self._grammar_vocab: GrammarVocab | None = None  # built when a request first asks for structured output
         self._grammar_lock = threading.Lock()
-        self.think = ThinkSyntax.detect(backend.facts.chat_template, lambda tag: backend.tokenize(tag, add_special=False, parse_special=True))
+        special = lambda text: backend.tokenize(text, add_special=False, parse_special=True)  # noqa: E731
+        self.think = syntax_of(backend.facts.chat_template, special)  # how the model reasons: <think> or harmony's channels
+        eog = frozenset(backend.vocab.eog_ids)
+        if self.think is not None:  # harmony's reply ends at <|return|> or <|call|>, never at <|end|>
+            eog = self.think.end_tokens(eog, lambda text: ids[0] if len(ids := special(text)) == 1 else None)
         self._context = RequestContext(
-            eog_ids=frozenset(backend.vocab.eog_ids),
-            eog=np.array(sorted(backend.vocab.eog_ids), dtype=np.intp),
+            eog_ids=eog,
+            eog=np.array(sorted(eog), dtype=np.intp),
             n_ctx=backend.facts.n_ctx,
-            budget_close=tuple(backend.tokenize(BUDGET_CLOSE, add_special=False, parse_special=True)) if self.think is not None else (),
+            budget_close=tuple(special(self.think.budget_close)) if self.think is not None else (),
             load_ms=load_ms,
         )
 
@@ -128,22 +133,26 @@ class Engine:
         return self.backend.facts.n_ctx
 
     # --- prompts -------------------------------------------------------------------
-    def render_chat(self, messages: list[Message], add_generation_prompt: bool = True, tools: list[dict] | None = None, think: bool = True) -> str:
+    def render_chat(self, messages: list[Message], add_generation_prompt: bool = True, tools: list[dict] | None = None, think: Think = True) -> str:
         """The prompt for a conversation. A reasoning model thinks first unless `think` is
         False: its template's `enable_thinking` off, or where the template opens the think
-        block itself and cannot, the block closed right after it opens."""
+        block itself and cannot, the block closed right after it opens (gpt-oss, which always
+        reasons, is asked for its least: "low"). An effort ("low", "medium", "high") reaches
+        templates that read `reasoning_effort`. Earlier turns' reasoning goes where the
+        template reads it."""
         v, syntax = self.backend.vocab, self.think
+        on, effort = think is not False, (think if isinstance(think, str) else None)
         prompt = render_chat(
             self.backend.facts.chat_template,
-            messages,
+            syntax.history(messages) if syntax is not None else messages,
             add_generation_prompt=add_generation_prompt,
             bos_token=v.bos_text,
             eos_token=v.eos_text,
             tools=tools,
-            enable_thinking=think if syntax is not None else None,
+            variables=syntax.variables(on, effort) if syntax is not None else None,
         )
-        if syntax is not None and not think and add_generation_prompt and syntax.starts_open(prompt):
-            prompt += syntax.close + "\n\n"
+        if syntax is not None and add_generation_prompt:
+            prompt += syntax.prompt_suffix(prompt, on)
         return prompt
 
     def tokenize_prompt(self, text: str) -> list[int]:
@@ -190,12 +199,13 @@ class Engine:
         self._post(("submit", req))
         return stream
 
-    def _splitter(self, prompt_tokens: list[int]) -> ReasoningSplitter | None:
-        """A reasoning model's splitter, started inside the think block if the prompt opens it."""
+    def _splitter(self, prompt_tokens: list[int]) -> Splitter | None:
+        """A reasoning model's splitter, started where the prompt's end leaves the model:
+        inside a think block the prompt opens, in the header or body of a harmony message."""
         if self.think is None:
             return None
-        tail = b"".join(self.backend.token_bytes(t) for t in prompt_tokens[-8:]).decode("utf-8", errors="replace")
-        return ReasoningSplitter(self.think, inside=self.think.starts_open(tail))
+        tail = b"".join(self.backend.token_bytes(t) for t in prompt_tokens[-PROMPT_TAIL:]).decode("utf-8", errors="replace")
+        return self.think.splitter(tail)
 
     def grammar_vocab(self) -> GrammarVocab:
         """The vocabulary as the grammar engine sees it, built once (any thread)."""

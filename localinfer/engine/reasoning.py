@@ -1,5 +1,6 @@
 """Reasoning models: the thinking a model writes between `<think>` and `</think>`, split
-from its answer as the tokens stream, above every backend.
+from its answer as the tokens stream, above every backend (gpt-oss's channels are
+harmony.py's; `syntax_of` finds which a model uses), and what clients ask of it.
 
 A model thinks in this syntax when its chat template mentions the closing tag (Qwen3,
 SmolLM3, the DeepSeek-R1 distills, which cut earlier turns at it) or its vocabulary holds
@@ -13,13 +14,47 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Union
 
+from localinfer.engine.harmony import HarmonySplitter, HarmonySyntax
 from localinfer.engine.stops import partial_suffix
+from localinfer.engine.types import EFFORTS, Effort, Think
 
 OPEN, CLOSE = "<think>", "</think>"
 # What the engine writes itself when a thinking budget runs out: the block's close and the
 # blank line models put before their answer.
 BUDGET_CLOSE = "\n" + CLOSE + "\n\n"
+# Anthropic's thinking budget as an effort: below 4,096 tokens low, below 16,384 medium, else
+# high. Round powers of two that put the budgets clients send for each level (1,024; 8,000 to
+# 10,000; 20,000 to 24,576) in that level; Anthropic's least budget is 1,024.
+BUDGET_EFFORTS: tuple[tuple[int, Effort], ...] = ((4096, "low"), (16384, "medium"))
+
+
+def effort_of(value: str | None) -> Think:
+    """An OpenAI reasoning effort as a Think: "none" is off, "minimal" the least ("low"),
+    none given the model's own default (on)."""
+    if value == "none":
+        return False
+    if value == "minimal":
+        return "low"
+    return value if value in EFFORTS else True  # type: ignore[return-value]
+
+
+def think_of(flag: str, budget: int | None = None) -> Think:
+    """The CLI's --think (on, off, low, medium, high) with --think-budget (0: off) as a Think."""
+    if flag == "off" or budget == 0:
+        return False
+    return flag if flag in EFFORTS else True  # type: ignore[return-value]
+
+
+def budget_effort(budget_tokens: int) -> Effort:
+    """Anthropic's `thinking.budget_tokens` as an effort (BUDGET_EFFORTS)."""
+    return next((effort for below, effort in BUDGET_EFFORTS if budget_tokens < below), "high")
+
+
+def syntax_of(template: str | None, tokenize: Callable[[str], list[int]]) -> ThinkSyntax | HarmonySyntax | None:
+    """How a model reasons, read from its template and vocabulary; None if it does not."""
+    return HarmonySyntax.detect(template) or ThinkSyntax.detect(template, tokenize)
 
 
 @dataclass(frozen=True)
@@ -29,6 +64,8 @@ class ThinkSyntax:
     open: str = OPEN
     close: str = CLOSE
     switchable: bool = False  # the template reads `enable_thinking`
+    efforts: bool = False  # the template reads `reasoning_effort`
+    budget_close: str = BUDGET_CLOSE
 
     @classmethod
     def detect(cls, template: str | None, tokenize: Callable[[str], list[int]]) -> ThinkSyntax | None:
@@ -36,12 +73,30 @@ class ThinkSyntax:
         single = all(len(tokenize(tag)) == 1 for tag in (OPEN, CLOSE))
         if not (template and CLOSE in template) and not single:
             return None
-        return cls(switchable=bool(template) and "enable_thinking" in template)
+        return cls(switchable=bool(template) and "enable_thinking" in template, efforts=bool(template) and "reasoning_effort" in template)
 
     def starts_open(self, prompt_text: str) -> bool:
         """Whether a prompt ending like this leaves the model inside a think block."""
         tail = prompt_text.rstrip()
         return tail.endswith(self.open)
+
+    def variables(self, think: bool, effort: Effort | None) -> dict[str, object]:
+        """The template's variables: `enable_thinking`, and `reasoning_effort` where it reads one."""
+        return {"enable_thinking": think, **({"reasoning_effort": effort} if effort and self.efforts else {})}
+
+    def history(self, messages: list[dict]) -> list[dict]:
+        return messages
+
+    def prompt_suffix(self, prompt: str, think: bool) -> str:
+        """What the engine adds to a prompt: with thinking off, the close of a block that the
+        template opened and cannot keep shut."""
+        return self.close + "\n\n" if not think and self.starts_open(prompt) else ""
+
+    def end_tokens(self, eog: frozenset[int], single: Callable[[str], int | None]) -> frozenset[int]:
+        return eog
+
+    def splitter(self, prompt_tail: str) -> ReasoningSplitter:
+        return ReasoningSplitter(self, inside=self.starts_open(prompt_tail))
 
 
 class ReasoningSplitter:
@@ -55,6 +110,12 @@ class ReasoningSplitter:
         self.closed = False  # a block has ended: the answer has begun
         self._trim = inside  # drop the whitespace that opens the thinking, and the answer after it
         self._held = ""
+        self.ended = False  # harmony's splitter may end a reply from its text; a think block never does
+
+    @property
+    def can_close(self) -> bool:
+        """Inside the block, where a thinking budget may close it."""
+        return self.thinking
 
     def push(self, text: str) -> tuple[str, str]:
         """New text in; (reasoning, answer) that is safe to emit out."""
@@ -95,3 +156,6 @@ class ReasoningSplitter:
         """What is held at the end: unfinished thinking stays thinking, the rest is answer."""
         held, self._held = self._held, ""
         return (held, "") if self.thinking else ("", held)
+
+
+Splitter = Union[ReasoningSplitter, HarmonySplitter]  # what a request's text goes through: reasoning and answer apart

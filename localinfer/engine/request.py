@@ -18,7 +18,7 @@ import numpy as np
 
 from localinfer.engine.constraints import TokenMask
 from localinfer.engine.detokenize import StreamDetokenizer
-from localinfer.engine.reasoning import ReasoningSplitter
+from localinfer.engine.reasoning import Splitter
 from localinfer.engine.sampler import Sampler
 from localinfer.engine.speculative import Proposal, RequestDrafts, speculative_choice
 from localinfer.engine.stops import StopMatcher
@@ -36,7 +36,7 @@ class RequestContext:
     eog_ids: frozenset[int]  # end-of-generation tokens
     eog: np.ndarray  # the same, as an index array (ignore_eos bans them)
     n_ctx: int  # one sequence's context
-    budget_close: tuple[int, ...]  # the tokens that close a think block whose budget is spent
+    budget_close: tuple[int, ...]  # the tokens that close a think block (harmony: its analysis) whose budget is spent
     load_ms: float  # the model's load time, reported in every request's timings
 
 
@@ -79,7 +79,7 @@ class Request:
     spec: RequestDrafts | None = None  # its speculation, when the engine drafts (drafting.py)
     mask: TokenMask | None = None  # structured output: the grammar's state
     n_forwards: int = 0  # decode forwards this request took part in (tokens per forward = answer / this)
-    splitter: ReasoningSplitter | None = None  # a reasoning model's: thinking apart from the answer
+    splitter: Splitter | None = None  # a reasoning model's: thinking apart from the answer
     reasoning: list[str] = field(default_factory=list)
     reasoning_end: int = 0  # answer tokens up to the one that closed the think block (0: none closed)
     forced: deque[int] = field(default_factory=deque)  # tokens the engine writes itself (a thinking budget's close)
@@ -176,6 +176,8 @@ class Request:
         self.emit(token, text, *(logprobs or ()), reasoning=reasoning)
         if hit_stop:
             return "stop", False, None
+        if self.splitter is not None and self.splitter.ended:  # harmony's <|return|> or <|call|>, written as text
+            return "stop", True, None
         if self.mask is not None and self.mask.finished:  # the grammar is complete: only end of generation may follow
             return "stop", True, None
         if self.params.max_tokens is not None and len(self.generated) >= self.params.max_tokens:
@@ -191,7 +193,7 @@ class Request:
         splitter, budget = self.splitter, self.params.think_budget
         if splitter.closed and not self.reasoning_end:  # type: ignore[union-attr]
             self.reasoning_end = len(self.generated)
-        elif splitter.thinking and budget is not None and len(self.generated) >= budget and not self.forced:  # type: ignore[union-attr]
+        elif splitter.can_close and budget is not None and len(self.generated) >= budget and not self.forced:  # type: ignore[union-attr]
             self.forced.extend(self.context.budget_close)
 
     # --- text and events -----------------------------------------------------------------

@@ -96,11 +96,11 @@ def render_chat(
     bos_token: str = "",
     eos_token: str = "",
     tools: list[dict] | None = None,
-    enable_thinking: bool | None = None,
+    variables: dict[str, object] | None = None,
 ) -> str:
     """The prompt text for a conversation, exactly as the model was trained to see it
-    (`tools`: OpenAI's tool list, for templates that render tools themselves;
-    `enable_thinking`: for reasoning models' templates that read it, None: not given)."""
+    (`tools`: OpenAI's tool list, for templates that render tools themselves; `variables`:
+    more of the template's own, a reasoning model's `enable_thinking` or `reasoning_effort`)."""
     compiled = _compile(template or CHATML)
     tracing = sys.gettrace() is None  # a debugger's or coverage's tracer stays; ours would replace it
     if tracing:
@@ -112,7 +112,7 @@ def render_chat(
             bos_token=bos_token,
             eos_token=eos_token,
             tools=tools,
-            **({} if enable_thinking is None else {"enable_thinking": enable_thinking}),
+            **(variables or {}),
         )
     except Exception as e:  # the template is code from a downloaded file: whatever it raises is its failure, not ours
         raise TemplateError(f"the model's chat template failed to render: {type(e).__name__ + ': ' if not isinstance(e, jinja2.TemplateError) else ''}{e}") from e

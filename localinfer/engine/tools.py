@@ -6,6 +6,8 @@ Models write calls in the syntax their chat template shows them:
 - "hermes": `<tool_call>{"name": ..., "arguments": {...}}</tool_call>` (Hermes, Qwen 2.5 and 3);
 - "llama3": a bare JSON object `{"name": ..., "parameters": {...}}` (Llama 3.1 to 3.3, whose
   template renders the tools into the prompt itself);
+- "harmony": gpt-oss's commentary message addressed `to=functions.NAME` (harmony.py splits it
+  from the reasoning and hands it on in the template's own form for a call, read here);
 - "generic": a template that knows nothing of tools (the embedded SmolLM2). We describe the
   tools in the system prompt ourselves and ask for the Hermes syntax, as llama-server does
   for such templates.
@@ -19,12 +21,14 @@ import uuid
 from dataclasses import dataclass, field
 from typing import Literal
 
-from localinfer.engine.constraints import Constraint
+from localinfer.engine import harmony
+from localinfer.engine.constraints import JSON_OPTIONS, Constraint
 from localinfer.engine.stops import partial_suffix
 from localinfer.errors import ConstraintError
 
-ToolFormat = Literal["hermes", "llama3", "generic"]
+ToolFormat = Literal["hermes", "llama3", "generic", "harmony"]
 OPEN, CLOSE = "<tool_call>", "</tool_call>"
+MARKS = {"harmony": (harmony.CALL_OPEN, harmony.CALL)}  # where a call starts and ends in the text; others: OPEN, CLOSE
 
 GENERIC_PROMPT = """You can call these tools:
 {tools}
@@ -63,6 +67,8 @@ def tool_format(template: str | None) -> ToolFormat:
     t = template or ""
     if "tools" not in t:
         return "generic"
+    if harmony.CHANNEL in t and harmony.CALL in t:
+        return "harmony"
     if OPEN in t:
         return "hermes"
     if "<|python_tag|>" in t or "ipython" in t:
@@ -97,9 +103,13 @@ def prompt_messages(messages: list[dict], tools: list[Tool], fmt: ToolFormat) ->
     return out
 
 
-def call_prefix(fmt: ToolFormat) -> str:
+def call_prefix(fmt: ToolFormat, chosen: list[Tool] | None = None) -> str:
     """Text the answer starts with when a call is required (it goes at the end of the
-    prompt, so the grammar constrains only the call itself)."""
+    prompt, so the grammar constrains only the call itself). Harmony's is the call's
+    header, through its name when only one tool may be called."""
+    if fmt == "harmony":
+        head = harmony.CHANNEL + "commentary to=functions."
+        return head + f"{chosen[0].name} {harmony.CONSTRAIN}json{harmony.MESSAGE}" if chosen and len(chosen) == 1 else head
     return "" if fmt == "llama3" else OPEN
 
 
@@ -108,6 +118,8 @@ def call_constraint(tools: list[Tool], fmt: ToolFormat) -> Constraint:
     Arguments the schema does not name are left out unless it allows them explicitly
     (as OpenAI's strict mode does): a small model would otherwise add its own until
     max_tokens, and a tool cannot take them."""
+    if fmt == "harmony":
+        return _harmony_constraint(tools)
     key = "parameters" if fmt == "llama3" else "arguments"
     options = [
         {"type": "object", "properties": {"name": {"const": t.name}, key: {"additionalProperties": False, **t.parameters}}, "required": ["name", key], "additionalProperties": False}
@@ -116,18 +128,37 @@ def call_constraint(tools: list[Tool], fmt: ToolFormat) -> Constraint:
     return Constraint.json_schema(options[0] if len(options) == 1 else {"anyOf": options})
 
 
-def parse_calls(text: str, fmt: ToolFormat, required: bool = False) -> tuple[str, list[ToolCall]]:
+def _harmony_constraint(tools: list[Tool]) -> Constraint:
+    """After call_prefix: one tool's arguments; of several, a name, the rest of the header
+    (harmony's special tokens, which a gpt-oss vocabulary holds) and that tool's arguments."""
+    schemas = [{"additionalProperties": False, **t.parameters} for t in tools]
+    if len(tools) == 1:
+        return Constraint.json_schema(schemas[0])
+    rules = [f"start: {' | '.join(f'c{i}' for i in range(len(tools)))}"]
+    for i, (tool, schema) in enumerate(zip(tools, schemas)):
+        rules.append(f'c{i}: "{tool.name}" " " {harmony.CONSTRAIN} "json" {harmony.MESSAGE} a{i}')
+        rules.append(f"a{i}: %json {json.dumps({**schema, 'x-guidance': JSON_OPTIONS})}")
+    return Constraint("grammar", "\n".join(rules))
+
+
+def parse_calls(text: str, fmt: ToolFormat, required: bool = False, keep: bool = True) -> tuple[str, list[ToolCall]]:
     """(content, calls) from a finished answer, read as a stream read in one piece, so a
     streamed answer and a whole one always agree. With `required`, the answer is the
-    call's JSON alone (the prefix was in the prompt, the grammar shaped the rest)."""
-    stream = CallStream(fmt, required)
+    call's JSON alone (the prefix was in the prompt, the grammar shaped the rest; harmony's
+    splitter writes the whole call whatever the prompt held). Without `keep`, calls are
+    taken out of the text and dropped (a format whose calls never belong in the answer)."""
+    stream = CallStream(fmt, required, keep)
     head, calls = stream.push(text)
     tail, more = stream.finish()
     calls += more
-    return ((head + tail).strip() if calls else text), calls
+    content = head + tail
+    return (content.strip() if calls else content if fmt == "harmony" else text), calls
 
 
-def _call(text: str) -> ToolCall | None:
+def _call(text: str, fmt: ToolFormat = "hermes") -> ToolCall | None:
+    """The call written between a call's marks; None if it is not one."""
+    if fmt == "harmony":
+        return _harmony_call(text)
     try:
         value = json.loads(text)
     except json.JSONDecodeError:
@@ -138,6 +169,16 @@ def _call(text: str) -> ToolCall | None:
     if isinstance(args, str):
         args = _loads(args)
     return ToolCall(value["name"], json.dumps(args, ensure_ascii=False))
+
+
+def _harmony_call(text: str) -> ToolCall | None:
+    """`NAME<|channel|>commentary json<|message|>ARGUMENTS` (harmony.call_text's middle)."""
+    name, _, arguments = text.partition(harmony.CALL_HEAD)
+    try:
+        value = json.loads(arguments)
+    except json.JSONDecodeError:
+        return None
+    return ToolCall(name, json.dumps(value, ensure_ascii=False)) if name and isinstance(value, dict) else None
 
 
 def _loads(arguments: str | dict) -> object:
@@ -153,13 +194,22 @@ class CallStream:
     """Streamed text with the calls held back: text outside calls goes out as it comes
     (except what might be the start of a call), each call goes out once it is whole."""
 
-    def __init__(self, fmt: ToolFormat, required: bool = False) -> None:
-        self.fmt, self.required = fmt, required
+    def __init__(self, fmt: ToolFormat, required: bool = False, keep: bool = True) -> None:
+        self.fmt, self.required, self.keep = fmt, required, keep
+        self.open, self.close = MARKS.get(fmt, (OPEN, CLOSE))
         self._buffer = ""
-        self._whole = required  # everything is one call: hold it all
+        self._whole = required and fmt != "harmony"  # everything is one call: hold it all
         self._started = False
 
     def push(self, text: str) -> tuple[str, list[ToolCall]]:
+        content, calls = self._push(text)
+        return content, calls if self.keep else []
+
+    def finish(self) -> tuple[str, list[ToolCall]]:
+        content, calls = self._finish()
+        return content, calls if self.keep else []
+
+    def _push(self, text: str) -> tuple[str, list[ToolCall]]:
         self._buffer += text
         if self._whole:
             return "", []
@@ -176,7 +226,7 @@ class CallStream:
             return out, []
         return self._drain(final=False)
 
-    def finish(self) -> tuple[str, list[ToolCall]]:
+    def _finish(self) -> tuple[str, list[ToolCall]]:
         if self._whole:
             text, self._buffer = self._buffer, ""
             call = _call(text.strip())
@@ -186,20 +236,21 @@ class CallStream:
     def _drain(self, final: bool) -> tuple[str, list[ToolCall]]:
         out, calls = [], []
         while True:
-            start = self._buffer.find(OPEN)
+            start = self._buffer.find(self.open)
             if start < 0:
-                keep = 0 if final else partial_suffix(self._buffer, OPEN)
+                keep = 0 if final else partial_suffix(self._buffer, self.open)
                 out.append(self._buffer[: len(self._buffer) - keep])
                 self._buffer = self._buffer[len(self._buffer) - keep :]
                 break
-            end = self._buffer.find(CLOSE, start)
+            end = self._buffer.find(self.close, start)
             if end < 0 and not final:
                 out.append(self._buffer[:start])
                 self._buffer = self._buffer[start:]
                 break
-            stop = len(self._buffer) if end < 0 else end + len(CLOSE)
-            call = _call(self._buffer[start + len(OPEN) : end if end >= 0 else None].strip())
-            out.append(self._buffer[:start] if call else self._buffer[:stop])
+            stop = len(self._buffer) if end < 0 else end + len(self.close)
+            call = _call(self._buffer[start + len(self.open) : end if end >= 0 else None].strip(), self.fmt)
+            # a harmony call that is not one (cut short) is dropped: its marks are no answer
+            out.append(self._buffer[:start] if call or self.fmt == "harmony" else self._buffer[:stop])
             if call:
                 calls.append(call)
             self._buffer = self._buffer[stop:]
@@ -215,6 +266,7 @@ class ToolPlan:
     tools: list[Tool]
     required: bool
     constraint: Constraint | None
+    prefix: str = ""  # the answer's start, written into the prompt (a required call's opening)
 
     def template_tools(self) -> list[dict] | None:
         return [t.openai() for t in self.tools] if self.fmt != "generic" else None
@@ -237,4 +289,6 @@ def plan_tools(template: str | None, tools: list[Tool], choice: str) -> ToolPlan
         if not chosen:
             raise ConstraintError(f"tool_choice names {choice!r}, which is not one of the tools")
     required = choice != "auto"
-    return ToolPlan(fmt, tools, required, call_constraint(chosen, fmt) if required else None)
+    if not required:
+        return ToolPlan(fmt, tools, False, None)
+    return ToolPlan(fmt, tools, True, call_constraint(chosen, fmt), call_prefix(fmt, chosen))

@@ -5,9 +5,17 @@ from __future__ import annotations
 
 import math
 from dataclasses import asdict, dataclass, field, replace
+from typing import Literal, Union
 
 from localinfer.engine.constraints import Constraint
 from localinfer.errors import UserError
+
+
+Effort = Literal["low", "medium", "high"]  # how hard a reasoning model thinks (gpt-oss's reasoning_effort)
+EFFORTS: tuple[Effort, ...] = ("low", "medium", "high")
+# What a client asks of a reasoning model: think first (True, the default) or not (False), or
+# think this hard (an Effort, for templates that read `reasoning_effort`; on for the rest).
+Think = Union[bool, Effort]
 
 
 @dataclass(frozen=True)

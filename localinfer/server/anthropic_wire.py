@@ -12,7 +12,9 @@ from typing import Annotated, Literal
 
 from pydantic import BaseModel, Field
 
+from localinfer.engine.reasoning import budget_effort
 from localinfer.engine.tools import Tool
+from localinfer.engine.types import Think
 from localinfer.server.protocol import ChatMessage, Lenient, count, limited
 
 
@@ -110,9 +112,15 @@ class CountTokensRequest(Lenient):
     def tool_list(self) -> list[Tool]:
         return [Tool(t.name, t.input_schema, t.description) for t in self.tools or []]
 
-    def thinks(self) -> bool:
-        """Thinking is the model's default (as in every dialect here) unless disabled."""
-        return self.thinking is None or self.thinking.type != "disabled"
+    def thinks(self) -> Think:
+        """Thinking is the model's default (as in every dialect here) unless disabled; an
+        enabled budget asks for an effort (reasoning.budget_effort's thresholds), which
+        templates that read `reasoning_effort` (gpt-oss's) take."""
+        if self.thinking is None or self.thinking.type == "adaptive":
+            return True
+        if self.thinking.type == "disabled":
+            return False
+        return budget_effort(self.thinking.budget_tokens) if self.thinking.budget_tokens is not None else True
 
 
 class MessagesRequest(CountTokensRequest):

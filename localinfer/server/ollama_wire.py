@@ -10,7 +10,7 @@ from typing import Literal
 from pydantic import Field
 
 from localinfer.engine.constraints import Constraint
-from localinfer.engine.types import MAX_COUNT
+from localinfer.engine.types import MAX_COUNT, Think
 from localinfer.engine.tools import Tool
 from localinfer.errors import ConstraintError
 from localinfer.server.protocol import ChatMessage, Lenient, count, limited
@@ -58,8 +58,9 @@ class Generating(Lenient):
             return Constraint("json_object")
         return Constraint.json_schema(self.format) if isinstance(self.format, dict) else None
 
-    def thinks(self) -> bool:
-        return self.think is not False
+    def thinks(self) -> Think:
+        """Ollama's think: false off, "low"/"medium"/"high" that hard (its levels for gpt-oss), else on."""
+        return self.think if self.think is not None else True
 
     def sampling(self) -> dict[str, object]:
         return (self.options or Options()).sampling()

@@ -17,9 +17,9 @@ from typing import Any, Literal
 from pydantic import AliasChoices, BaseModel, ConfigDict, Field, SerializerFunctionWrapHandler, model_serializer
 
 from localinfer.engine.constraints import Constraint
-from localinfer.engine.reasoning import CLOSE
+from localinfer.engine.reasoning import CLOSE, effort_of
 from localinfer.engine.tools import Tool
-from localinfer.engine.types import MAX_COUNT, SAMPLING
+from localinfer.engine.types import MAX_COUNT, SAMPLING, Think
 from localinfer.errors import ConstraintError
 
 
@@ -175,22 +175,27 @@ class ChatCompletionRequest(SamplingFields):
     tools: list[ToolSpec] | None = None
     tool_choice: Literal["auto", "none", "required"] | NamedToolChoice | None = None
     parallel_tool_calls: bool | None = None  # taken, not honoured: a model writes as many calls as it writes
-    # Reasoning models: think first (default) or not, as OpenAI's reasoning_effort ("none": not),
-    # llama-server's and vLLM's chat_template_kwargs.enable_thinking, or Ollama's think say it;
-    # and a budget of thinking tokens, after which the engine closes the block itself.
+    # Reasoning models: think first (default) or not, as OpenAI's reasoning_effort ("none": not;
+    # low, medium or high: that hard, for templates that read reasoning_effort, as gpt-oss's),
+    # llama-server's and vLLM's chat_template_kwargs (enable_thinking, reasoning_effort), or
+    # Ollama's think say it; and a budget of thinking tokens, after which the engine closes the block itself.
     reasoning_effort: Literal["none", "minimal", "low", "medium", "high"] | None = None
     chat_template_kwargs: dict[str, object] | None = None
     think: bool | None = None
     thinking_budget_tokens: int | None = count()
 
-    def thinking(self) -> bool:
-        """Whether a reasoning model should think before it answers (the first of the fields given)."""
+    def thinking(self) -> Think:
+        """Whether, or how hard, a reasoning model should think before it answers (the first
+        of the fields given)."""
         if self.think is not None:
             return self.think
         kwargs = self.chat_template_kwargs or {}
         if isinstance(kwargs.get("enable_thinking"), bool):
             return bool(kwargs["enable_thinking"])
-        return self.reasoning_effort != "none" and self.thinking_budget_tokens != 0
+        if self.thinking_budget_tokens == 0:
+            return False
+        asked = self.reasoning_effort if self.reasoning_effort is not None else kwargs.get("reasoning_effort")
+        return effort_of(asked if isinstance(asked, str) else None)
 
     def tool_list(self) -> list[Tool]:
         """The tools, checked (ConstraintError names the bad one)."""

@@ -10,7 +10,9 @@ from typing import Annotated, Literal
 from pydantic import BaseModel, Field
 
 from localinfer.engine.constraints import Constraint
+from localinfer.engine.reasoning import effort_of
 from localinfer.engine.tools import Tool
+from localinfer.engine.types import Think
 from localinfer.server.protocol import ChatMessage, Lenient, limited
 
 
@@ -45,8 +47,17 @@ class FunctionCallOutputItem(Lenient):
     output: str
 
 
+class ReasoningPart(Lenient):
+    type: str = "reasoning_text"
+    text: str = ""
+
+
 class ReasoningItem(Lenient):
-    type: Literal["reasoning"]  # earlier thinking sent back: not the model's to read again
+    type: Literal["reasoning"]  # earlier thinking sent back: the next assistant turn's, where its template shows it (gpt-oss before a call)
+    content: list[ReasoningPart] | None = None
+
+    def text(self) -> str:
+        return "".join(part.text for part in self.content or [])
 
 
 InputItem = Annotated[FunctionCallItem | FunctionCallOutputItem | ReasoningItem, Field(discriminator="type")] | MessageItem
@@ -104,15 +115,20 @@ class ResponseRequest(Lenient):
         out: list[dict] = [{"role": "system", "content": self.instructions}] if self.instructions else []
         out += history
         items = [MessageItem(role="user", content=self.input)] if isinstance(self.input, str) else self.input
+        thought = None  # a reasoning item's text, for the assistant turn that follows it
         for item in items:
-            if isinstance(item, MessageItem):
-                out.append(ChatMessage(role=item.role, content=item.text()).for_template())
+            if isinstance(item, ReasoningItem):
+                thought = (thought or "") + item.text() or None
+            elif isinstance(item, MessageItem):
+                out.append(ChatMessage(role=item.role, content=item.text(), reasoning_content=thought if item.role == "assistant" else None).for_template())
+                thought = None
             elif isinstance(item, FunctionCallItem):
                 call = {"id": item.call_id, "type": "function", "function": {"name": item.name, "arguments": item.arguments}}
                 if out and out[-1]["role"] == "assistant" and not out[-1]["content"]:
                     out[-1].setdefault("tool_calls", []).append(call)
                 else:
-                    out.append({"role": "assistant", "content": "", "tool_calls": [call]})
+                    out.append({"role": "assistant", "content": "", "tool_calls": [call], **({"reasoning_content": thought} if thought else {})})
+                thought = None
             elif isinstance(item, FunctionCallOutputItem):
                 out.append({"role": "tool", "tool_call_id": item.call_id, "content": item.output})
         return out
@@ -131,8 +147,9 @@ class ResponseRequest(Lenient):
             return Constraint("json_object")
         return Constraint.json_schema(fmt.schema_ or {})
 
-    def thinks(self) -> bool:
-        return not (self.reasoning and self.reasoning.effort == "none")
+    def thinks(self) -> Think:
+        """reasoning.effort: "none" off, an effort that hard (templates that read one), else on."""
+        return effort_of(self.reasoning.effort if self.reasoning else None)
 
 
 class OutputText(BaseModel):

@@ -96,9 +96,9 @@ class _Clock:
 class LocalModel:
     """A model loaded in this process, on the same Engine `run` and `serve` use."""
 
-    def __init__(self, engine: Engine, think: bool = True, think_budget: int | None = None) -> None:
+    def __init__(self, engine: Engine, think: bool | str = True, think_budget: int | None = None) -> None:
         self.engine = engine
-        self.think, self.think_budget = think, think_budget  # a reasoning model thinks before it answers, at most this many tokens
+        self.think, self.think_budget = think, think_budget  # a reasoning model thinks before it answers (or how hard), at most this many tokens
         self.name = display_name(engine)
         self.engine_name = engine.backend.name  # the one --engine auto chose, for the status line
         self.engine_reason = f"{engine.choice.name}: {engine.choice.reason}" if engine.choice else ""  # its tooltip
@@ -185,10 +185,10 @@ class RemoteModel:
     engine_name = "remote"
     engine_reason = "an OpenAI-compatible endpoint (--url)"
 
-    def __init__(self, url: str, model: str | None = None, think: bool = True, think_budget: int | None = None) -> None:
+    def __init__(self, url: str, model: str | None = None, think: bool | str = True, think_budget: int | None = None) -> None:
         import openai
 
-        self.think = think  # off: asked of the endpoint as chat_template_kwargs.enable_thinking (llama-server, vLLM, ours)
+        self.think = think  # off: asked of the endpoint as chat_template_kwargs.enable_thinking (llama-server, vLLM, ours); an effort as reasoning_effort
         self.think_budget = think_budget  # asked as thinking_budget_tokens (ours), only when set
         self.url = url
         self.client = openai.OpenAI(base_url=api_base(url), api_key=os.environ.get("OPENAI_API_KEY", "none"), max_retries=0, timeout=600)
@@ -272,6 +272,8 @@ class _RemoteReply(Reply):
         extra = {k: v for k, v in given.items() if k not in openai_names}  # top_k, min_p, repeat_penalty: llama-server's and ours
         if not self.model.think:  # only then: an endpoint that knows no such field (OpenAI's) may refuse it
             extra["chat_template_kwargs"] = {"enable_thinking": False}
+        if isinstance(self.model.think, str):  # low, medium or high: OpenAI's own field
+            extra["reasoning_effort"] = self.model.think
         if self.model.think_budget is not None:
             extra["thinking_budget_tokens"] = self.model.think_budget
         with remote_errors(self.model.url):

@@ -14,7 +14,7 @@ from fastapi import APIRouter, Depends, Request
 from sse_starlette import ServerSentEvent
 from sse_starlette.sse import EventSourceResponse
 
-from localinfer.engine.tools import CallStream, ToolCall
+from localinfer.engine.tools import ToolCall
 from localinfer.engine.types import CompletionOutput
 from localinfer.server import anthropic_wire as a
 from localinfer.server import deps
@@ -122,7 +122,7 @@ async def events(bridge: Bridge, job: Job, prompt: ChatPrompt) -> AsyncIterator[
     start = a.MessageResponse(id=job.rid, model=job.engine.name, content=[], usage=a.Usage(input_tokens=len(prompt.tokens), output_tokens=0))
     yield event("message_start", {"message": start.model_dump()})
     yield event("ping", {})
-    blocks, calls = Blocks(), CallStream(prompt.plan.fmt, prompt.plan.required) if prompt.plan else None
+    blocks, calls = Blocks(), prompt.calls()
     called = False
     async with aclosing(bridge.events(job)) as stream:
         async for item in stream:

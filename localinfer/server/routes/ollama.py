@@ -16,7 +16,7 @@ from fastapi.responses import StreamingResponse
 
 from localinfer import __version__
 from localinfer.engine.engine import Engine
-from localinfer.engine.tools import CallStream, ToolCall
+from localinfer.engine.tools import ToolCall
 from localinfer.engine.types import CompletionOutput, SamplingParams
 from localinfer.errors import ConstraintError
 from localinfer.server import deps
@@ -112,7 +112,7 @@ class ChatLines:
 
     def __init__(self, model: str, prompt: ChatPrompt, started: float, load_ns: int) -> None:
         self.model, self.started, self.load_ns = model, started, load_ns
-        self.calls = CallStream(prompt.plan.fmt, prompt.plan.required) if prompt.plan else None
+        self.calls = prompt.calls()
 
     def head(self) -> dict:
         return {"model": self.model, "created_at": now()}
@@ -160,27 +160,31 @@ async def generate(body: o.GenerateRequest, request: Request, bridge: BridgeDep)
     if not body.prompt:  # Ollama's way to load a model without answering
         return {**head, "response": "", "done": True, "done_reason": "load"}
     if body.raw:
-        tokens = engine.tokenize_prompt(body.prompt)
+        prompt = ChatPrompt(engine.tokenize_prompt(body.prompt), None)
     else:
         messages = ([{"role": "system", "content": body.system}] if body.system else []) + [{"role": "user", "content": body.prompt}]
-        tokens = chat_prompt(engine, messages, lambda: [], "auto", body.thinks()).tokens
-    job = bridge.submit(loaded, tokens, sampling(engine, body), Route(request.url.path, "gen", "format", "num_predict"))
+        prompt = chat_prompt(engine, messages, lambda: [], "auto", body.thinks())
+    job = bridge.submit(loaded, prompt.tokens, sampling(engine, body), Route(request.url.path, "gen", "format", "num_predict"))
     if body.stream:
-        return StreamingResponse(generate_lines(bridge, job, head, started, load_ns), media_type=NDJSON)
+        return StreamingResponse(generate_lines(bridge, job, head, started, load_ns, prompt), media_type=NDJSON)
     (out, _), = await bridge.results(request, [job])
     thinking = {"thinking": out.reasoning} if out.reasoning else {}
-    return {**head, "response": out.text, **thinking, "done": True, "done_reason": done_reason(out), **timings(out, started, load_ns)}
+    return {**head, "response": prompt.answer(out.text)[0], **thinking, "done": True, "done_reason": done_reason(out), **timings(out, started, load_ns)}
 
 
-async def generate_lines(bridge: Bridge, job: Job, head: dict, started: float, load_ns: int) -> AsyncIterator[str]:
+async def generate_lines(bridge: Bridge, job: Job, head: dict, started: float, load_ns: int, prompt: ChatPrompt) -> AsyncIterator[str]:
+    calls = prompt.calls()  # no tools here: a call (harmony's, in the text) is taken out of the response
     async with aclosing(_pieces(bridge, job)) as pieces:
         async for out, thinking, text in pieces:
             if out is not None and out.error is not None:
                 yield line({"error": f"the model failed on this request: {out.error}"})
-            elif out is not None:
-                yield line({**head, "created_at": now(), "response": "", "done": True, "done_reason": done_reason(out), **timings(out, started, load_ns)})
-            elif text or thinking:
+                continue
+            if calls is not None:
+                text = (calls.finish() if out is not None else calls.push(text))[0]
+            if text or thinking:
                 yield line({**head, "created_at": now(), "response": text, **({"thinking": thinking} if thinking else {}), "done": False})
+            if out is not None:
+                yield line({**head, "created_at": now(), "response": "", "done": True, "done_reason": done_reason(out), **timings(out, started, load_ns)})
 
 
 @router.post("/embed", responses=ERRORS)

@@ -14,6 +14,7 @@ from typing import Annotated
 from fastapi import APIRouter, Depends, Request, Response
 from fastapi.responses import StreamingResponse
 
+from localinfer.engine.harmony import HarmonySyntax
 from localinfer.errors import ConstraintError, ModelNotFound, UserError
 from localinfer.modelfile import GGUFInfo, inspect
 from localinfer.server import deps
@@ -75,7 +76,7 @@ async def show(body: o.ModelRequest) -> dict:
     path = path_of(name)
     info = await asyncio.to_thread(inspect, path)
     template = info.chat_template or ""
-    capabilities = ["completion", *(["tools"] if "tools" in template else []), *(["thinking"] if "</think>" in template else [])]
+    capabilities = ["completion", *(["tools"] if "tools" in template else []), *(["thinking"] if "</think>" in template or HarmonySyntax.detect(template) else [])]
     model_info = {"general.architecture": info.architecture, "general.parameter_count": info.n_params, f"{info.architecture}.context_length": info.context_length,
                   f"{info.architecture}.embedding_length": info.n_embd, f"{info.architecture}.block_count": info.n_layer}  # fmt: skip
     modified = datetime.fromtimestamp(path.stat().st_mtime, timezone.utc).isoformat().replace("+00:00", "Z")

@@ -15,13 +15,12 @@ from sse_starlette.sse import EventSourceResponse
 
 from localinfer.engine.constraints import Constraint
 from localinfer.engine.engine import Engine
-from localinfer.engine.tools import CallStream, ToolPlan
 from localinfer.engine.types import CompletionOutput, SamplingParams, TokenEvent
 from localinfer.errors import ConstraintError
 from localinfer.server import deps
 from localinfer.server import protocol as p
 from localinfer.server.bridge import Bridge, Job, Route
-from localinfer.server.chat_prompt import chat_prompt
+from localinfer.server.chat_prompt import ChatPrompt, chat_prompt
 from localinfer.server.errors import SAMPLING_ERRORS, ApiError, errors
 from localinfer.server.host import ModelHost
 from localinfer.server.openai_wire import chat_logprobs, completion_logprobs, model_card, usage, wire_call
@@ -53,7 +52,7 @@ async def chat(body: p.ChatCompletionRequest, request: Request, bridge: BridgeDe
     params, field = sampling(engine, body, plan.constraint if plan else None)
     jobs = await bridge.start(loaded, tokens, params, Route(request.url.path, "chatcmpl", field))
     if body.stream:
-        return EventSourceResponse(chat_chunks(bridge, jobs, body, plan), ping=15)
+        return EventSourceResponse(chat_chunks(bridge, jobs, body, prompt), ping=15)
     results = await bridge.results(request, jobs)
     choices = []
     for i, (out, events) in enumerate(results):
@@ -161,9 +160,9 @@ async def sse(bridge: Bridge, jobs: list[Job], body: p.SamplingFields, make: Mak
     yield "[DONE]"
 
 
-def chat_chunks(bridge: Bridge, jobs: list[Job], body: p.SamplingFields, plan: ToolPlan | None) -> AsyncIterator[str]:
+def chat_chunks(bridge: Bridge, jobs: list[Job], body: p.SamplingFields, prompt: ChatPrompt) -> AsyncIterator[str]:
     engine, rid = jobs[0].engine, jobs[0].rid
-    calls = [CallStream(plan.fmt, plan.required) if plan else None for _ in jobs]  # per choice: text with its calls held back
+    calls = [prompt.calls() for _ in jobs]  # per choice: text with its calls held back
     n_calls = [0] * len(jobs)
 
     def chunk(index: int, delta: p.Delta, finish: str | None = None, logprobs: p.ChoiceLogprobs | None = None) -> p.ChatCompletionChunk:

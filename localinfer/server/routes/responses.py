@@ -14,7 +14,7 @@ from fastapi import APIRouter, Depends, Request
 from sse_starlette import ServerSentEvent
 from sse_starlette.sse import EventSourceResponse
 
-from localinfer.engine.tools import CallStream, ToolCall
+from localinfer.engine.tools import ToolCall
 from localinfer.engine.types import CompletionOutput
 from localinfer.errors import ConstraintError
 from localinfer.server import deps
@@ -77,7 +77,7 @@ async def respond(body: r.ResponseRequest, request: Request, bridge: BridgeDep, 
     items: list = [reasoning_item(out.reasoning)] if out.reasoning else []
     items += [message_item(content)] if content or not calls else []
     items += [r.FunctionCallOut(call_id=c.id, name=c.name, arguments=c.arguments) for c in calls]
-    remember((content, calls))
+    remember((content, calls, out.reasoning))
     return finished(shell, out, items)
 
 
@@ -91,10 +91,13 @@ def echo(body: r.ResponseRequest) -> dict[str, object]:
     }  # fmt: skip
 
 
-def turn(answer: tuple[str, list[ToolCall]]) -> dict:
-    """The answer as the next request's history holds it: an assistant turn."""
-    content, calls = answer
+def turn(answer: tuple[str, list[ToolCall], str]) -> dict:
+    """The answer as the next request's history holds it: an assistant turn (its reasoning
+    kept for templates that show it again: gpt-oss's before a call)."""
+    content, calls, reasoning = answer
     message: dict = {"role": "assistant", "content": content}
+    if reasoning:
+        message["reasoning_content"] = reasoning
     if calls:
         message["tool_calls"] = [{"id": c.id, "type": "function", "function": {"name": c.name, "arguments": c.arguments}} for c in calls]
     return message
@@ -184,7 +187,7 @@ class Items:
 async def events(bridge: Bridge, job: Job, prompt: ChatPrompt, shell: r.Response, remember) -> AsyncIterator[ServerSentEvent]:  # type: ignore[no-untyped-def]
     """response.created and .in_progress, the items' events, then response.completed (or
     .incomplete at max_output_tokens, .failed if the model fails)."""
-    items, calls = Items(), CallStream(prompt.plan.fmt, prompt.plan.required) if prompt.plan else None
+    items, calls = Items(), prompt.calls()
     yield items.event("response.created", response=shell.model_dump())
     yield items.event("response.in_progress", response=shell.model_dump())
     answer, found_all = "", []
@@ -199,7 +202,7 @@ async def events(bridge: Bridge, job: Job, prompt: ChatPrompt, shell: r.Response
                 for piece in (*items.message(text), *(e for c in found for e in items.call(c)), *items.close()):
                     yield piece
                 answer, found_all = answer + text, found_all + found
-                remember((answer, found_all))
+                remember((answer, found_all, item.reasoning))
                 done = finished(shell, item, items.items)
                 yield items.event("response.incomplete" if done.status == "incomplete" else "response.completed", response=done.model_dump())
                 return
