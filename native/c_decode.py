@@ -13,7 +13,7 @@ from localinfer_native.types import KV_TYPES, DecodePlan, DecodeStep, kv_rotatio
 
 _P, _I64, _I32, _F = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int32, ctypes.c_float
 BUFFERS = ("h", "q", "k", "v", "attn", "o", "gate", "up")
-VECTORS = ("attn_norm", "ffn_norm", "q_bias", "k_bias", "v_bias", "q_norm", "k_norm", "post_attn_norm", "post_ffn_norm", "o_bias")  # a layer's, 0 where None
+VECTORS = ("attn_norm", "ffn_norm", "q_bias", "k_bias", "v_bias", "q_norm", "k_norm", "post_attn_norm", "post_ffn_norm", "o_bias", "sinks")  # a layer's, 0 where None
 OPS = ("qkv", "o", "gate_up", "down", "moe")  # a layer's bound products; gate_up/down or moe 0
 
 

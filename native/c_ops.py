@@ -24,7 +24,7 @@ def bind(lib: ctypes.CDLL) -> None:
         glu.restype = None
         glu.argtypes = [_P, _P, _I64, ctypes.c_int]
     lib.li_attention.restype = ctypes.c_int
-    lib.li_attention.argtypes = [_P, _P, _P, _P, _P, _INT, _INT, _I64, _I64, _P, _P, _I64, _I64, _I64, _I64, _I64, _F, _I64, _INT]
+    lib.li_attention.argtypes = [_P, _P, _P, _P, _P, _INT, _INT, _I64, _I64, _P, _P, _I64, _I64, _I64, _I64, _I64, _F, _I64, _P, _INT]
 
 
 _view = {
@@ -95,8 +95,10 @@ class COps:
     def attention(
         self, q: np.ndarray, k_new: np.ndarray, v_new: np.ndarray, keys: np.ndarray, values: np.ndarray,
         positions: np.ndarray, out: np.ndarray, scale: float, kv_types: tuple[str, str] = ("f16", "f16"), window: int = 0,
+        sinks: np.ndarray | None = None,
     ) -> None:  # fmt: skip
         m, n_head, head_dim = q.shape
+        assert sinks is None or sinks.shape == (n_head,)
         n_head_kv, n_ctx, _ = keys.shape
         type_k, type_v = KV_TYPES[kv_types[0]], KV_TYPES[kv_types[1]]
         assert keys.shape[2] == kv_row_bytes(kv_types[0], head_dim) and values.shape == (n_head_kv, n_ctx, kv_row_bytes(kv_types[1], head_dim))
@@ -106,7 +108,7 @@ class COps:
             _pinned_ptr(q), _pinned_ptr(k_new), _pinned_ptr(v_new), _pinned_ptr(keys, np.uint8), _pinned_ptr(values, np.uint8),
             int(type_k), int(type_v), kv_rotation(kv_types[0], head_dim, True), kv_rotation(kv_types[1], head_dim, False),
             _ptr(positions, np.int32), _pinned_ptr(out),
-            m, n_head, n_head_kv, head_dim, n_ctx, scale, window, self._threads.value,
+            m, n_head, n_head_kv, head_dim, n_ctx, scale, window, None if sinks is None else _pinned_ptr(sinks), self._threads.value,
         )  # fmt: skip
         if rc:
             raise RuntimeError(f"C attention failed with code {rc} (position outside the cache?)")

@@ -1150,8 +1150,10 @@ def axpy_f16(typingctx, o, p, v):
 
 
 @njit(cache=True, inline="always")
-def exp_scores(scores, t, mx):  # pragma: no cover - jitted
-    """scores[j] = e^(scores[j] - mx) for j < t; returns 1 / their sum (the softmax's scale).
+def exp_scores(scores, t, mx, sink):  # pragma: no cover - jitted
+    """scores[j] = e^(scores[j] - mx) for j < t; returns what the weighted values are
+    multiplied by: 1 / their sum, where the head's `sink` logit (gpt-oss; -inf for none)
+    joins the sum as ggml's flash attention adds it, after every position.
 
     numba_ops' `_attention_typed` inlines it too, and Numba's cache of that file does not
     notice an edit here: delete native/__pycache__ after changing it."""
@@ -1159,11 +1161,14 @@ def exp_scores(scores, t, mx):  # pragma: no cover - jitted
     for j in range(t):
         scores[j] = np.exp(scores[j] - mx)
         total += scores[j]
-    return np.float32(1.0) / total
+    if sink > mx:
+        ms = np.exp(mx - sink)
+        return ms / (total * ms + np.float32(1.0))
+    return np.float32(1.0) / (total + np.exp(sink - mx))
 
 
 @njit(cache=True, inline="always")
-def _attend_f16(q, keys, values, pos, out, scale, task, n_head, group, scores, acc, window):  # pragma: no cover - jitted
+def _attend_f16(q, keys, values, pos, out, scale, task, n_head, group, scores, acc, window, sinks):  # pragma: no cover - jitted
     """One query head of one row over its sequence's float16 cache (rows first..pos, first
     = pos - window + 1 with a window, else 0)."""
     i, h = task // n_head, task % n_head
@@ -1177,7 +1182,7 @@ def _attend_f16(q, keys, values, pos, out, scale, task, n_head, group, scores, a
         s = dot_f16(qh, keys[kvh, j]) * scale
         scores[j - first] = s
         mx = max(mx, s)
-    inv = exp_scores(scores, t - first, mx)
+    inv = exp_scores(scores, t - first, mx, sinks[h])
     acc[:] = 0.0
     for j in range(first, t):
         axpy_f16(acc, scores[j - first] * inv, values[kvh, j])
@@ -1185,22 +1190,22 @@ def _attend_f16(q, keys, values, pos, out, scale, task, n_head, group, scores, a
 
 
 @njit(cache=True)
-def attention_f16_serial(q, keys, values, pos, out, scale, group, window):  # pragma: no cover - jitted
+def attention_f16_serial(q, keys, values, pos, out, scale, group, window, sinks):  # pragma: no cover - jitted
     n_head = q.shape[1]
     scores = np.empty(pos.max() + 1, np.float32)
     acc = np.empty(q.shape[2], np.float32)
     for task in range(q.shape[0] * n_head):
-        _attend_f16(q, keys, values, pos, out, scale, task, n_head, group, scores, acc, window)
+        _attend_f16(q, keys, values, pos, out, scale, task, n_head, group, scores, acc, window, sinks)
 
 
 @njit(cache=True, parallel=True)
-def attention_f16_parallel(q, keys, values, pos, out, scale, group, window):  # pragma: no cover - jitted
+def attention_f16_parallel(q, keys, values, pos, out, scale, group, window, sinks):  # pragma: no cover - jitted
     n_head = q.shape[1]
     longest = pos.max() + 1
     for task in prange(q.shape[0] * n_head):
         scores = np.empty(longest, np.float32)
         acc = np.empty(q.shape[2], np.float32)
-        _attend_f16(q, keys, values, pos, out, scale, task, n_head, group, scores, acc, window)
+        _attend_f16(q, keys, values, pos, out, scale, task, n_head, group, scores, acc, window, sinks)
 
 
 # The kernel lives in this file, beside the IR it inlines: Numba's cache is keyed to the

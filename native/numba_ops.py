@@ -196,7 +196,7 @@ def _accumulate(row, vt, p, o, half):
 
 
 @njit(cache=True, parallel=True)
-def _attention_typed(qf, qs, qd, keys, values, kt, vt, half, pos, out, scale, group, window):
+def _attention_typed(qf, qs, qd, keys, values, kt, vt, half, pos, out, scale, group, window, sinks):
     """Attention over caches of any KV types (rows of bytes), one task per query head; the f16/f16
     cache with a head size that is a multiple of 8 takes numba_ir's vector rows instead."""
     m, n_head, hd = qf.shape
@@ -212,7 +212,7 @@ def _attention_typed(qf, qs, qd, keys, values, kt, vt, half, pos, out, scale, gr
             s = _score(keys[kvh, j], kt, qf[i, h], qs[i, h], qd[i, h], half) * scale
             scores[j - first] = s
             mx = max(mx, s)
-        inv = exp_scores(scores, t - first, mx)
+        inv = exp_scores(scores, t - first, mx, sinks[h])
         o = out[i, h * hd : (h + 1) * hd]
         o[:] = 0.0
         for j in range(first, t):
@@ -255,7 +255,7 @@ class NumbaOps:
         q, kv, attn = np.ones((1, 2, 8), f32), np.ones((1, 1, 8), f32), np.empty((1, 16), f32)
         cache = np.zeros((1, 4, 16), np.uint8)
         self.attention(q, kv, kv, cache, cache.copy(), pos, attn, 0.5)
-        attention_f16_parallel(q, cache.view(np.uint16), cache.view(np.uint16), pos, attn, f32(0.5), 2, 0)
+        attention_f16_parallel(q, cache.view(np.uint16), cache.view(np.uint16), pos, attn, f32(0.5), 2, 0, np.full(2, -np.inf, f32))
         q, kv = np.ones((1, 2, 32), f32), np.ones((1, 1, 32), f32)
         self.attention(q, kv, kv, np.zeros((1, 4, 34), np.uint8), np.zeros((1, 4, 18), np.uint8), pos, np.empty((1, 64), f32), 0.5, ("q8_0", "q4_0"))
 
@@ -275,12 +275,14 @@ class NumbaOps:
     def attention(
         self, q: np.ndarray, k_new: np.ndarray, v_new: np.ndarray, keys: np.ndarray, values: np.ndarray,
         positions: np.ndarray, out: np.ndarray, scale: float, kv_types: tuple[str, str] = ("f16", "f16"), window: int = 0,
+        sinks: np.ndarray | None = None,
     ) -> None:  # fmt: skip
         if int(positions.max()) >= keys.shape[1] or int(positions.min()) < 0:
             raise ValueError("position outside the KV cache")
         group = q.shape[1] // keys.shape[0]
+        sinks = np.full(q.shape[1], -np.inf, np.float32) if sinks is None else sinks  # -inf: no sink
         if kv_types != ("f16", "f16") or q.shape[2] % 8:
-            self._attention_typed(q, k_new, v_new, keys, values, positions, out, scale, kv_types, window)
+            self._attention_typed(q, k_new, v_new, keys, values, positions, out, scale, kv_types, window, sinks)
             return
         # The cache holds float16; queries are rounded to float16 too, as llama.cpp's flash
         # attention takes them.
@@ -289,11 +291,11 @@ class NumbaOps:
         _store(k_new.astype(np.float16).view(np.uint16), v_new.astype(np.float16).view(np.uint16), keys, values, positions)
         work = q.shape[0] * q.shape[1] * (int(positions.max()) + 1) * q.shape[2]
         attend = attention_f16_parallel if work >= 1 << 18 else attention_f16_serial  # decode: no thread wake-up
-        attend(q, keys, values, positions, out, np.float32(scale), group, window)
+        attend(q, keys, values, positions, out, np.float32(scale), group, window, sinks)
 
     def _attention_typed(
         self, q: np.ndarray, k_new: np.ndarray, v_new: np.ndarray, keys: np.ndarray, values: np.ndarray,
-        positions: np.ndarray, out: np.ndarray, scale: float, kv_types: tuple[str, str], window: int,
+        positions: np.ndarray, out: np.ndarray, scale: float, kv_types: tuple[str, str], window: int, sinks: np.ndarray,
     ) -> None:  # fmt: skip
         """A quantized K or V: rows stored rotated (kv_rotation) as ggml's blocks, q rotated
         likewise and quantized to q8_0 for quantized K, the output rotated back."""
@@ -312,6 +314,6 @@ class NumbaOps:
             _quantize_q8_0(qf.reshape(-1, hd), qs, qd)
             qs, qd = qs.reshape(m, n_head, hd), qd.astype(np.float16).astype(np.float32).reshape(m, n_head, -1)
         kt, vt = int(KV_TYPES[kv_types[0]]), int(KV_TYPES[kv_types[1]])
-        _attention_typed(qf, qs, qd, keys, values, kt, vt, _HALF, positions, out, np.float32(scale), q.shape[1] // keys.shape[0], window)
+        _attention_typed(qf, qs, qd, keys, values, kt, vt, _HALF, positions, out, np.float32(scale), q.shape[1] // keys.shape[0], window, sinks)
         if rot_v:
             out[...] = _rotated(out, rot_v)

@@ -146,6 +146,7 @@ class DecodeLayer:
     window: int = 0  # a local layer: attention over the last `window` positions, RoPE from the local tables
     moe: MoeOp | None = None  # a mixture of experts' FFN (moe_op), in place of gate_up and down
     o_bias: np.ndarray | None = None  # the attention output's bias (gpt-oss)
+    sinks: np.ndarray | None = None  # each head's attention sink logit (gpt-oss)
 
 
 @dataclass(frozen=True)
@@ -217,6 +218,7 @@ class Kernels(Protocol):
     def attention(
         self, q: np.ndarray, k_new: np.ndarray, v_new: np.ndarray, keys: np.ndarray, values: np.ndarray,
         positions: np.ndarray, out: np.ndarray, scale: float, kv_types: tuple[str, str] = ("f16", "f16"), window: int = 0,
+        sinks: np.ndarray | None = None,
     ) -> None:  # fmt: skip
         """Store k_new/v_new [m, n_head_kv, hd] at `positions` of one sequence's layer cache
         keys/values (uint8 [n_head_kv, n_ctx, kv_row_bytes]: rows of kv_types, KV_TYPES); then
@@ -225,7 +227,9 @@ class Kernels(Protocol):
         attention takes it; against quantized keys each head is quantized to q8_0 and the
         scores are integer dot products, as ggml's vec_dot. A quantized cache holds its rows
         rotated as llama.cpp's does (kv_rotation), and the rotation is undone in `out`.
-        Query head h reads kv head h // (n_head / n_head_kv)."""
+        Query head h reads kv head h // (n_head / n_head_kv). With `sinks` (float32 [n_head],
+        gpt-oss), head h's softmax also meets the logit sinks[h], unscaled and with no value
+        row, as ggml's flash attention adds it after every position."""
         ...
 
     def swiglu(self, gate: np.ndarray, up: np.ndarray) -> None:

@@ -22,6 +22,7 @@ typedef struct {
     const float *q_norm, *k_norm;          /* per-head norms of q and k [hd] (qwen3, gemma3); 0 where none */
     const float *post_attn_norm, *post_ffn_norm; /* norms of the attention's and FFN's outputs (gemma3); 0 where none */
     const float *o_bias;                   /* the attention output's bias (gpt-oss); 0 where none */
+    const float *sinks;                    /* each head's attention sink logit (gpt-oss); 0 where none */
     int64_t window;                        /* a local layer's sliding window (its own RoPE tables); 0: global */
 } li_layer;
 
@@ -75,7 +76,7 @@ int li_decode(const li_decoder *d, float *x, int64_t n, const int32_t *pos, uint
         li_rope(d->k, n, d->n_head_kv, d->hd, pos, cos_t, sin_t, d->rope_dims, d->neox);
         rc = li_attention(d->q, d->k, d->v, keys + l * d->n_head_kv * d->n_ctx * kb,
                           values + l * d->n_head_kv * d->n_ctx * vb, d->type_k, d->type_v, d->rot_k, d->rot_v, pos,
-                          d->attn, n, d->n_head, d->n_head_kv, d->hd, d->n_ctx, d->scale, w->window, threads);
+                          d->attn, n, d->n_head, d->n_head_kv, d->hd, d->n_ctx, d->scale, w->window, w->sinks, threads);
         if (rc) return rc;
         if ((rc = li_matmul_op(w->o, d->attn, n, d->o, 0, 0, 0))) return rc;
         if (w->o_bias)

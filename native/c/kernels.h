@@ -378,7 +378,8 @@ void li_gated_serial(int act, float *gate, const float *up, int64_t n);
 void li_geglu(float *gate, const float *up, int64_t n, int nthreads);
 int li_attention(const float *q, const float *k_new, const float *v_new, uint8_t *keys, uint8_t *values, int type_k,
                  int type_v, int64_t rot_k, int64_t rot_v, const int32_t *pos, float *out, int64_t m, int64_t n_head,
-                 int64_t n_head_kv, int64_t hd, int64_t n_ctx, float scale, int64_t window, int nthreads);
+                 int64_t n_head_kv, int64_t hd, int64_t n_ctx, float scale, int64_t window, const float *sinks,
+                 int nthreads);
 
 /* kvcache.c: the KV cache's rows in f16, q8_0 or q4_0 (LI_F16, LI_Q8_0, LI_Q4_0) */
 #define LI_KV_MAX_HD 512

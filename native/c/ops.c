@@ -235,6 +235,7 @@ struct attn_job {
     int64_t qstride;               /* bytes of one query head as li_kv_query writes it */
     int64_t window;                /* a row at p sees positions (p - window, p]; 0: all up to p */
     float scale;
+    const float *sinks;            /* [n_head]: each head's sink logit (gpt-oss), or 0 */
 };
 
 /* floats per thread for a tile of nq query heads: their outputs and prepared queries, a
@@ -280,7 +281,16 @@ static void attend_tile(const struct attn_job *a, int64_t i0, int64_t rows, int6
     for (int64_t r = 0; r < rows; r++) {
         float *dst = a->out + ((i0 + r) * a->n_head + kvh * g) * hd;
         for (int64_t h = 0; h < g; h++) {
-            const float inv = 1.0f / sum[r * g + h], *src = o + (r * g + h) * hd;
+            float *src = o + (r * g + h) * hd, total = sum[r * g + h];
+            if (a->sinks) { /* a raw logit with no value row, met after every position (ggml's order) */
+                const float sink = a->sinks[kvh * g + h], m = mx[r * g + h];
+                if (sink > m) {
+                    const float ms = m == -INFINITY ? 0.0f : exp_nonpositive(m - sink);
+                    for (int64_t e = 0; e < hd; e++) src[e] *= ms;
+                    total = total * ms + 1.0f;
+                } else total += exp_nonpositive(sink - m);
+            }
+            const float inv = 1.0f / total;
             for (int64_t e = 0; e < hd; e++) dst[h * hd + e] = src[e] * inv;
         }
         if (a->rot_v) li_fwht(dst, g * hd, a->rot_v); /* the values were stored rotated */
@@ -292,10 +302,13 @@ static void attend_tile(const struct attn_job *a, int64_t i0, int64_t rows, int6
  * sequence's cache ([n_head_kv, n_ctx] rows per layer), then causal
  * grouped-query attention of the m queries ([m, n_head, hd]) into out ([m, n_head*hd]):
  * each over every position up to its own, or with a window only over the last `window`.
- * Query head h reads kv head h / (n_head / n_head_kv), as llama.cpp broadcasts. */
+ * Query head h reads kv head h / (n_head / n_head_kv), as llama.cpp broadcasts. With
+ * `sinks` ([n_head], or 0), head h's softmax also meets the logit sinks[h] (unscaled, no
+ * value row): attention that can go nowhere. */
 int li_attention(const float *q, const float *k_new, const float *v_new, uint8_t *keys, uint8_t *values,
                  int type_k, int type_v, int64_t rot_k, int64_t rot_v, const int32_t *pos, float *out, int64_t m,
-                 int64_t n_head, int64_t n_head_kv, int64_t hd, int64_t n_ctx, float scale, int64_t window, int nthreads) {
+                 int64_t n_head, int64_t n_head_kv, int64_t hd, int64_t n_ctx, float scale, int64_t window,
+                 const float *sinks, int nthreads) {
     const int64_t kb = li_kv_row_bytes(type_k, hd), vb = li_kv_row_bytes(type_v, hd);
     if (kb < 0 || vb < 0 || hd > LI_KV_MAX_HD) return 2;
     if ((rot_k && (hd % rot_k || (rot_k & (rot_k - 1)))) || (rot_v && (hd % rot_v || (rot_v & (rot_v - 1))))) return 2;
@@ -324,7 +337,7 @@ int li_attention(const float *q, const float *k_new, const float *v_new, uint8_t
     float *scratch = malloc(sizeof(float) * per_thread * (size_t)nthreads);
     if (!scratch) return 4;
     const struct attn_job job = {q, keys, values, pos, out, type_k, type_v, rot_k, rot_v, n_head, group, hd, n_ctx, kb, vb,
-                                 type_k == LI_F16 ? 4 * hd : hd / 32 * 34, window, scale};
+                                 type_k == LI_F16 ? 4 * hd : hd / 32 * 34, window, scale, sinks};
 #pragma omp parallel for schedule(dynamic, 1) num_threads(nthreads) if (nthreads > 1)
     for (int64_t task = 0; task < tasks; task++) {
         int thread = 0;

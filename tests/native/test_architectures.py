@@ -16,6 +16,12 @@ architecture's tensor names and metadata:
           output, and in place of the FFN a router (ffn_gate_inp) over 8 experts of which a
           token takes 2, their gate/up/down matrices stacked as [n_expert, rows, cols]
           (ffn_*_exps); also read by `show` and the codecs' tests
+  gpt-oss   a mixture of experts as llama_model_openai_moe builds it: 8 experts of which a
+          token takes 4 (the top 4 logits, then their softmax), biases on q/k/v, the
+          attention output, the router and every expert, a sink logit per head, gpt-oss's
+          clamped SwiGLU, the FFN's norm named post_attention_norm, YaRN RoPE (factor 4
+          over an original 64 positions, so 200 tokens cross its ramp) and layers
+          alternating a 16-position window and full attention (no pattern key: period 2)
 
 Weights are F32, so neither engine quantizes an activation and the logits must agree
 closely; the vocabulary is the embedded model's, so llama.cpp can load the files.
@@ -41,8 +47,9 @@ from localinfer.modelfile import inspect
 from ..conftest import THREADS, llama_quantize, read_gguf
 
 N_EMBD, N_FF, N_LAYER, N_CTX = 64, 128, 2, 256
-HEAD_DIM = {"qwen3": 32, "gemma3": 32, "qwen3moe": 32}  # where the head size is not n_embd / n_head
-MOE = {"qwen3moe": (8, 2)}  # experts, experts used per token (the issue's tiny shapes)
+HEAD_DIM = {"qwen3": 32, "gemma3": 32, "qwen3moe": 32, "gpt-oss": 32}  # where the head size is not n_embd / n_head
+MOE = {"qwen3moe": (8, 2), "gpt-oss": (8, 4)}  # experts, experts used per token (the issue's tiny shapes)
+GPT_OSS_YARN, GPT_OSS_ORIG_CTX = 4.0, 64
 N_FF_EXP = 256  # an expert's FFN width: ffn_down_exps' rows are long enough for the K-quants
 WINDOW = 16  # gemma3's local layer
 PHI3_ROPE_DIMS, PHI3_ORIG_CTX = 12, 128
@@ -93,6 +100,11 @@ def write_metadata(w: GGUFWriter, arch: str, n_head: int, n_head_kv: int, head_d
         w.add_rope_dimension_count(PHI3_ROPE_DIMS)
         w.add_rope_scaling_orig_ctx_len(PHI3_ORIG_CTX)
         w.add_rope_scaling_attn_factors(math.sqrt(1 + math.log(512 / PHI3_ORIG_CTX) / math.log(PHI3_ORIG_CTX)))
+    if arch == "gpt-oss":  # as convert_hf_to_gguf's GptOssModel writes it, without a pattern key
+        w.add_sliding_window(WINDOW)
+        w.add_rope_scaling_type(RopeScalingType.YARN)
+        w.add_rope_scaling_factor(GPT_OSS_YARN)
+        w.add_rope_scaling_orig_ctx_len(GPT_OSS_ORIG_CTX)
     if arch in MOE:  # llama_model_qwen3moe::load_arch_hparams, llama-arch.cpp's LLM_KV_EXPERT_*
         w.add_expert_count(MOE[arch][0])
         w.add_expert_used_count(MOE[arch][1])
@@ -132,7 +144,7 @@ def tiny_model(
 
     w.add_tensor("token_embd.weight", weight(n_vocab, N_EMBD) * (0.5 if arch == "gemma3" else 4))  # gemma3 scales it by 8
     w.add_tensor("output_norm.weight", norm())
-    if arch in ("qwen2", "qwen3moe") or output_scale:
+    if arch in ("qwen2", "qwen3moe", "gpt-oss") or output_scale:
         w.add_tensor("output.weight", weight(n_vocab, N_EMBD) * (output_scale or 1.0))
     if arch == "phi3":
         half = PHI3_ROPE_DIMS // 2
@@ -147,7 +159,7 @@ def tiny_model(
             w.add_tensor(p + "attn_q.weight", weight(q_dim, N_EMBD))
             w.add_tensor(p + "attn_k.weight", weight(kv_dim, N_EMBD))
             w.add_tensor(p + "attn_v.weight", weight(kv_dim, N_EMBD))
-        if arch == "qwen2":
+        if arch in ("qwen2", "gpt-oss"):
             w.add_tensor(p + "attn_q.bias", (0.5 * rng.standard_normal(q_dim)).astype(np.float32))
             w.add_tensor(p + "attn_k.bias", (0.5 * rng.standard_normal(kv_dim)).astype(np.float32))
             w.add_tensor(p + "attn_v.bias", (0.5 * rng.standard_normal(kv_dim)).astype(np.float32))
@@ -155,9 +167,12 @@ def tiny_model(
             w.add_tensor(p + "attn_q_norm.weight", norm(head_dim))
             w.add_tensor(p + "attn_k_norm.weight", norm(head_dim))
         w.add_tensor(p + "attn_output.weight", weight(N_EMBD, q_dim))
-        w.add_tensor(p + "ffn_norm.weight", norm())
+        if arch == "gpt-oss":
+            w.add_tensor(p + "attn_output.bias", (0.5 * rng.standard_normal(N_EMBD)).astype(np.float32))
+            w.add_tensor(p + "attn_sinks.weight", (2 * rng.standard_normal(n_head)).astype(np.float32))  # some beat the scores
+        w.add_tensor(p + ("post_attention_norm.weight" if arch == "gpt-oss" else "ffn_norm.weight"), norm())
         if arch in MOE:
-            write_experts(w, p, MOE[arch][0], weight, idle_experts)
+            write_experts(w, p, MOE[arch][0], weight, idle_experts, rng if arch == "gpt-oss" else None)
         elif arch == "phi3":
             w.add_tensor(p + "ffn_up.weight", weight(2 * N_FF, N_EMBD))  # the gate's rows, then the up's
             w.add_tensor(p + "ffn_down.weight", weight(N_EMBD, N_FF))
@@ -177,10 +192,12 @@ def tiny_model(
     return path
 
 
-def write_experts(w: GGUFWriter, prefix: str, n_expert: int, weight, idle: int = 0) -> None:
+def write_experts(w: GGUFWriter, prefix: str, n_expert: int, weight, idle: int = 0, biases: np.random.Generator | None = None) -> None:
     """A layer's router and experts, as llama_model_qwen3moe::load_arch_tensors creates them:
     ffn_gate_inp {n_embd, n_expert}, ffn_gate/up_exps {n_embd, n_ff_exp, n_expert},
-    ffn_down_exps {n_ff_exp, n_embd, n_expert} (GGUF order; numpy's is reversed).
+    ffn_down_exps {n_ff_exp, n_embd, n_expert} (GGUF order; numpy's is reversed). With
+    `biases` (gpt-oss), each gets a bias drawn from it: {n_expert} for the router,
+    {rows, n_expert} for the experts.
 
     With `idle` experts the router's other rows come in pairs (v, -v), so one expert of each
     pair scores above 0 for any input, and the idle experts' rows are 0: while there are at
@@ -199,9 +216,12 @@ def write_experts(w: GGUFWriter, prefix: str, n_expert: int, weight, idle: int =
     w.add_tensor(prefix + "ffn_gate_exps.weight", stacked(N_FF_EXP, N_EMBD))
     w.add_tensor(prefix + "ffn_up_exps.weight", stacked(N_FF_EXP, N_EMBD))
     w.add_tensor(prefix + "ffn_down_exps.weight", stacked(N_EMBD, N_FF_EXP))
+    if biases is not None:
+        for name, shape in (("ffn_gate_inp", (n_expert,)), ("ffn_gate_exps", (n_expert, N_FF_EXP)), ("ffn_up_exps", (n_expert, N_FF_EXP)), ("ffn_down_exps", (n_expert, N_EMBD))):
+            w.add_tensor(prefix + name + ".bias", (0.5 * biases.standard_normal(shape)).astype(np.float32))
 
 
-ARCHS = [("qwen2", 4, 2), ("llama", 6, 3), ("qwen3", 4, 2), ("gemma3", 4, 2), ("phi3", 4, 2), ("qwen3moe", 4, 2)]
+ARCHS = [("qwen2", 4, 2), ("llama", 6, 3), ("qwen3", 4, 2), ("gemma3", 4, 2), ("phi3", 4, 2), ("qwen3moe", 4, 2), ("gpt-oss", 4, 2)]
 # llama.cpp's quantizations of each tiny model; a mixture of experts also at F16 (its router stays F32)
 QUANTIZED = [(*a, ftype) for ftype in ("Q8_0", "Q4_0", "Q4_1", "Q5_0") for a in ARCHS[2:]] + [("qwen3moe", 4, 2, "F16")]
 
@@ -415,11 +435,13 @@ def resident_bytes(array: np.ndarray) -> int:
 
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="counts the cache's resident pages with mincore(2)")
-def test_gemma3_cache_lets_a_local_layers_old_positions_go(vocabulary, tmp_path: Path) -> None:
+@pytest.mark.parametrize("arch", ["gemma3", "gpt-oss"])
+def test_the_cache_lets_a_local_layers_old_positions_go(arch: str, vocabulary, tmp_path: Path) -> None:
     """Past a few windows, the local layer holds only its last two windows (its pages given
     back to the OS), the greedy tokens still equal llama.cpp's, a rollback within the held
-    positions reuses them, and one further back keeps nothing, so the engine prefills again."""
-    path = tiny_model(tmp_path / "tiny-gemma3.gguf", "gemma3", vocabulary, 4, 2, np.random.default_rng(11))
+    positions reuses them, and one further back keeps nothing, so the engine prefills again.
+    gpt-oss's 424 positions also go far past its YaRN range (64 original positions)."""
+    path = tiny_model(tmp_path / f"tiny-{arch}.gguf", arch, vocabulary, 4, 2, np.random.default_rng(11))
     n_ctx, rng = 1024, np.random.default_rng(5)
     prompt = rng.integers(100, 40000, size=24).tolist()
     long, short = (SamplingParams(temperature=0, repeat_penalty=1.0, max_tokens=n, ignore_eos=True) for n in (400, 8))

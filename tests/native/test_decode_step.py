@@ -4,7 +4,8 @@ a verify's rows (the same tokens in one batch, as a speculative verify sends the
 the same bit for bit, for the embedded llama model (f16 and quantized KV caches) and for
 tiny models of the other architectures (test_architectures.py's): qwen2's biases, qwen3's
 q/k norms, gemma3's post-norms, GeGLU, local layers' RoPE and window (decoding past it),
-phi3's fused tensors and long-context RoPE, qwen3moe's experts."""
+phi3's fused tensors and long-context RoPE, qwen3moe's experts, gpt-oss's sinks, biases,
+YaRN and alternating windows."""
 
 from __future__ import annotations
 
@@ -79,7 +80,7 @@ def test_fused_decode_equals_the_operations_on_the_embedded_model(model_path: Pa
     assert_same_decode(model_path, cache_types)
 
 
-@pytest.mark.parametrize("arch", ["qwen2", "qwen3", "gemma3", "phi3", "qwen3moe"])
+@pytest.mark.parametrize("arch", ["qwen2", "qwen3", "gemma3", "phi3", "qwen3moe", "gpt-oss"])
 def test_fused_decode_equals_the_operations_on_each_architecture(arch: str, vocabulary, tmp_path: Path) -> None:
     path = tiny_model(tmp_path / f"{arch}.gguf", arch, vocabulary, 4, 2, np.random.default_rng(3))
     assert_same_decode(path, ("f16", "f16"), steps=16)  # to position 26: past gemma3's window of 16

@@ -40,9 +40,8 @@ def native_cache_types(types: tuple[str, str], head_dim: int) -> tuple[str, str]
 
 # Where llama.cpp measured faster (docs/benchmarks.md): BF16 prefill (its vdpbf16ps against
 # our float FMA). qwen3, gemma3 and phi3 were measured at least as fast ("Today's models").
-# qwen3moe until measured: its experts still run as Python calls, one product per chosen
-# expert (moe.py), with no fused decode step.
-SLOWER = frozenset({"BF16", "qwen3moe"})
+# The mixtures of experts until docs/benchmarks.md shows native ahead of llama.cpp on them.
+SLOWER = frozenset({"BF16", "qwen3moe", "gpt-oss"})
 
 
 class NativeBackend(LlamaTokenized, Backend):

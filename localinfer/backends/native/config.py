@@ -8,7 +8,9 @@ weights' loader and the forward pass, so forward.py stays one straight pass.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
+
+import numpy as np
 
 from localinfer.errors import InvalidModelFile, UserError
 from localinfer.modelfile import GGUFInfo
@@ -24,12 +26,17 @@ class Architecture:
     qk_norm: bool = False  # an RMSNorm over each head of q and of k, before RoPE (attn_q_norm, attn_k_norm)
     post_norms: bool = False  # RMSNorm of the attention's and the FFN's outputs before each residual add (gemma)
     embed_scale: bool = False  # token embeddings times sqrt(n_embd) (gemma)
-    activation: str = "silu"  # the gated FFN's: silu (SwiGLU) or gelu (GeGLU, tanh approximation)
+    # the gated FFN's: silu (SwiGLU), gelu (GeGLU, tanh approximation) or swiglu_oai (gpt-oss's clamped SwiGLU)
+    activation: str = "silu"
     fused_gate_up: bool = False  # ffn_up holds the gate's rows, then the up's (phi3)
     sliding_window: bool = False  # local layers attend to the last n_swa positions (gemma3)
+    swa_period: int = 6  # without a pattern key, layer il is local unless il % period == period - 1
+    swa_same_rope: bool = False  # local layers rotate as the global ones (gpt-oss), not with base 10000 (gemma3)
     # A mixture of experts in place of the FFN (None: a dense one): how its router picks a
     # token's experts and weighs them (localinfer_native.types.MoeFFN's `gating`).
     router: str | None = None
+    attn_sinks: bool = False  # a learned sink logit per head joins each softmax (attn_sinks)
+    ffn_norm: str = "ffn_norm"  # the FFN's input norm's tensor (gpt-oss calls it post_attention_norm)
 
 
 # What the native engine runs. SmolLM, SmolLM2 and Mistral GGUFs are all written as "llama".
@@ -40,7 +47,13 @@ ARCHITECTURES = {
     "gemma3": Architecture("neox", qk_norm=True, post_norms=True, embed_scale=True, activation="gelu", sliding_window=True),
     "phi3": Architecture("neox", fused_gate_up=True),
     "qwen3moe": Architecture("neox", qk_norm=True, router="softmax_norm"),
+    "gpt-oss": Architecture("neox", activation="swiglu_oai", sliding_window=True, swa_period=2, swa_same_rope=True,
+                            router="topk_softmax", attn_sinks=True, ffn_norm="post_attention_norm"),
 }
+
+
+# YaRN's tuning keys, which the files people run do not carry (llama.cpp defaults them)
+YARN_TUNING = tuple(f"rope.scaling.yarn_{k}" for k in ("beta_fast", "beta_slow", "ext_factor", "attn_factor", "log_multiplier"))
 
 
 class UnsupportedModel(UserError):
@@ -50,12 +63,17 @@ class UnsupportedModel(UserError):
 @dataclass(frozen=True)
 class Rope:
     """One RoPE: its base, how many leading dims of a head rotate, positions divided by
-    `linear_scale`, cos and sin multiplied by `attn_factor` (phi3's long-context mscale)."""
+    `linear_scale`, cos and sin multiplied by `attn_factor` (phi3's long-context mscale).
+    With a `yarn_factor`, YaRN as ggml's rope_yarn: each pair's angle blends the plain one
+    and the one divided by the factor, by where the pair's wavelength falls against
+    `yarn_orig_ctx` (beta_fast 32, beta_slow 1), and attn_factor includes YaRN's mscale."""
 
     base: float
     dims: int
     linear_scale: float = 1.0
     attn_factor: float = 1.0
+    yarn_factor: float = 0.0  # 0: no YaRN
+    yarn_orig_ctx: int = 0
 
 
 @dataclass(frozen=True)
@@ -105,13 +123,13 @@ class ModelConfig:
         norm_eps, softcap = meta.get("attention.layer_norm_rms_epsilon", 1e-5), meta.get("final_logit_softcapping", 0.0)
         if not (math.isfinite(norm_eps) and norm_eps >= 0 and math.isfinite(softcap) and softcap >= 0):
             raise InvalidModelFile(f"{info.path.name} has unusable numbers (RMS epsilon {norm_eps}, logit softcap {softcap})")
-        window, local = meta.sliding_window(info.n_layer) if kind.sliding_window else (0, (False,) * info.n_layer)
+        window, local = meta.sliding_window(info.n_layer, kind.swa_period) if kind.sliding_window else (0, (False,) * info.n_layer)
         # gemma3's 27B (62 layers) scales queries by its width per head, the rest by the head size (llama.cpp)
         scale_dim = info.n_embd // info.n_head if arch == "gemma3" and info.n_layer == 62 else head_dim
         return cls(
             architecture=arch, kind=kind, n_layer=info.n_layer, n_embd=info.n_embd, n_ff=n_ff, n_head=info.n_head, n_head_kv=info.n_head_kv,
             head_dim=head_dim, n_vocab=info.n_vocab, n_ctx_train=info.context_length or 0, norm_eps=norm_eps,
-            rope=rope, rope_local=Rope(meta.positive("rope.freq_base_swa", 10000.0), rope.dims) if window else rope,
+            rope=rope, rope_local=meta.local_rope(rope, kind) if window else rope,
             n_ctx_orig=meta.get("rope.scaling.original_context_length", info.context_length or 0, int),
             attn_scale=1.0 / math.sqrt(scale_dim), window=window, local_layers=local, logit_softcap=softcap,
             n_expert=n_expert, n_expert_used=n_expert_used, n_ff_exp=n_ff_exp,
@@ -152,14 +170,27 @@ class Metadata:
     def rope(self, head_dim: int) -> Rope:
         scaling = self.get("rope.scaling.type", "linear", str)  # llama.cpp's default: a factor alone scales linearly
         factor = self.positive("rope.scaling.factor", 1.0) if self.raw("rope.scaling.factor") else 1.0
-        if scaling not in ("none", "linear") and factor != 1.0:
+        if scaling not in ("none", "linear", "yarn") and factor != 1.0:
             raise UnsupportedModel(f"the native engine does not do '{scaling}' RoPE scaling; use --engine llama.cpp")
-        return Rope(
-            base=self.positive("rope.freq_base", 10000.0),
-            dims=self.get("rope.dimension_count", head_dim, int),
-            linear_scale=factor if scaling == "linear" else 1.0,
-            attn_factor=self.positive("rope.scaling.attn_factor", 1.0),
-        )
+        base, dims, attn_factor = self.positive("rope.freq_base", 10000.0), self.get("rope.dimension_count", head_dim, int), self.positive("rope.scaling.attn_factor", 1.0)
+        if scaling != "yarn":
+            return Rope(base, dims, linear_scale=factor if scaling == "linear" else 1.0, attn_factor=attn_factor)
+        tuned = [key for key in YARN_TUNING if self.raw(key) is not None]
+        if tuned:
+            raise UnsupportedModel(f"the native engine does not run YaRN with {self.arch}.{tuned[0]} set; use --engine llama.cpp")
+        # llama.cpp's context sets YaRN's attention factor to 1 (get_mscale, then its
+        # cancellation) times the file's; rope_yarn then multiplies by 1 + 0.1 ln(factor)
+        f32 = np.float32
+        mscale = f32(attn_factor) * (f32(1) + f32(0.1) * np.log(f32(factor)))
+        orig = self.get("rope.scaling.original_context_length", None, int)
+        return Rope(base, dims, attn_factor=float(mscale), yarn_factor=factor, yarn_orig_ctx=orig)
+
+    def local_rope(self, rope: Rope, kind: Architecture) -> Rope:
+        """The sliding-window layers' RoPE: the global one with the swa base where the file
+        gives one (gpt-oss), or plain RoPE with base 10000 unless it says another (gemma3)."""
+        if kind.swa_same_rope:
+            return replace(rope, base=self.positive("rope.freq_base_swa", rope.base))
+        return Rope(self.positive("rope.freq_base_swa", 10000.0), rope.dims)
 
     def experts(self, kind: Architecture) -> tuple[int, int, int]:
         """(experts, experts per token, an expert's FFN width), (0, 0, 0) for a dense model,
@@ -181,17 +212,18 @@ class Metadata:
             raise InvalidModelFile(f"{self.info.path.name} has no usable {self.arch}.expert_feed_forward_length, which the native engine needs")
         return n_expert, n_used, n_ff_exp
 
-    def sliding_window(self, n_layer: int) -> tuple[int, tuple[bool, ...]]:
+    def sliding_window(self, n_layer: int, period: int) -> tuple[int, tuple[bool, ...]]:
         """(n_swa, which layers are local), as llama.cpp reads them: without a window every
         layer is global; a scalar pattern n makes layer il local unless il % n == n - 1
-        (default 6: five local, one global); a per-layer array says it layer by layer."""
+        (without the key, the architecture's period: gemma3's 6, five local and one global;
+        gpt-oss's 2); a per-layer array says it layer by layer."""
         window = self.get("attention.sliding_window", 0, int)
         if window <= 0:
             return 0, (False,) * n_layer
-        pattern = self.raw("attention.sliding_window_pattern", 6)
+        pattern = self.raw("attention.sliding_window_pattern", period)
         if isinstance(pattern, list):
             if len(pattern) != n_layer:
                 raise InvalidModelFile(f"{self.info.path.name} has a sliding-window pattern of {len(pattern)} layers for {n_layer}")
             return window, tuple(bool(p) for p in pattern)
-        n = self.get("attention.sliding_window_pattern", 6, int)
+        n = self.get("attention.sliding_window_pattern", period, int)
         return window, tuple(n == 0 or il % n < n - 1 for il in range(n_layer))

@@ -12,6 +12,8 @@ A mixture of experts' layer (qwen3moe) calls its kernel set's moe_op in place of
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 from gguf.quants import dequantize
 
@@ -36,9 +38,28 @@ class RopeTables:
         angles = np.cumprod(steps, axis=1, dtype=np.float32)
         if freq_factors is not None:
             angles /= freq_factors.astype(np.float32)
+        if rope.yarn_factor:
+            angles = yarn_angles(angles, rope)
         mscale = np.float32(rope.attn_factor)
         self.cos, self.sin = np.cos(angles) * mscale, np.sin(angles) * mscale
         self.neox = neox
+
+
+def yarn_angles(extrap: np.ndarray, rope: Rope) -> np.ndarray:
+    """YaRN's angles from the plain ones [n_ctx, dims/2], as ggml's rope_yarn: pair i keeps
+    its angle below the correction range (short wavelengths), takes it divided by the
+    factor above it (long ones), and a linear ramp between (ext_factor 1, beta_fast 32,
+    beta_slow 1, ggml_rope_yarn_corr_dims), in float32."""
+    f32, d = np.float32, rope.dims
+
+    def corr_dim(beta: float) -> np.float32:
+        return f32(d) * np.log(f32(rope.yarn_orig_ctx) / (f32(beta) * f32(2) * f32(math.pi))) / (f32(2) * np.log(f32(rope.base)))
+
+    low, high = max(f32(0), np.floor(corr_dim(32.0))), min(f32(d - 1), np.ceil(corr_dim(1.0)))
+    pair = np.arange(d // 2, dtype=np.float32)  # ggml's i0 / 2
+    ramp = f32(1) - np.clip((pair - low) / max(f32(0.001), high - low), f32(0), f32(1))
+    interp = f32(1.0 / rope.yarn_factor) * extrap
+    return interp * (f32(1) - ramp) + extrap * ramp
 
 
 def rope_factors(config: ModelConfig, weights: Weights, n_ctx: int) -> np.ndarray | None:
@@ -106,7 +127,7 @@ class Transformer:
         c, rope, ws = self.config, self.rope, Workspace(self.config, FUSED_ROWS)
         layers = [
             DecodeLayer(self.qkv[i], self.attn_out[i], self.gate_up[i], self.down[i], lw.attn_norm, lw.ffn_norm, lw.q_bias, lw.k_bias, lw.v_bias,
-                        lw.q_norm, lw.k_norm, lw.post_attn_norm, lw.post_ffn_norm, self.windows[i], self.experts[i])
+                        lw.q_norm, lw.k_norm, lw.post_attn_norm, lw.post_ffn_norm, self.windows[i], self.experts[i], lw.o_bias, lw.sinks)
             for i, lw in enumerate(self.weights.layers)
         ]  # fmt: skip
         buffers = {name: getattr(ws, name) for name in ("h", "q", "k", "v", "attn", "o", "gate", "up")}
@@ -209,12 +230,14 @@ class Transformer:
             for seq, rows in groups:
                 keys, values = cache.layers(seq)
                 if rows is None:  # the whole batch is one sequence
-                    k_ops.attention(q3, k3, v3, keys[layer], values[layer], positions, attn, self.scale, cache.types, window)
+                    k_ops.attention(q3, k3, v3, keys[layer], values[layer], positions, attn, self.scale, cache.types, window, lw.sinks)
                 else:
                     part = np.empty((len(rows), q_dim), np.float32)
-                    k_ops.attention(q3[rows], k3[rows], v3[rows], keys[layer], values[layer], positions[rows], part, self.scale, cache.types, window)
+                    k_ops.attention(q3[rows], k3[rows], v3[rows], keys[layer], values[layer], positions[rows], part, self.scale, cache.types, window, lw.sinks)
                     attn[rows] = part
             self.attn_out[layer](attn, ws.o_out, n_fast)
+            if lw.o_bias is not None:
+                ws.o += lw.o_bias
             if lw.post_attn_norm is not None:
                 k_ops.rms_norm(ws.o, lw.post_attn_norm, eps, ws.o)
             x += ws.o

@@ -143,7 +143,10 @@ class KVCache:
         for source, target in ((sk, dk), (sv, dv)):
             target[glob, :, :n] = source[glob, :, :n]
             target[self._local, :, floor:n] = source[self._local, :, floor:n]  # below floor: pages given back
-        self.length[dst], self.floor[dst] = max(self.length[dst], n), max(self.floor[dst], floor)
+        # dst's local positions from src's floor up to n are written again; its own past n
+        # are held where they were at or above its old floor
+        self.floor[dst] = floor if n >= self.floor[dst] else max(self.floor[dst], floor)
+        self.length[dst] = max(self.length[dst], n)
         return n
 
     def read(self, seq_id: int, start: int, end: int) -> bytes:

@@ -20,6 +20,10 @@ from localinfer_native import Kernels, QMatrix
 from localinfer_native.types import MoeFFN
 
 
+# an architecture's FFN activation, as a mixture of experts names it (MoeFFN.activation)
+EXPERT_ACTIVATION = {"silu": "swiglu", "gelu": "geglu", "swiglu_oai": "swiglu_oai"}
+
+
 @dataclass(frozen=True)
 class LayerWeights:
     attn_norm: np.ndarray  # float32 [n_embd]
@@ -38,7 +42,9 @@ class LayerWeights:
     w_up: QMatrix | None
     w_down: QMatrix | None
     post_ffn_norm: np.ndarray | None  # gemma3: likewise the FFN's
-    moe: MoeFFN | None = None  # qwen3moe: the router and the stacked experts
+    moe: MoeFFN | None = None  # qwen3moe, gpt-oss: the router and the stacked experts
+    o_bias: np.ndarray | None = None  # gpt-oss: the attention output's bias
+    sinks: np.ndarray | None = None  # gpt-oss: float32 [n_head], each head's sink logit
 
 
 @dataclass
@@ -133,15 +139,29 @@ class TensorReader:
             raise UnsupportedModel(f"{self.path.name} has layer tensors the native engine does not read ({', '.join(unread[:3])}{more}); use --engine llama.cpp")
 
     def moe(self, p: str) -> MoeFFN:
-        """Layer prefix p's router and experts (llama_model_qwen3moe's tensors)."""
+        """Layer prefix p's router and experts (llama_model_qwen3moe's and
+        llama_model_openai_moe's tensors: gpt-oss adds a bias to each)."""
         c = self.config
         return MoeFFN(
             router=self.matrix(p + "ffn_gate_inp.weight", c.n_embd, c.n_expert),
             gate=self.experts(p + "ffn_gate_exps.weight", c.n_embd, c.n_ff_exp),
             up=self.experts(p + "ffn_up_exps.weight", c.n_embd, c.n_ff_exp),
             down=self.experts(p + "ffn_down_exps.weight", c.n_ff_exp, c.n_embd),
-            n_expert=c.n_expert, n_used=c.n_expert_used, gating=c.kind.router,
+            n_expert=c.n_expert, n_used=c.n_expert_used, gating=c.kind.router, activation=EXPERT_ACTIVATION[c.kind.activation],
+            router_bias=self.vector(p + "ffn_gate_inp.bias", c.n_expert, required=False),
+            gate_bias=self.expert_bias(p + "ffn_gate_exps.bias", c.n_ff_exp),
+            up_bias=self.expert_bias(p + "ffn_up_exps.bias", c.n_ff_exp),
+            down_bias=self.expert_bias(p + "ffn_down_exps.bias", c.n_embd),
         )  # fmt: skip
+
+    def expert_bias(self, name: str, length: int) -> np.ndarray | None:
+        """Every expert's bias, {length, n_expert} in GGUF's order: float32 [n_expert, length]."""
+        t = self.tensors.get(name)
+        if t is None:
+            return None
+        if t.type != GGMLQuantizationType.F32:
+            raise UnsupportedModel(f"tensor {name} is {GGMLQuantizationType(t.type).name}, the native engine expects F32; use --engine llama.cpp")
+        return self.raw(t, (length, self.config.n_expert)).view(np.float32).reshape(self.config.n_expert, length)
 
     def vector(self, name: str, length: int, required: bool = True) -> np.ndarray | None:
         t = self.tensors.get(name)
@@ -191,10 +211,12 @@ class TensorReader:
             k_norm=vector(p + "attn_k_norm.weight", c.head_dim) if qk_norm else None,
             wo=matrix(p + "attn_output.weight", q_dim, c.n_embd),
             post_attn_norm=vector(p + "post_attention_norm.weight", c.n_embd) if post else None,
-            ffn_norm=vector(p + "ffn_norm.weight", c.n_embd),
+            ffn_norm=vector(p + c.kind.ffn_norm + ".weight", c.n_embd),
             w_gate=w_gate, w_up=w_up, w_down=w_down,
             post_ffn_norm=vector(p + "post_ffw_norm.weight", c.n_embd) if post else None,
             moe=moe,
+            o_bias=vector(p + "attn_output.bias", c.n_embd, required=False),
+            sinks=vector(p + "attn_sinks.weight", c.n_head) if c.kind.attn_sinks else None,
         )  # fmt: skip
         if len({lw.q_bias is None, lw.k_bias is None, lw.v_bias is None}) > 1:
             raise InvalidModelFile(f"{self.path.name} has some of layer {i}'s q/k/v biases but not all three")
