@@ -47,7 +47,8 @@ def load_kernels(name: str | None = None, threads: int | None = None) -> Kernels
 
 def kernel_types(name: str | None = None) -> frozenset:
     """The block types the set `name` (as load_kernels reads it) would run, found without
-    compiling anything: the C set's where its library loads, else Numba's."""
+    compiling anything: the C set's where its library loads, else Numba's (importing Numba,
+    which is then the set that runs), else the types every set runs."""
     name = name or os.environ.get("LOCALINFER_KERNELS") or "auto"
     if name in ("auto", "c"):
         try:
@@ -57,7 +58,12 @@ def kernel_types(name: str | None = None) -> frozenset:
             return CKernels.supported_types
         except (ImportError, OSError, KernelsUnavailable):
             pass
-    return SUPPORTED_TYPES
+    try:
+        from localinfer_native.numba_ir import NUMBA_TYPES
+
+        return NUMBA_TYPES
+    except ImportError:
+        return SUPPORTED_TYPES
 
 
 __all__ = ["KERNEL_SETS", "SUPPORTED_TYPES", "Kernels", "KernelsUnavailable", "MatmulOp", "QMatrix", "kernel_types", "load_kernels"]

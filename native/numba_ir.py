@@ -25,10 +25,10 @@ into float32, multiplied with x and folded to 8 lanes; one FMA per (sub-)block s
 into a vector accumulator. No horizontal reduction per block; one at the end of a row.
 
 The int8 paths (AVX2; INT8_TYPES), as ggml: x is quantized once per call, per 32 values
-(Q8_0 form: xq, xqd) for Q4_0..Q8_0 and IQ4_NL or per 256 (Q8_K form: xk, xkd, and int16
+(Q8_0 form: xq, xqd) for Q4_0..Q8_0, IQ4_NL and MXFP4 or per 256 (Q8_K form: xk, xkd, and int16
 sums per 16 in xkb) for the K-quants and IQ4_XS. Weights stay unsigned (vpmaddubsw) where
 they can; offsets (Q4_0's -8, Q3_K's -4, Q6_K's -32) and K-quant mins go through x's integer
-sums; signed weights (Q8_0, and the IQ4 table values, looked up with vpshufb) take their
+sums; signed weights (Q8_0, and the IQ4 and MXFP4 table values, looked up with vpshufb) take their
 sign off with vpsignb. K-quant sub-block scales are applied as integers (vpmaddwd), leaving
 one float FMA per block or super-block (plus one for mins).
 """
@@ -50,17 +50,19 @@ V8F = ir.VectorType(F32, 8)
 # Block size (values) and bytes per block (the float types: 8 values per step). Its keys are
 # the block types this kernel set runs.
 BLOCK = {
-    Q.F32: 8, Q.F16: 8, Q.BF16: 8, Q.Q4_0: 32, Q.Q4_1: 32, Q.Q5_0: 32, Q.Q5_1: 32, Q.Q8_0: 32, Q.IQ4_NL: 32,
+    Q.F32: 8, Q.F16: 8, Q.BF16: 8, Q.Q4_0: 32, Q.Q4_1: 32, Q.Q5_0: 32, Q.Q5_1: 32, Q.Q8_0: 32, Q.IQ4_NL: 32, Q.MXFP4: 32,
     Q.Q2_K: 256, Q.Q3_K: 256, Q.Q4_K: 256, Q.Q5_K: 256, Q.Q6_K: 256, Q.IQ4_XS: 256,
 }
 BYTES = {
     Q.F32: 32, Q.F16: 16, Q.BF16: 16, Q.Q4_0: 18, Q.Q4_1: 20, Q.Q5_0: 22, Q.Q5_1: 24, Q.Q8_0: 34, Q.IQ4_NL: 2 + 16,
-    Q.Q2_K: 16 + 64 + 2 + 2, Q.Q3_K: 32 + 64 + 12 + 2, Q.Q4_K: 144, Q.Q5_K: 176, Q.Q6_K: 210, Q.IQ4_XS: 2 + 2 + 4 + 128,
+    Q.MXFP4: 1 + 16, Q.Q2_K: 16 + 64 + 2 + 2, Q.Q3_K: 32 + 64 + 12 + 2, Q.Q4_K: 144, Q.Q5_K: 176, Q.Q6_K: 210, Q.IQ4_XS: 2 + 2 + 4 + 128,
 }
 NUMBA_TYPES: frozenset[Q] = frozenset(BLOCK)
 FLOAT_TYPES = frozenset({Q.F32, Q.F16, Q.BF16})  # 8 values per step, and a tail of cols % 8
 # The 16 values of an IQ4_NL / IQ4_XS nibble (ggml's kvalues_iq4nl).
 KVALUES_IQ4NL = (-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113)
+# The 16 values of an MXFP4 code (ggml's kvalues_mxfp4: E2M1, doubled; the scale is halved).
+KVALUES_MXFP4 = (0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12)
 
 
 def tag_dtype(qtype: Q, float_path: bool = False) -> np.dtype:
@@ -540,8 +542,9 @@ def _q6k_int8(cx, w, x, xs16, xs32, i, accs):
 
 
 # --------------------------------------------------------------------------- the low-bit types
-# Q2_K, Q3_K, IQ4_NL, IQ4_XS. Values as ggml's dequantize_row_* gives them; the float paths
-# are portable IR, the int8 paths (AVX2) dot x in Q8_0 form (IQ4_NL) or Q8_K form (the rest).
+# Q2_K, Q3_K, IQ4_NL, IQ4_XS, MXFP4. Values as ggml's dequantize_row_* gives them; the float
+# paths are portable IR, the int8 paths (AVX2) dot x in Q8_0 form (IQ4_NL, MXFP4) or Q8_K form
+# (the rest).
 
 
 def _madd_i8i8(b, q, y):
@@ -556,11 +559,11 @@ def _dot_i8i8(b, q, y):
     return _llvm_call(b, "llvm.x86.avx2.pmadd.wd", V8I32, [_madd_i8i8(b, q, y), _vconst(I16, [1] * 16)])
 
 
-def _iq4_values(b, idx):
-    """<n x i8> nibbles -> kvalues_iq4nl of them, portably: LLVM IR has no variable byte
-    shuffle, so a tree of selects on the index bits (the float path, off AVX2)."""
+def _iq4_values(b, idx, table=KVALUES_IQ4NL):
+    """<n x i8> nibbles -> table's values of them (kvalues_iq4nl unless told), portably: LLVM IR
+    has no variable byte shuffle, so a tree of selects on the index bits (the float path, off AVX2)."""
     n = idx.type.count
-    vals = [_vconst(I8, [v] * n) for v in KVALUES_IQ4NL]
+    vals = [_vconst(I8, [v] * n) for v in table]
     bit = 1
     while len(vals) > 1:
         on = b.icmp_unsigned("!=", b.and_(idx, _vconst(I8, [bit] * n)), _vconst(I8, [0] * n))
@@ -569,9 +572,9 @@ def _iq4_values(b, idx):
     return vals[0]
 
 
-def _iq4_values32(b, idx):
-    """<32 x i8> nibbles -> kvalues_iq4nl of them: one vpshufb (the table in both lanes)."""
-    return _llvm_call(b, "llvm.x86.avx2.pshuf.b", V32I8, [_vconst(I8, list(KVALUES_IQ4NL) * 2), idx])
+def _iq4_values32(b, idx, table=KVALUES_IQ4NL):
+    """<32 x i8> nibbles -> table's values of them: one vpshufb (the table in both lanes)."""
+    return _llvm_call(b, "llvm.x86.avx2.pshuf.b", V32I8, [_vconst(I8, list(table) * 2), idx])
 
 
 def _iq4nl(cx, w, x, xs16, xs32, i, accs):
@@ -586,6 +589,31 @@ def _iq4nl(cx, w, x, xs16, xs32, i, accs):
         p = _dot_i8i8(b, _iq4_values32(b, idx), y)
         return [cx.fma(_splat(b, b.fmul(d, dx), 8), b.sitofp(p, V8F), accs[0]), accs[1], accs[2], accs[3]]
     qf = b.sitofp(_iq4_values(b, idx), ir.VectorType(F32, 32))
+    xv = _load(b, x, b.mul(i, _c(I64, 128)), ir.VectorType(F32, 32))
+    return [cx.fma(_splat(b, d, 8), cx.dot8(qf, xv, 32), accs[0]), accs[1], accs[2], accs[3]]
+
+
+def _e8m0_half(b, e):
+    """An MXFP4 block's E8M0 exponent byte (i8) as ggml's GGML_E8M0_TO_FP32_HALF, 2^(e - 128):
+    the float32 bits (e - 1) << 23, or for e < 2 the subnormals 0x00200000 << e."""
+    e = b.zext(e, I32)
+    normal = b.shl(b.sub(e, _c(I32, 1)), _c(I32, 23))
+    subnormal = b.shl(_c(I32, 0x00200000), b.and_(e, _c(I32, 1)))
+    return b.bitcast(b.select(b.icmp_unsigned("<", e, _c(I32, 2)), subnormal, normal), F32)
+
+
+def _mxfp4(cx, w, x, xs16, xs32, i, accs):
+    """MXFP4: IQ4_NL's shape (nibbles after the scale) with kvalues_mxfp4 and an E8M0 scale."""
+    b = cx.b
+    base = b.mul(i, _c(I64, BYTES[Q.MXFP4]))
+    d = _e8m0_half(b, _load(b, w, base, I8))
+    idx = _nibbles(b, _load(b, w, b.add(base, _c(I64, 1)), ir.VectorType(I8, 16)))
+    if cx.int8:  # ggml_vec_dot_mxfp4_q8_0: an integer dot per block, scaled by d * dx
+        y = _load(b, cx.xq, b.mul(i, _c(I64, 32)), V32I8)
+        dx = _load(b, cx.xqd, b.mul(i, _c(I64, 16)), F32)
+        p = _dot_i8i8(b, _iq4_values32(b, idx, KVALUES_MXFP4), y)
+        return [cx.fma(_splat(b, b.fmul(d, dx), 8), b.sitofp(p, V8F), accs[0]), accs[1], accs[2], accs[3]]
+    qf = b.sitofp(_iq4_values(b, idx, KVALUES_MXFP4), ir.VectorType(F32, 32))
     xv = _load(b, x, b.mul(i, _c(I64, 128)), ir.VectorType(F32, 32))
     return [cx.fma(_splat(b, d, 8), cx.dot8(qf, xv, 32), accs[0]), accs[1], accs[2], accs[3]]
 
@@ -760,7 +788,7 @@ def _k23_int8(qtype):
 
 BODIES = {
     Q.Q4_0: _legacy(Q.Q4_0), Q.Q4_1: _legacy(Q.Q4_1), Q.Q5_0: _legacy(Q.Q5_0), Q.Q5_1: _legacy(Q.Q5_1),
-    Q.Q8_0: _legacy(Q.Q8_0), Q.F32: _float(Q.F32), Q.F16: _float(Q.F16), Q.BF16: _float(Q.BF16), Q.IQ4_NL: _iq4nl,
+    Q.Q8_0: _legacy(Q.Q8_0), Q.F32: _float(Q.F32), Q.F16: _float(Q.F16), Q.BF16: _float(Q.BF16), Q.IQ4_NL: _iq4nl, Q.MXFP4: _mxfp4,
     Q.Q2_K: _k23(Q.Q2_K), Q.Q3_K: _k23(Q.Q3_K), Q.Q4_K: _k45(Q.Q4_K), Q.Q5_K: _k45(Q.Q5_K), Q.Q6_K: _q6k, Q.IQ4_XS: _iq4xs,
 }
 INT8_BODIES = {
@@ -786,11 +814,11 @@ def _host() -> tuple[bool, bool]:
 
 F16_NATIVE, AVX2 = _host()
 # Types whose rows are dotted with x quantized to int8 (ggml's way, on AVX2): per 32 values
-# (Q8_0 form) for the legacy types and IQ4_NL, per 256 (Q8_K form) for the K-quants and
+# (Q8_0 form) for the legacy types, IQ4_NL and MXFP4, per 256 (Q8_K form) for the K-quants and
 # IQ4_XS (ggml's vec_dot types for them). Twice as fast as the float path or more.
 # Elsewhere (no AVX2) everything runs the float path.
 Q8K_TYPES = frozenset({Q.Q2_K, Q.Q3_K, Q.Q4_K, Q.Q5_K, Q.Q6_K, Q.IQ4_XS}) if AVX2 else frozenset()
-INT8_TYPES = (frozenset({Q.Q4_0, Q.Q4_1, Q.Q5_0, Q.Q5_1, Q.Q8_0, Q.IQ4_NL}) | Q8K_TYPES) if AVX2 else frozenset()
+INT8_TYPES = (frozenset({Q.Q4_0, Q.Q4_1, Q.Q5_0, Q.Q5_1, Q.Q8_0, Q.IQ4_NL, Q.MXFP4}) | Q8K_TYPES) if AVX2 else frozenset()
 
 
 def _row_ptr(context, builder, aty, val, row):

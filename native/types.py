@@ -22,8 +22,9 @@ Q = GGMLQuantizationType
 SUPPORTED_TYPES: frozenset[Q] = frozenset({Q.F32, Q.F16, Q.Q4_0, Q.Q4_1, Q.Q5_0, Q.Q5_1, Q.Q8_0, Q.Q4_K, Q.Q5_K, Q.Q6_K})
 
 # The C set's: also the low-bit types people download (llama.cpp's Q2_K, Q3_K_M and IQ4_XS
-# files; IQ4_NL is where IQ4_XS falls back for rows not a multiple of 256) and BF16.
-C_TYPES: frozenset[Q] = SUPPORTED_TYPES | {Q.Q2_K, Q.Q3_K, Q.IQ4_NL, Q.IQ4_XS, Q.BF16}
+# files; IQ4_NL is where IQ4_XS falls back for rows not a multiple of 256), BF16 and MXFP4
+# (gpt-oss's experts, llama.cpp's MXFP4_MOE).
+C_TYPES: frozenset[Q] = SUPPORTED_TYPES | {Q.Q2_K, Q.Q3_K, Q.IQ4_NL, Q.IQ4_XS, Q.BF16, Q.MXFP4}
 
 
 # The KV-cache types the attention kernels read, by ggml's names; ids and block sizes are

@@ -20,7 +20,7 @@
 enum {
     LI_F32 = 0, LI_F16 = 1, LI_Q4_0 = 2, LI_Q4_1 = 3, LI_Q5_0 = 6, LI_Q5_1 = 7,
     LI_Q8_0 = 8, LI_Q8_1 = 9, LI_Q2_K = 10, LI_Q3_K = 11, LI_Q4_K = 12, LI_Q5_K = 13, LI_Q6_K = 14, LI_Q8_K = 15,
-    LI_IQ4_NL = 20, LI_IQ4_XS = 23, LI_BF16 = 30,
+    LI_IQ4_NL = 20, LI_IQ4_XS = 23, LI_BF16 = 30, LI_MXFP4 = 39,
 };
 
 /* ---- fp16 <-> fp32 ------------------------------------------------------------- */
@@ -88,6 +88,16 @@ static inline uint16_t li_fp32_to_fp16(float f) {
 #else
     return li_fp32_to_fp16_soft(f);
 #endif
+}
+
+/* MXFP4's scale (ggml's GGML_E8M0_TO_FP32_HALF): the E8M0 exponent byte e as 2^(e - 128),
+ * half the block's scale because ggml stores the E2M1 values doubled (kvalues_mxfp4); e < 2
+ * gives the float32 subnormals 2^-128 and 2^-127 */
+static inline float li_e8m0_half(uint8_t e) {
+    const uint32_t bits = e < 2 ? 0x00200000u << e : (uint32_t)(e - 1) << 23;
+    float f;
+    memcpy(&f, &bits, 4);
+    return f;
 }
 
 #if defined(__AVX2__)

@@ -1,5 +1,5 @@
 /* localinfer native kernels: the low-bit block types people download (Q2_K, Q3_K, IQ4_NL,
- * IQ4_XS), against activations, in the row-dot contract of legacy.c and
+ * IQ4_XS, MXFP4), against activations, in the row-dot contract of legacy.c and
  * kquants.c: li_rows_<type>(w, row_bytes, r0, r1, k, activations, n, y, ldy) computes rows
  * [r0, r1) of one weight matrix against n activation rows, y[j*ldy + r] = dot(w row r,
  * activation row j), in tiles of up to LI_TILE activation rows so that each weight block
@@ -13,8 +13,11 @@
  *   IQ4_NL {fp16 d; u8 qs[16]}                                      value = d*kvalues[nibble]
  *   IQ4_XS {fp16 d; u16 scales_h; u8 scales_l[4]; u8 qs[128]}      value = d*(ls-32)*kvalues[nibble]
  *          8 sub-blocks of 32, each as an IQ4_NL block's nibbles, six-bit ls
+ *   MXFP4  {u8 e; u8 qs[16]}                                        value = 2^(e-128)*kvalues_mxfp4[nibble]
+ *          IQ4_NL's nibbles with another table (E2M1, doubled) and an E8M0 scale (li_e8m0_half)
  * Activations are those ggml pairs them with: Q8_K for Q2_K, Q3_K and IQ4_XS (kquants.c's
- * quantizer, li_block_q8_K), legacy.c's q8a (Q8_0 values) for IQ4_NL. (BF16 rows are legacy.c's float rows.)
+ * quantizer, li_block_q8_K), legacy.c's q8a (Q8_0 values) for IQ4_NL and MXFP4 (ggml's
+ * ggml_vec_dot_mxfp4_q8_0). (BF16 rows are legacy.c's float rows.)
  *
  * Integer sums are exact, and each row's float operations run in the same order for every
  * tile size, so a row's result never depends on the rows beside it, bit for bit: a K-row
@@ -74,9 +77,12 @@ _Static_assert(sizeof(lb_block_q3_K) == 110, "q3_K block size");
 _Static_assert(sizeof(lb_block_iq4_xs) == 136, "iq4_xs block size");
 
 #define IQ4_NL_BYTES 18
+#define MXFP4_BYTES 17
 
 /* ggml's kvalues_iq4nl: the 16 values a 4-bit index of IQ4_NL and IQ4_XS stands for */
 static const int8_t lb_kvalues[16] = {-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113};
+/* ggml's kvalues_mxfp4: the E2M1 values of MXFP4's 4-bit codes, doubled (the scale is halved) */
+static const int8_t lb_kvalues_mxfp4[16] = {0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12};
 
 static inline uint16_t lb_load_u16(const uint8_t *p) {
     uint16_t v;
@@ -315,15 +321,15 @@ LB_INLINE void lb_dots_q3_K(const int R, int64_t nb, const lb_block_q3_K *x, con
     for (int r = 0; r < R; r++) out[r] = li_hsum8(acc[r]);
 }
 
-/* the 16 values of IQ4_NL/IQ4_XS in both lanes, for pshufb */
-static inline __m256i lb_kvalues_v(void) {
-    return _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)lb_kvalues));
+/* a 16-value table (IQ4_NL/IQ4_XS's, MXFP4's) in both lanes, for pshufb */
+static inline __m256i lb_table_v(const int8_t *table) {
+    return _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)table));
 }
 
 /* IQ4_XS: the signed values by pshufb, their signs moved onto the activations (|v| <= 127) */
 LB_INLINE void lb_dots_iq4_xs(const int R, int64_t nb, const lb_block_iq4_xs *x, const li_block_q8_K *const *ys,
                               float *out) {
-    const __m256i kv = lb_kvalues_v();
+    const __m256i kv = lb_table_v(lb_kvalues);
     __m256 acc[LI_TILE];
     for (int r = 0; r < R; r++) acc[r] = _mm256_setzero_ps();
     for (int64_t i = 0; i < nb; i++) {
@@ -382,14 +388,25 @@ void li_rows_iq4_xs(const void *w, int64_t row_bytes, int64_t r0, int64_t r1, in
     lb_rows_k(LI_IQ4_XS, (const uint8_t *)w, row_bytes, r0, r1, k, a, n, y, ldy);
 }
 
-/* ---- IQ4_NL against q8a ------------------------------------------------------------------ */
+/* ---- IQ4_NL and MXFP4 against q8a ---------------------------------------------------------- */
+
+/* The two types are one kernel: 32 values a block, their nibbles (the block's last 16 bytes)
+ * indexing a 16-value int8 table, one scale a block. TYPE (LI_IQ4_NL or LI_MXFP4, a constant
+ * after inlining) picks the block's bytes, its table and how its scale reads. */
+#define LB_NL_BYTES(type) ((type) == LI_MXFP4 ? MXFP4_BYTES : IQ4_NL_BYTES)
+#define LB_NL_TABLE(type) ((type) == LI_MXFP4 ? lb_kvalues_mxfp4 : lb_kvalues)
+
+/* a block's scale: IQ4_NL's fp16 d, MXFP4's E8M0 exponent */
+static inline float lb_nl_scale(int type, const uint8_t *blk) {
+    return type == LI_MXFP4 ? li_e8m0_half(blk[0]) : li_fp16_to_fp32(lb_load_u16(blk));
+}
 
 #ifdef LB_SIMD
-/* One pair of IQ4_NL blocks (b0, b0 + 18) in the activations' pair layout (legacy.c):
- * lo = values 0..15 of both blocks, hi = values 16..31; signed, by pshufb. */
-static inline void lb_nl_pair(const uint8_t *b0, __m256i kv, __m256i *lo, __m256i *hi) {
-    const __m256i v = _mm256_blend_epi32(_mm256_castsi128_si256(_mm_loadu_si128((const __m128i *)(b0 + 2))),
-                                         _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)(b0 + IQ4_NL_BYTES + 2))), 0xF0);
+/* One pair of blocks (b0, b0 + bytes) in the activations' pair layout (legacy.c): lo =
+ * values 0..15 of both blocks, hi = values 16..31; signed, by pshufb from table kv. */
+static inline void lb_nl_pair(const uint8_t *b0, int64_t bytes, __m256i kv, __m256i *lo, __m256i *hi) {
+    const __m256i v = _mm256_blend_epi32(_mm256_castsi128_si256(_mm_loadu_si128((const __m128i *)(b0 + bytes - 16))),
+                                         _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)(b0 + 2 * bytes - 16))), 0xF0);
     const __m256i m4 = _mm256_set1_epi8(0x0F);
     *lo = _mm256_shuffle_epi8(kv, _mm256_and_si256(v, m4));
     *hi = _mm256_shuffle_epi8(kv, _mm256_and_si256(_mm256_srli_epi16(v, 4), m4));
@@ -412,8 +429,23 @@ static inline __m256i lb_octet_sums(__m256i h0, __m256i h1) {
     return _mm256_add_epi32(_mm256_castps_si256(_mm256_shuffle_ps(a, b, 0x88)), _mm256_castps_si256(_mm256_shuffle_ps(a, b, 0xDD)));
 }
 
-/* the d of the first m (<= 8) blocks at w in octet lane order, 0 for the rest */
-static inline __m256 lb_nl_scales(const uint8_t *w, int64_t m) {
+/* 8 E8M0 exponents (int32 lanes) as 2^(e - 128): 2^(a - 64) * 2^(b - 64) with a = e >> 1,
+ * b = e - a, both normal floats, and their product exact (a power of two, subnormal for e < 2) */
+static inline __m256 lb_e8m0_half8(__m256i e) {
+    const __m256i a = _mm256_srli_epi32(e, 1), b = _mm256_sub_epi32(e, a), bias = _mm256_set1_epi32(63);
+    return _mm256_mul_ps(_mm256_castsi256_ps(_mm256_slli_epi32(_mm256_add_epi32(a, bias), 23)),
+                         _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_add_epi32(b, bias), 23)));
+}
+
+/* the scales of the first m (<= 8) blocks at w in octet lane order, 0 for the rest */
+static inline __m256 lb_nl_scales(const int type, const uint8_t *w, int64_t m) {
+    if (type == LI_MXFP4) {
+        uint64_t e = 0; /* byte LI_OCTET_LANE(q) = block q's exponent */
+        for (int64_t q = 0; q < m; q++) e |= (uint64_t)w[q * MXFP4_BYTES] << (8 * LI_OCTET_LANE(q));
+        const __m256 d = lb_e8m0_half8(_mm256_cvtepu8_epi32(_mm_set_epi64x(0, (int64_t)e)));
+        const __m256i held = _mm256_cmpgt_epi32(_mm256_set1_epi32((int)m), _mm256_setr_epi32(0, 2, 4, 6, 1, 3, 5, 7));
+        return _mm256_and_ps(d, _mm256_castsi256_ps(held));
+    }
     uint64_t d[2] = {0, 0}; /* even blocks, odd blocks */
     for (int64_t q = 0; q < m; q++) d[q & 1] |= (uint64_t)lb_load_u16(w + q * IQ4_NL_BYTES) << (16 * (q >> 1));
     return _mm256_cvtph_ps(_mm_set_epi64x((int64_t)d[1], (int64_t)d[0]));
@@ -422,15 +454,15 @@ static inline __m256 lb_nl_scales(const uint8_t *w, int64_t m) {
 /* the blocks after the last octet (rem = nb % 8, starting with block 8*no at wo): each
  * row's block sums in octet lane order, 0 for the missing blocks. Pairs lie in the pair
  * layout, a last unpaired block in natural order (legacy.c's li_quantize_q8a). */
-static __attribute__((noinline)) void lb_nl_tail(const int R, const uint8_t *wo, int64_t rem, int64_t no, int64_t nb,
-                                                 const int8_t *const *aq, __m256i kv, __m256i *sums) {
+static __attribute__((noinline)) void lb_nl_tail(const int R, const uint8_t *wo, int64_t bytes, int64_t rem, int64_t no,
+                                                 int64_t nb, const int8_t *const *aq, __m256i kv, __m256i *sums) {
     int32_t s[LI_TILE][8];
     memset(s, 0, sizeof s);
     for (int64_t q = 0; q < rem; q += 2) {
         int32_t part[8];
         if (q + 1 < rem) {
             __m256i lo, hi;
-            lb_nl_pair(wo + q * IQ4_NL_BYTES, kv, &lo, &hi);
+            lb_nl_pair(wo + q * bytes, bytes, kv, &lo, &hi);
             const __m256i alo = _mm256_sign_epi8(lo, lo), ahi = _mm256_sign_epi8(hi, hi);
             for (int r = 0; r < R; r++) {
                 const int8_t *y = aq[r] + (no * 4 + q / 2) * 64;
@@ -439,7 +471,7 @@ static __attribute__((noinline)) void lb_nl_tail(const int R, const uint8_t *wo,
                 s[r][LI_OCTET_LANE(q + 1)] = part[4] + part[5] + part[6] + part[7];
             }
         } else {
-            const __m256i v = _mm256_shuffle_epi8(kv, li_unpack_nibbles(wo + q * IQ4_NL_BYTES + 2)), av = _mm256_sign_epi8(v, v);
+            const __m256i v = _mm256_shuffle_epi8(kv, li_unpack_nibbles(wo + (q + 1) * bytes - 16)), av = _mm256_sign_epi8(v, v);
             for (int r = 0; r < R; r++) s[r][LI_OCTET_LANE(q)] = li_hsum_i32(lb_dot_signed(v, av, aq[r] + (nb - 1) * QK));
         }
     }
@@ -448,8 +480,9 @@ static __attribute__((noinline)) void lb_nl_tail(const int R, const uint8_t *wo,
 #endif
 
 /* R activation rows (1..LI_TILE) at a: row r's qs at a->qs + r*k, its scales at + r*ss */
-LB_INLINE void lb_dot_iq4_nl(const int R, int64_t k, int64_t ss, const uint8_t *w, const li_q8a *a, float *out) {
-    const int64_t nb = k / QK;
+LB_INLINE void lb_dot_nl(const int type, const int R, int64_t k, int64_t ss, const uint8_t *w, const li_q8a *a,
+                         float *out) {
+    const int64_t nb = k / QK, bytes = LB_NL_BYTES(type);
     const int8_t *aq[LI_TILE];
     const float *ad[LI_TILE];
     for (int r = 0; r < R; r++) {
@@ -457,18 +490,18 @@ LB_INLINE void lb_dot_iq4_nl(const int R, int64_t k, int64_t ss, const uint8_t *
         ad[r] = a->d + r * ss;
     }
 #ifdef LB_SIMD
-    const __m256i kv = lb_kvalues_v();
+    const __m256i kv = lb_table_v(LB_NL_TABLE(type));
     __m256 acc[LI_TILE];
     for (int r = 0; r < R; r++) acc[r] = _mm256_setzero_ps();
     const int64_t no = nb / 8;
     for (int64_t o = 0; o < no; o++) {
-        const uint8_t *wo = w + o * 8 * IQ4_NL_BYTES;
+        const uint8_t *wo = w + o * 8 * bytes;
         __m256i h[LI_TILE][2];
         for (int half = 0; half < 2; half++) {
             __m256i pa[LI_TILE];
             for (int p = 0; p < 2; p++) {
                 __m256i lo, hi;
-                lb_nl_pair(wo + (half * 4 + p * 2) * IQ4_NL_BYTES, kv, &lo, &hi);
+                lb_nl_pair(wo + (half * 4 + p * 2) * bytes, bytes, kv, &lo, &hi);
                 const __m256i alo = _mm256_sign_epi8(lo, lo), ahi = _mm256_sign_epi8(hi, hi);
                 for (int r = 0; r < R; r++) {
                     const int8_t *y = aq[r] + (o * 4 + half * 2 + p) * 64;
@@ -478,29 +511,30 @@ LB_INLINE void lb_dot_iq4_nl(const int R, int64_t k, int64_t ss, const uint8_t *
                 }
             }
         }
-        const __m256 d8 = lb_nl_scales(wo, 8);
+        const __m256 d8 = lb_nl_scales(type, wo, 8);
         for (int r = 0; r < R; r++)
             acc[r] = _mm256_fmadd_ps(_mm256_mul_ps(d8, _mm256_loadu_ps(ad[r] + o * 8)), _mm256_cvtepi32_ps(lb_octet_sums(h[r][0], h[r][1])), acc[r]);
     }
     const int64_t rem = nb - no * 8;
     if (rem) { /* one more octet, its missing blocks' scales 0 */
         __m256i sums[LI_TILE];
-        const uint8_t *wo = w + no * 8 * IQ4_NL_BYTES;
-        lb_nl_tail(R, wo, rem, no, nb, aq, kv, sums);
-        const __m256 d8 = lb_nl_scales(wo, rem);
+        const uint8_t *wo = w + no * 8 * bytes;
+        lb_nl_tail(R, wo, bytes, rem, no, nb, aq, kv, sums);
+        const __m256 d8 = lb_nl_scales(type, wo, rem);
         for (int r = 0; r < R; r++)
             acc[r] = _mm256_fmadd_ps(_mm256_mul_ps(d8, _mm256_loadu_ps(ad[r] + no * 8)), _mm256_cvtepi32_ps(sums[r]), acc[r]);
     }
     for (int r = 0; r < R; r++) out[r] = li_hsum8(acc[r]);
 #else
+    const int8_t *table = LB_NL_TABLE(type);
     float acc[LI_TILE] = {0};
     for (int64_t b = 0; b < nb; b++) {
-        const uint8_t *blk = w + b * IQ4_NL_BYTES;
-        const float dw = li_fp16_to_fp32(lb_load_u16(blk));
+        const uint8_t *blk = w + b * bytes, *qs = blk + bytes - 16;
+        const float dw = lb_nl_scale(type, blk);
         int8_t q[QK];
         for (int i = 0; i < 16; i++) {
-            q[i] = lb_kvalues[blk[2 + i] & 0x0F];
-            q[i + 16] = lb_kvalues[blk[2 + i] >> 4];
+            q[i] = table[qs[i] & 0x0F];
+            q[i + 16] = table[qs[i] >> 4];
         }
         for (int r = 0; r < R; r++) {
             const int8_t *y = aq[r] + b * QK;
@@ -513,8 +547,8 @@ LB_INLINE void lb_dot_iq4_nl(const int R, int64_t k, int64_t ss, const uint8_t *
 #endif
 }
 
-void li_rows_iq4_nl(const void *w, int64_t row_bytes, int64_t r0, int64_t r1, int64_t k, const li_q8a *a, int64_t n,
-                    float *y, int64_t ldy) {
+LB_INLINE void lb_rows_nl(const int type, const void *w, int64_t row_bytes, int64_t r0, int64_t r1, int64_t k,
+                          const li_q8a *a, int64_t n, float *y, int64_t ldy) {
     const int64_t ss = li_q8a_scale_stride(k);
     float res[LI_TILE];
     for (int64_t r = r0; r < r1; r++) {
@@ -524,12 +558,12 @@ void li_rows_iq4_nl(const void *w, int64_t row_bytes, int64_t r0, int64_t r1, in
             const li_q8a t = {a->qs + j * k, a->d + j * ss, a->s + j * ss};
             R = li_tile_rows(n - j);
             switch (R) {
-            case 1: lb_dot_iq4_nl(1, k, ss, wr, &t, res); break;
-            case 2: lb_dot_iq4_nl(2, k, ss, wr, &t, res); break;
-            case 3: lb_dot_iq4_nl(3, k, ss, wr, &t, res); break;
-            case 4: lb_dot_iq4_nl(4, k, ss, wr, &t, res); break;
+            case 1: lb_dot_nl(type, 1, k, ss, wr, &t, res); break;
+            case 2: lb_dot_nl(type, 2, k, ss, wr, &t, res); break;
+            case 3: lb_dot_nl(type, 3, k, ss, wr, &t, res); break;
+            case 4: lb_dot_nl(type, 4, k, ss, wr, &t, res); break;
 #if LI_TILE == 8
-            default: lb_dot_iq4_nl(8, k, ss, wr, &t, res); break;
+            default: lb_dot_nl(type, 8, k, ss, wr, &t, res); break;
 #endif
             }
             for (int64_t i = 0; i < R; i++) y[(j + i) * ldy + r] = res[i];
@@ -537,3 +571,12 @@ void li_rows_iq4_nl(const void *w, int64_t row_bytes, int64_t r0, int64_t r1, in
     }
 }
 
+void li_rows_iq4_nl(const void *w, int64_t row_bytes, int64_t r0, int64_t r1, int64_t k, const li_q8a *a, int64_t n,
+                    float *y, int64_t ldy) {
+    lb_rows_nl(LI_IQ4_NL, w, row_bytes, r0, r1, k, a, n, y, ldy);
+}
+
+void li_rows_mxfp4(const void *w, int64_t row_bytes, int64_t r0, int64_t r1, int64_t k, const li_q8a *a, int64_t n,
+                   float *y, int64_t ldy) {
+    lb_rows_nl(LI_MXFP4, w, row_bytes, r0, r1, k, a, n, y, ldy);
+}

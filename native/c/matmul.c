@@ -52,6 +52,7 @@ void li_rows_q2_K(const void *, int64_t, int64_t, int64_t, int64_t, const li_blo
 void li_rows_q3_K(const void *, int64_t, int64_t, int64_t, int64_t, const li_block_q8_K *, int64_t, float *, int64_t);
 void li_rows_iq4_xs(const void *, int64_t, int64_t, int64_t, int64_t, const li_block_q8_K *, int64_t, float *, int64_t);
 void li_rows_iq4_nl(const void *, int64_t, int64_t, int64_t, int64_t, const li_q8a *, int64_t, float *, int64_t);
+void li_rows_mxfp4(const void *, int64_t, int64_t, int64_t, int64_t, const li_q8a *, int64_t, float *, int64_t);
 void li_rows_bf16(const void *, int64_t, int64_t, int64_t, int64_t, const float *, int64_t, float *, int64_t);
 
 /* ---- amx.c --------------------------------------------------------------------------- */
@@ -151,6 +152,7 @@ static int type_info(int t, li_type *ti) {
     case LI_Q3_K: *ti = (li_type){256, 110, FMT_Q8K, 190, 0, 0, li_rows_q3_K}; return 0;
     case LI_IQ4_XS: *ti = (li_type){256, 136, FMT_Q8K, 200, 0, 0, li_rows_iq4_xs}; return 0;
     case LI_IQ4_NL: *ti = (li_type){32, 18, FMT_Q8A, 30, li_rows_iq4_nl, 0, 0}; return 0;
+    case LI_MXFP4: *ti = (li_type){32, 17, FMT_Q8A, 30, li_rows_mxfp4, 0, 0}; return 0;
     case LI_BF16: *ti = (li_type){1, 2, FMT_FLOAT, 2, 0, li_rows_bf16, 0}; return 0;
     default: return -1;
     }

@@ -1,5 +1,6 @@
 /* Packed panels (see packed.c) of the float types and the low-bit types people download:
- * F32, F16, BF16, Q2_K, Q3_K, IQ4_NL, IQ4_XS. packed.c asks here for what it does not pack itself.
+ * F32, F16, BF16, Q2_K, Q3_K, IQ4_NL, IQ4_XS, MXFP4. packed.c asks here for what it does not
+ * pack itself.
  *
  * The same contract as packed.c: panels of 16 weight rows, lane i of every vector is weight
  * row i, a register tile of R activation rows shares each unpacked chunk, and every output
@@ -17,6 +18,8 @@
  *         (unsigned, -128 * sum(a) folded into the integer sum) where vpdpbusd or AVX-VNNI
  *         runs, else signed with the sign moved onto the activations (vpmaddubsw must not
  *         saturate).
+ *   MXFP4   e[16] (the rows' E8M0 exponent bytes) | 4 chunks as IQ4_NL's: the same kernel,
+ *         with kvalues_mxfp4 (|value| <= 12) and the scale 2^(e - 128) (li_e8m0_half)
  *   IQ4_XS  d[16] | scales_h[16] (u16) | scales_l as a plane of 16 u32 | 8 sub-blocks x 4
  *         chunks: chunk (ib, c) byte 4r+j = row r's qs[16ib+4c+j] (as IQ4_NL's, per 32)
  *   Q2_K  d[16] dmin[16] | the 16 scale bytes as 4 chunks: chunk q byte 4r+t = row r's
@@ -49,6 +52,7 @@ int li_pack_more_block(int type, int *values, int *bytes) {
     case LI_F16:
     case LI_BF16: *values = 1; *bytes = 2; return 1;
     case LI_IQ4_NL: *values = 32; *bytes = 18; return 1;
+    case LI_MXFP4: *values = 32; *bytes = 17; return 1;
     case LI_IQ4_XS: *values = 256; *bytes = 136; return 1;
     case LI_Q2_K: *values = 256; *bytes = 84; return 1;
     case LI_Q3_K: *values = 256; *bytes = 110; return 1;
@@ -104,6 +108,10 @@ void li_pack_more(int type, uint8_t *dst, const uint8_t *src, int64_t row_bytes)
         lpm_fields16(dst, src, row_bytes, 0);
         lpm_interleave4(dst + 32, src + 2, row_bytes, 4);
         break;
+    case LI_MXFP4:
+        for (int r = 0; r < LP_PANEL; r++) dst[r] = src[r * row_bytes];
+        lpm_interleave4(dst + 16, src + 1, row_bytes, 4);
+        break;
     case LI_IQ4_XS:
         lpm_fields16(dst, src, row_bytes, 0);
         lpm_fields16(dst + 32, src, row_bytes, 2);
@@ -129,9 +137,11 @@ void li_pack_more(int type, uint8_t *dst, const uint8_t *src, int64_t row_bytes)
 #ifdef LP_R
 /* ---- helpers beyond vec16.h ------------------------------------------------------------ */
 
-/* ggml's kvalues_iq4nl, and the same plus 128 (unsigned) */
+/* ggml's kvalues_iq4nl and kvalues_mxfp4, and the same plus 128 (unsigned) */
 static const int8_t lpm_kvalues[16] = {-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113};
 static const uint8_t lpm_kvalues_u[16] = {1, 24, 45, 63, 79, 93, 106, 118, 129, 141, 153, 166, 181, 197, 217, 241};
+static const int8_t lpm_kvalues_mxfp4[16] = {0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12};
+static const uint8_t lpm_kvalues_mxfp4_u[16] = {128, 129, 130, 131, 132, 134, 136, 140, 128, 127, 126, 125, 124, 122, 120, 116};
 
 #ifdef LP_512
 /* bytes of t chosen by idx within each 128-bit lane */
@@ -147,6 +157,7 @@ static inline vi vm_add_0x04(vi v, const uint8_t *m) {
 static inline vi vm_cvt_u16(const uint8_t *p) { return _mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)p)); }
 static inline vf vm_bf16(const uint8_t *p) { return _mm512_castsi512_ps(vi_slli32(vm_cvt_u16(p), 16)); }
 static inline vf vf_add(vf a, vf b) { return _mm512_add_ps(a, b); }
+static inline vf vm_as_vf(vi a) { return _mm512_castsi512_ps(a); }
 /* each lane's byte offset inside its 128-bit lane, in every byte: a row's pshufb index base */
 static inline vi vm_rowoff(void) { return _mm512_set4_epi32(0x0C0C0C0C, 0x08080808, 0x04040404, 0); }
 #else
@@ -176,6 +187,7 @@ static inline vf vm_bf16(const uint8_t *p) {
     return (vf){_mm256_castsi256_ps(v.l), _mm256_castsi256_ps(v.h)};
 }
 static inline vf vf_add(vf a, vf b) { return (vf){_mm256_add_ps(a.l, b.l), _mm256_add_ps(a.h, b.h)}; }
+static inline vf vm_as_vf(vi a) { return (vf){_mm256_castsi256_ps(a.l), _mm256_castsi256_ps(a.h)}; }
 static inline vi vm_rowoff(void) {
     const __m256i o = _mm256_setr_epi32(0, 0x04040404, 0x08080808, 0x0C0C0C0C, 0, 0x04040404, 0x08080808, 0x0C0C0C0C);
     return (vi){o, o};
@@ -216,7 +228,18 @@ LP_INLINE vi vm_kv_off(int32_t weights, va sums) {
 #endif
 }
 
-static inline vi vm_kv_table(void) { return LP_XOR_Q8 ? vm_table(lpm_kvalues_u) : vm_table(lpm_kvalues); }
+/* the 16 values of IQ4_NL (and IQ4_XS) or MXFP4, as vm_kv takes them */
+static inline vi vm_kv_table(int type) {
+    if (type == LI_MXFP4) return LP_XOR_Q8 ? vm_table(lpm_kvalues_mxfp4_u) : vm_table(lpm_kvalues_mxfp4);
+    return LP_XOR_Q8 ? vm_table(lpm_kvalues_u) : vm_table(lpm_kvalues);
+}
+
+/* the 16 rows' E8M0 exponent bytes at e as 2^(e - 128): 2^(a - 64) * 2^(b - 64) with a = e >> 1,
+ * b = e - a, both normal floats, their product exact (a power of two, subnormal for e < 2) */
+static inline vf vm_e8m0_half(const uint8_t *e) {
+    const vi v = vi_and(vi_cvt_i8(e), vi_set1(0xFF)), a = vi_srli32(v, 1), bias = vi_set1(63);
+    return vf_mul(vm_as_vf(vi_slli32(vi_add(a, bias), 23)), vm_as_vf(vi_slli32(vi_add(vi_sub(v, a), bias), 23)));
+}
 
 /* A sub-block's sums of small unsigned values u times activations, then scaled. With VNNI
  * (LP_XOR_Q8 says so): int32 lanes by vpdpbusd, times the scale by vpmulld. Without: the
@@ -280,16 +303,18 @@ LP_INLINE void lpm_float(const int WF, const int R, const uint8_t *pw, int64_t k
     for (int r = 0; r < R; r++) vf_store(y + r * ldy, vf_add(acc[0][r], acc[1][r]));
 }
 
-/* ---- IQ4_NL against q8s activations ------------------------------------------------------- */
+/* ---- IQ4_NL and MXFP4 against q8s activations ---------------------------------------------- */
 
-LP_INLINE void lpm_iq4_nl(const int R, const uint8_t *pw, int64_t nb, const li_q8s *a, int64_t k, float *y,
-                          int64_t ldy) {
-    const vi m4 = vi_set1(0x0F0F0F0F), kv = vm_kv_table();
+/* TYPE: LI_IQ4_NL (fp16 scales) or LI_MXFP4 (E8M0 exponents), a constant after inlining */
+LP_INLINE void lpm_nl(const int type, const int R, const uint8_t *pw, int64_t nb, const li_q8s *a, int64_t k, float *y,
+                      int64_t ldy) {
+    const int mx = type == LI_MXFP4, bb = 16 * (mx ? 17 : 18); /* a panel block's bytes */
+    const vi m4 = vi_set1(0x0F0F0F0F), kv = vm_kv_table(type);
     vf acc[LP_R];
     for (int r = 0; r < R; r++) acc[r] = vf_zero();
     for (int64_t b = 0; b < nb; b++) {
-        const uint8_t *blk = pw + b * 16 * 18, *qs = blk + 32;
-        li_prefetch_row(blk, 16 * 18);
+        const uint8_t *blk = pw + b * bb, *qs = blk + (mx ? 16 : 32);
+        li_prefetch_row(blk, bb);
         const int8_t *ab = a->qs + b * 32;
         vi isum[LP_R];
         for (int r = 0; r < R; r++) /* the int32 sum fits its low int16 (|sum| <= 32 * 128) */
@@ -302,7 +327,7 @@ LP_INLINE void lpm_iq4_nl(const int R, const uint8_t *pw, int64_t nb, const li_q
             for (int r = 0; r < R; r++)
                 isum[r] = vm_kv_dp(vm_kv_dp(isum[r], wl, ul, va_bcast(ab + r * k + 4 * c)), wh, uh, va_bcast(ab + r * k + 16 + 4 * c));
         }
-        const vf dw = vf_f16(blk);
+        const vf dw = mx ? vm_e8m0_half(blk) : vf_f16(blk);
         for (int r = 0; r < R; r++) acc[r] = vf_fmadd(vf_mul(dw, vf_set1(a->d[r * nb + b])), vf_cvt(isum[r]), acc[r]);
     }
     for (int r = 0; r < R; r++) vf_store(y + r * ldy, acc[r]);
@@ -311,7 +336,7 @@ LP_INLINE void lpm_iq4_nl(const int R, const uint8_t *pw, int64_t nb, const li_q
 /* ---- IQ4_XS against Q8_K -------------------------------------------------------------------- */
 
 LP_INLINE void lpm_iq4_xs(const int R, const uint8_t *pw, int64_t nb, const li_block_q8_K *a, float *y, int64_t ldy) {
-    const vi m4 = vi_set1(0x0F0F0F0F), kv = vm_kv_table();
+    const vi m4 = vi_set1(0x0F0F0F0F), kv = vm_kv_table(LI_IQ4_XS);
     vf acc[LP_R];
     for (int r = 0; r < R; r++) acc[r] = vf_zero();
     for (int64_t b = 0; b < nb; b++) {
@@ -465,14 +490,15 @@ LP_INLINE void lpm_q3_K(const int R, const uint8_t *pw, int64_t nb, const li_blo
 
 void li_packed_rows_more_q8s(int type, const uint8_t *packed, int64_t p0, int64_t p1, int64_t k, const li_q8s *a,
                              int64_t n, float *y, int64_t ldy) {
-    if (type != LI_IQ4_NL) return;
-    const int64_t nb = k / 32, panel_bytes = nb * 16 * 18;
+    if (type != LI_IQ4_NL && type != LI_MXFP4) return;
+    const int64_t nb = k / 32, panel_bytes = nb * 16 * (type == LI_MXFP4 ? 17 : 18);
     for (int64_t p = p0; p < p1; p++) {
         const uint8_t *pw = packed + p * panel_bytes;
 #define LP_CALL(R)                                                                                        \
     do {                                                                                                  \
         const li_q8s t = {a->qs + j * k, a->d + j * nb, a->sum + j * nb};                                \
-        lpm_iq4_nl(R, pw, nb, &t, k, y + j * ldy + 16 * p, ldy);                                         \
+        if (type == LI_MXFP4) lpm_nl(LI_MXFP4, R, pw, nb, &t, k, y + j * ldy + 16 * p, ldy);             \
+        else lpm_nl(LI_IQ4_NL, R, pw, nb, &t, k, y + j * ldy + 16 * p, ldy);                             \
     } while (0)
         LP_TILES(LP_CALL)
 #undef LP_CALL

@@ -16,12 +16,16 @@ from localinfer_native.types import QMatrix
 F16_FIELDS = {
     Q.Q4_0: [0], Q.Q4_1: [0, 2], Q.Q5_0: [0], Q.Q5_1: [0, 2], Q.Q8_0: [0],
     Q.Q4_K: [0, 2], Q.Q5_K: [0, 2], Q.Q6_K: [208],
-    Q.Q2_K: [80, 82], Q.Q3_K: [108], Q.IQ4_NL: [0], Q.IQ4_XS: [0],
+    Q.Q2_K: [80, 82], Q.Q3_K: [108], Q.IQ4_NL: [0], Q.IQ4_XS: [0], Q.MXFP4: [],
 }
+# Byte offsets of the E8M0 exponent bytes (MXFP4): random exponents would reach infinities
+# (e = 255: 12 * 2^127), so they are drawn from E8M0_SANE, scales 2^-18 .. 2^2.
+E8M0_FIELDS = {Q.MXFP4: [0]}
+E8M0_SANE = (110, 130)
 
 
 def random_qmatrix(qtype: Q, rows: int, cols: int, rng: np.random.Generator) -> QMatrix:
-    """Random bytes with sane float16 scales, so every bit pattern of the quants is exercised."""
+    """Random bytes with sane float16 (or E8M0) scales, so every bit pattern of the quants is exercised."""
     if qtype == Q.F32:
         return QMatrix.from_array(qtype, rng.standard_normal((rows, cols), dtype=np.float32), cols)
     if qtype == Q.F16:
@@ -33,6 +37,8 @@ def random_qmatrix(qtype: Q, rows: int, cols: int, rng: np.random.Generator) -> 
     for offset in F16_FIELDS[qtype]:
         scale = rng.uniform(-0.02, 0.02, size=raw.shape[:2]).astype(np.float16)
         raw[:, :, offset : offset + 2] = scale.view(np.uint8).reshape(*raw.shape[:2], 2)
+    for offset in E8M0_FIELDS.get(qtype, []):
+        raw[:, :, offset] = rng.integers(E8M0_SANE[0], E8M0_SANE[1] + 1, size=raw.shape[:2], dtype=np.uint8)
     return QMatrix.from_array(qtype, raw.reshape(rows, -1), cols)
 
 

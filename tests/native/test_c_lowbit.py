@@ -1,8 +1,8 @@
-"""The C kernels' low-bit block types (native/c/lowbit.c): Q2_K, Q3_K, IQ4_NL, IQ4_XS and BF16.
+"""The C kernels' low-bit block types (native/c/lowbit.c): Q2_K, Q3_K, IQ4_NL, IQ4_XS, MXFP4 and BF16.
 
 Products are checked against gguf-py's dequantizer (llama.cpp's own format code): the tight
 reference is dequant(W) @ (x as the kernel quantizes it: Q8_K for Q2_K/Q3_K/IQ4_XS, Q8_0
-for IQ4_NL, floats for BF16) in float64, for 1 to 17 activation rows, through the installed
+for IQ4_NL and MXFP4, floats for BF16) in float64, for 1 to 17 activation rows, through the installed
 build, an AVX2-only build and a portable one. A row's result must not depend on the rows
 beside it, bit for bit (a speculative verify equals decoding). Weights are random blocks
 and blocks from llama.cpp's own quantizer (ggml_quantize_chunk).
@@ -29,15 +29,17 @@ from localinfer.backends.native import NativeBackend
 from localinfer.engine.engine import Engine
 from localinfer.engine.types import SamplingParams
 from localinfer.modelfile import inspect
+from localinfer_native import kernel_types
 from localinfer_native.c_kernels import CKernels
 from localinfer_native.types import C_TYPES, QMatrix
-from tests.native.blocks import F16_FIELDS, dequantized, random_qmatrix
+from localinfer_quant.mxfp4 import dequantize_mxfp4
+from tests.native.blocks import E8M0_FIELDS, F16_FIELDS, dequantized, random_qmatrix
 from tests.native.test_c_kernels import q8_0_values, q8_k_values  # also: the C library must load
 from tests.native.test_native_vs_llamacpp import N_CTX, PROMPTS, TEXT, agreement, forced_logits, llama_cpp_without_flash_attention
 
 from ..conftest import THREADS, complete_together
 
-LOWBIT = [Q.Q2_K, Q.Q3_K, Q.IQ4_NL, Q.IQ4_XS, Q.BF16]
+LOWBIT = [Q.Q2_K, Q.Q3_K, Q.IQ4_NL, Q.IQ4_XS, Q.MXFP4, Q.BF16]
 Q8K_TYPES = {Q.Q2_K, Q.Q3_K, Q.IQ4_XS}
 N_ROWS = (1, 2, 3, 5, 8, 17)
 
@@ -46,12 +48,12 @@ N_ROWS = (1, 2, 3, 5, 8, 17)
 
 
 def cols_for(qtype: Q) -> list[int]:
-    """Q8_K types: 1 to 6 super-blocks. IQ4_NL: 576 (two octets of blocks and a pair), 1536,
-    and tails of 1 to 5 blocks after the octets (an odd last block lies unpaired). BF16:
-    lengths that leave 8-value and scalar tails."""
+    """Q8_K types: 1 to 6 super-blocks. IQ4_NL and MXFP4: 576 (two octets of blocks and a
+    pair), 1536, and tails of 1 to 5 blocks after the octets (an odd last block lies
+    unpaired). BF16: lengths that leave 8-value and scalar tails."""
     if qtype in Q8K_TYPES:
         return [256, 512, 1536]
-    return [576, 1536, 32, 96, 288, 416] if qtype == Q.IQ4_NL else [576, 1536, 96, 100, 7]
+    return [576, 1536, 32, 96, 288, 416] if qtype in (Q.IQ4_NL, Q.MXFP4) else [576, 1536, 96, 100, 7]
 
 
 def activation_values(qtype: Q, x: np.ndarray) -> np.ndarray:
@@ -128,10 +130,32 @@ def test_extreme_blocks(kernels: CKernels, qtype: Q) -> None:
     raw[0], raw[1], raw[2] = 0x00, 0xFF, 0x5A
     for offset in F16_FIELDS[qtype]:
         raw[:, :, offset : offset + 2] = np.frombuffer(np.float16(0.01).tobytes(), np.uint8)
+    for offset in E8M0_FIELDS.get(qtype, []):  # 0xFF would be 2^127: infinite products
+        raw[:, :, offset] = 121  # 2^-7
     m = QMatrix.from_array(qtype, raw.reshape(3, -1), cols)
     for x in (np.full(cols, 3.0, np.float32), np.full(cols, -3.0, np.float32), np.tile(np.array([3.0, -3.0], np.float32), cols // 2)):
         xs = np.repeat(x[None], 5, axis=0)
         check(m, xs, run(kernels, [m], xs)[0])
+
+
+def test_mxfp4_at_every_exponent(kernels: CKernels) -> None:
+    """Row e (0..250) has every block at E8M0 exponent e, so each scale 2^(e - 128) is decoded
+    once, the float32 subnormals 2^-128 and 2^-127 (e < 2) included, by the row dots and (rows
+    past 16) the panels alike. The activations are large against the small scales and small
+    against the large ones, so every product stays a normal float32; exponents past 250 are
+    left out because their products with any activation ggml's Q8_0 holds reach infinity."""
+    rng = np.random.default_rng(39)
+    cols, exponents = 288, np.arange(251)
+    raw = random_qmatrix(Q.MXFP4, len(exponents), cols, rng).data.reshape(len(exponents), -1, 17).copy()
+    raw[:, :, 0] = exponents[:, None]
+    x = rng.standard_normal((3, cols)).astype(np.float32)
+    for rows, xs in ((exponents < 128, x * 2.0**18), (exponents >= 128, x * 2.0**-7)):
+        m = QMatrix.from_array(Q.MXFP4, raw[rows].reshape(int(rows.sum()), -1), cols)
+        w = dequantized(m)
+        assert np.array_equal(w, dequantize_mxfp4(raw[rows].reshape(-1, 17)).astype(np.float64).reshape(w.shape))  # gguf-py's == ours
+        xq = activation_values(Q.MXFP4, xs)
+        err = np.abs(run(kernels, [m], xs)[0] - xq @ w.T) / (np.abs(xq) @ np.abs(w).T)
+        assert err.max() < 2e-5, f"worst relative error {err.max():.2e} at exponent {exponents[rows][err.max(axis=0).argmax()]}"
 
 
 @pytest.fixture(scope="module")
@@ -153,12 +177,17 @@ def test_blocks_from_llama_cpps_quantizer(kernels: CKernels, qtype: Q, ggml_quan
             check(m, x, run(kernels, [m], x)[0])
 
 
+def test_declares_its_types() -> None:
+    """The engine's capabilities (kernel_types) report every type the C set runs, MXFP4 among them."""
+    assert set(LOWBIT) <= CKernels.supported_types == kernel_types("c")
+
+
 def test_fused_with_the_other_types(ggml_quantize) -> None:
     """One op over matrices of three activation formats (Q8_K, q8a, floats) and old and new
     types: each output is the one its matrix gives alone, bit for bit."""
     kc = CKernels(threads=2)
     rng = np.random.default_rng(3)
-    for cols, types in ((512, [Q.Q2_K, Q.Q4_K, Q.IQ4_XS]), (512, [Q.Q3_K, Q.IQ4_NL, Q.BF16]), (576, [Q.IQ4_NL, Q.Q4_0, Q.BF16])):
+    for cols, types in ((512, [Q.Q2_K, Q.Q4_K, Q.IQ4_XS]), (512, [Q.Q3_K, Q.IQ4_NL, Q.BF16]), (576, [Q.IQ4_NL, Q.Q4_0, Q.BF16]), (512, [Q.MXFP4, Q.Q4_K, Q.IQ4_NL])):
         mats = [ggml_quantize(t, rng.standard_normal((rows, cols))) for t, rows in zip(types, (40, 24, 56))]
         for n in (1, 17):
             x = activations(rng, n, cols)

@@ -1,11 +1,11 @@
-"""The Numba kernel set's low-bit types (Q2_K, Q3_K, IQ4_NL, IQ4_XS) and BF16 against gguf-py's
+"""The Numba kernel set's low-bit types (Q2_K, Q3_K, IQ4_NL, IQ4_XS, MXFP4) and BF16 against gguf-py's
 dequantizer, on both paths: this CPU's (int8 activations where it has AVX2, as ggml: Q8_K form
-for Q2_K/Q3_K/IQ4_XS, Q8_0 form for IQ4_NL) and the portable float path a CPU without AVX2 runs
+for Q2_K/Q3_K/IQ4_XS, Q8_0 form for IQ4_NL and MXFP4) and the portable float path a CPU without AVX2 runs
 (`NumbaKernels(float_path=True)`).
 
 The int8 path is checked tightly against dequant(W) @ dequant(quantized x), the float path
 against dequant(W) @ x (float64). Every n-row product must equal the 1-row products bit for
-bit. Each (type, path) compiles one kernel (cached on disk): 9 in all.
+bit. Each (type, path) compiles one kernel (cached on disk): 11 in all.
 """
 
 from __future__ import annotations
@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 from gguf import GGML_QUANT_SIZES, GGMLQuantizationType as Q
 
+from localinfer_native import kernel_types
 from localinfer_native.numba_ir import INT8_TYPES, Q8K_TYPES
 from localinfer_native.numba_kernels import NumbaKernels
 from localinfer_native.types import QMatrix
@@ -21,9 +22,10 @@ from tests.conftest import read_gguf
 from tests.native.blocks import dequantized, random_qmatrix
 from tests.native.test_numba_kernels import quantized_x, quantized_x_k
 
-LOWBIT = [Q.Q2_K, Q.Q3_K, Q.IQ4_NL, Q.IQ4_XS]
+LOWBIT = [Q.Q2_K, Q.Q3_K, Q.IQ4_NL, Q.IQ4_XS, Q.MXFP4]
 # Row lengths: one block, an odd number of blocks past a pair, and an even number (BF16: a tail).
-_COLS = {Q.Q2_K: [256, 768, 1536], Q.Q3_K: [256, 768, 1536], Q.IQ4_XS: [256, 768, 1536], Q.IQ4_NL: [32, 96, 576], Q.BF16: [8, 37, 576]}
+_COLS = {Q.Q2_K: [256, 768, 1536], Q.Q3_K: [256, 768, 1536], Q.IQ4_XS: [256, 768, 1536], Q.IQ4_NL: [32, 96, 576],
+         Q.MXFP4: [32, 96, 576], Q.BF16: [8, 37, 576]}
 # (type, float path forced): the float path only where this CPU would take the int8 one.
 CASES = [(t, False) for t in [*LOWBIT, Q.BF16]] + [(t, True) for t in LOWBIT if t in INT8_TYPES]
 
@@ -77,7 +79,7 @@ def test_products_and_batch_independence(kernel_sets, case):
 
 def extreme_matrix(qtype: Q, rows: int, cols: int, rng: np.random.Generator) -> QMatrix:
     """Weights at the ends of their ranges: the first half of the rows at the largest value and
-    scale, the rest at the most negative (Q3_K's -4 with scale -32, IQ4's -127)."""
+    scale, the rest at the most negative (Q3_K's -4 with scale -32, IQ4's -127, MXFP4's -12)."""
     m = random_qmatrix(qtype, rows, cols, rng)
     block, size = GGML_QUANT_SIZES[qtype]
     data = m.data.copy().reshape(rows, cols // block, size)
@@ -88,6 +90,8 @@ def extreme_matrix(qtype: Q, rows: int, cols: int, rng: np.random.Generator) -> 
         top[:, :, :108], bottom[:, :, :108] = 0xFF, 0x00  # 3 with scale 31; -4 with scale -32
     elif qtype == Q.IQ4_NL:
         top[:, :, 2:], bottom[:, :, 2:] = 0xFF, 0x00  # 113; -127
+    elif qtype == Q.MXFP4:
+        top[:, :, 1:], bottom[:, :, 1:] = 0x77, 0xFF  # 12; -12 (with the random sane exponents)
     else:
         top[:, :, 2:], bottom[:, :, 2:] = 0xFF, 0x00  # 113 with scale 31; -127 with scale -32
     return QMatrix(qtype, data.reshape(rows, -1), rows, cols)
@@ -103,6 +107,22 @@ def test_extreme_blocks(kernel_sets, case):
         x = np.full((2, cols), sign, np.float32)
         x[1, ::2] = -sign
         check(m, x, product(kernel_sets[float_path], m, x), float_path)
+
+
+@pytest.mark.parametrize("case", [c for c in CASES if c[0] == Q.MXFP4], ids=case_id)
+def test_mxfp4_at_every_exponent(kernel_sets, case):
+    """Row e (0..250) has every block at E8M0 exponent e: each scale 2^(e - 128), the float32
+    subnormals of e < 2 included, against activations that keep every product a normal float32
+    (large ones for the small scales, small ones for the large; past 250 products overflow)."""
+    qtype, float_path = case
+    rng = np.random.default_rng(39)
+    cols, exponents = 288, np.arange(251)
+    raw = random_qmatrix(qtype, len(exponents), cols, rng).data.reshape(len(exponents), -1, 17).copy()
+    raw[:, :, 0] = exponents[:, None]
+    x = rng.standard_normal((3, cols)).astype(np.float32)
+    for rows, xs in ((exponents < 128, x * np.float32(2.0**18)), (exponents >= 128, x * np.float32(2.0**-7))):
+        m = QMatrix.from_array(qtype, raw[rows].reshape(int(rows.sum()), -1), cols)
+        check(m, xs, product(kernel_sets[float_path], m, xs), float_path)
 
 
 @pytest.fixture(scope="module")
@@ -133,6 +153,7 @@ def test_blocks_from_llama_cpps_quantizer(kernel_sets, ggml_quantize, model_weig
 
 def test_declares_its_types():
     assert {*LOWBIT, Q.BF16} <= NumbaKernels.supported_types
+    assert kernel_types("numba") == NumbaKernels.supported_types  # what the engine's capabilities report
     k = NumbaKernels()
     with pytest.raises(ValueError, match="do not support IQ2_XXS"):
         k.matmul_op([QMatrix(Q.IQ2_XXS, np.zeros((1, 66), np.uint8), 1, 256)])

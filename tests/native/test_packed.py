@@ -18,12 +18,12 @@ from gguf import GGML_QUANT_SIZES, GGMLQuantizationType as Q
 
 from localinfer_native.c_kernels import CKernels
 from localinfer_native.types import QMatrix
-from tests.native.blocks import F16_FIELDS, random_qmatrix, reference_matmul
+from tests.native.blocks import E8M0_FIELDS, F16_FIELDS, random_qmatrix, reference_matmul
 
 from .conftest import build_library, cpu_flags
 
 PACKED = [Q.Q4_0, Q.Q4_1, Q.Q5_0, Q.Q5_1, Q.Q8_0, Q.Q4_K, Q.Q5_K, Q.Q6_K]
-PACKED_MORE = [Q.F32, Q.F16, Q.BF16, Q.IQ4_NL, Q.IQ4_XS, Q.Q2_K, Q.Q3_K]  # packed_more.c
+PACKED_MORE = [Q.F32, Q.F16, Q.BF16, Q.IQ4_NL, Q.IQ4_XS, Q.Q2_K, Q.Q3_K, Q.MXFP4]  # packed_more.c
 
 
 @pytest.fixture(scope="session")
@@ -100,6 +100,8 @@ def test_extreme_blocks_do_not_overflow(library, qtype):
         raw[r] = byte
     for offset in F16_FIELDS[qtype]:
         raw[:, :, offset : offset + 2] = np.frombuffer(np.float16(0.01).tobytes(), np.uint8)
+    for offset in E8M0_FIELDS.get(qtype, []):  # 0xFF would be 2^127: infinite products
+        raw[:, :, offset] = 121  # 2^-7
     m = QMatrix.from_array(qtype, raw.reshape(48, -1), cols)
     x = np.stack([np.full(cols, 3.0), np.full(cols, -3.0), np.tile([3.0, -3.0], cols // 2)] * 3).astype(np.float32)
     packed, plain = CKernels(threads=2, library=library, pack=True), CKernels(threads=2, library=library, pack=False)
