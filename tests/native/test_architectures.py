@@ -222,8 +222,9 @@ def write_experts(w: GGUFWriter, prefix: str, n_expert: int, weight, idle: int =
 
 
 ARCHS = [("qwen2", 4, 2), ("llama", 6, 3), ("qwen3", 4, 2), ("gemma3", 4, 2), ("phi3", 4, 2), ("qwen3moe", 4, 2), ("gpt-oss", 4, 2)]
-# llama.cpp's quantizations of each tiny model; a mixture of experts also at F16 (its router stays F32)
-QUANTIZED = [(*a, ftype) for ftype in ("Q8_0", "Q4_0", "Q4_1", "Q5_0") for a in ARCHS[2:]] + [("qwen3moe", 4, 2, "F16")]
+# llama.cpp's quantizations of each tiny model; a mixture of experts also at F16 (its router stays F32),
+# and gpt-oss as its real files are, MXFP4_MOE (MXFP4 experts, Q8_0 for the rest)
+QUANTIZED = [(*a, ftype) for ftype in ("Q8_0", "Q4_0", "Q4_1", "Q5_0") for a in ARCHS[2:]] + [("qwen3moe", 4, 2, "F16"), ("gpt-oss", 4, 2, "MXFP4_MOE")]
 
 
 @pytest.mark.parametrize("arch, n_head, n_head_kv", ARCHS)
@@ -273,6 +274,7 @@ def test_logits_agree_on_quantized_weights(arch: str, n_head: int, n_head_kv: in
 
     f32 = tiny_model(tmp_path / f"tiny-{arch}.gguf", arch, vocabulary, n_head, n_head_kv, np.random.default_rng(7))
     path = llama_quantize(f32, tmp_path / f"tiny-{arch}-{ftype}.gguf", getattr(llama_cpp, f"LLAMA_FTYPE_MOSTLY_{ftype}"))
+    assert ftype != "MXFP4_MOE" or "MXFP4" in inspect(path).tensor_types  # the experts really are MXFP4
     batch = Batch.for_sequence(np.random.default_rng(9).integers(100, 40000, size=100).tolist(), 0, all_logits=True)
     reference = LlamaCppBackend.load(path, LoadParams(n_ctx=N_CTX, n_threads=THREADS))
     theirs = reference.forward(batch)
