@@ -246,6 +246,14 @@ static void combine(const li_moe *m, int64_t n, float *out, const moe_call *c, i
     }
 }
 
+/* Each work's parts: CHUNKS_PER_THREAD a thread over all the works together, so that a
+ * thread streams long runs of one expert's rows (a stream that starts over every few
+ * hundred rows waits for the prefetcher each time), and at least one a work. */
+static int chunks_per_work(int works, int T) {
+    const int c = (CHUNKS_PER_THREAD * T + works - 1) / works;
+    return c > 0 ? c : 1;
+}
+
 /* thread t of T's share of the experts, the others alongside (barriers between steps) */
 static void run_experts(const li_moe *m, const float *x, int64_t n, float *out, int chosen, const moe_call *c,
                         int *next, int t, int T) {
@@ -254,13 +262,13 @@ static void run_experts(const li_moe *m, const float *x, int64_t n, float *out, 
 #pragma omp barrier
     li_works_quantize(c->works, chosen, t, T);
 #pragma omp barrier
-    li_works_dots(c->works, chosen, CHUNKS_PER_THREAD * T, &next[0], t);
+    li_works_dots(c->works, chosen, chunks_per_work(chosen, T), &next[0], t);
 #pragma omp barrier
     activate(m, chosen, c, t, T);
 #pragma omp barrier
     li_works_quantize(c->works + chosen * ws, chosen, t, T);
 #pragma omp barrier
-    li_works_dots(c->works + chosen * ws, chosen, CHUNKS_PER_THREAD * T, &next[1], t);
+    li_works_dots(c->works + chosen * ws, chosen, chunks_per_work(chosen, T), &next[1], t);
 #pragma omp barrier
     combine(m, n, out, c, t, T);
 }
