@@ -190,8 +190,10 @@ class CKernels(c_ops.COps):
 
     def _stacked_panels(self, m: QMatrix, n_expert: int) -> np.ndarray | None:
         """A stacked expert tensor's panels, where each expert's rows fill whole panels (so
-        expert e's are the e-th equal share)."""
-        return self._packed(m) if (m.rows // n_expert) % 16 == 0 else None
+        expert e's are the e-th equal share). Its mapped pages go even where AMX is usable:
+        moe.c never takes the fast path that reads them, so the experts (most of the
+        model) are resident once."""
+        return self._packed(m, drop_mapped=True) if (m.rows // n_expert) % 16 == 0 else None
 
     def decode_step(self, plan: DecodePlan) -> DecodeStep | None:
         """li_decode over the plan's layers, whose products this set bound (else None)."""
@@ -209,8 +211,9 @@ class CKernels(c_ops.COps):
             return False
         return not (self._lib.li_amx_usable() and self._lib.li_amx_exact_runs(int(m.type)))
 
-    def _packed(self, m: QMatrix) -> np.ndarray | None:
-        """The matrix in panels where `packs` says so; None keeps the row dots."""
+    def _packed(self, m: QMatrix, drop_mapped: bool = False) -> np.ndarray | None:
+        """The matrix in panels where `packs` says so; None keeps the row dots. The mapped
+        rows are dropped after packing unless AMX's fast path may still read them."""
         if not self.packs(m):
             return None
         size = self._lib.li_pack_bytes(int(m.type), m.rows, m.cols)
@@ -218,7 +221,7 @@ class CKernels(c_ops.COps):
         out = buf[-buf.ctypes.data % 64 :][:size]  # 64-byte aligned: whole cache lines per chunk
         if self._lib.li_pack(int(m.type), m.data.ctypes.data, m.rows, m.cols, out.ctypes.data):
             return None
-        if not self._lib.li_amx_usable():  # (AMX's fast path still reads the file's layout)
+        if drop_mapped or not self._lib.li_amx_usable():  # (AMX's fast path still reads the file's layout)
             _drop_mapped_pages(m.data[: m.rows // 16 * 16])
         return out
 

@@ -163,14 +163,13 @@ static const uint8_t *slice(const uint8_t *base, int64_t stride, int e) { return
 /* Sets up each chosen expert's two works, its gate/up over its rows' inputs (works
  * [0, chosen)) and its down over their activations (works [chosen, 2 chosen)), and their
  * scratch; returns 0 or an error. */
-static int plan_works(const li_moe *m, int64_t n_fast, int chosen, moe_call *c, int nthreads) {
+static int plan_works(const li_moe *m, int chosen, moe_call *c, int nthreads) {
     const int64_t d = m->gate.k, f = m->gate.rows, ws = li_work_size();
     int64_t total = 0, amx = 0;
     for (int i = 0; i < chosen; i++) {
         const int e = c->chosen[i];
         const int64_t at = c->start[e], count = c->start[e + 1] - at;
-        int64_t fast = 0;
-        while (fast < count && c->rows[at + fast] < n_fast) fast++;
+        const int64_t fast = 0; /* see li_moe_ffn */
         float **outs = c->outs + 3 * i;
         outs[0] = c->gate + at * f;
         outs[1] = c->up + at * f;
@@ -273,9 +272,12 @@ static void run_experts(const li_moe *m, const float *x, int64_t n, float *out, 
     combine(m, n, out, c, t, T);
 }
 
-/* out [n][down.rows] = the experts' FFN of x [n][gate.k], rows [0, n_fast) through the
- * fast path where the CPU has one. Returns 0, or matmul.c's error codes. */
+/* out [n][down.rows] = the experts' FFN of x [n][gate.k]. Returns 0, or matmul.c's error
+ * codes. n_fast is not taken: every row goes through the row dots or the panels, never the
+ * AMX fast path, which reads the file's layout; so the experts' mapped pages can go once
+ * packed (c_kernels.py) and the experts, most of the model, are in memory once. */
 int li_moe_ffn(const li_moe *m, const float *x, int64_t n, float *out, int64_t n_fast) {
+    (void)n_fast;
     if (!m || !m->scratch || !x || !out || n < 0 || m->n_used < 1 || m->n_used > m->n_expert) return 3;
     if (m->gate.rows != m->up.rows || m->down.k != m->gate.rows || m->up.k != m->gate.k) return 3;
     if (n == 0) return 0;
@@ -285,7 +287,7 @@ int li_moe_ffn(const li_moe *m, const float *x, int64_t n, float *out, int64_t n
     const int chosen = route_all(m, x, n, &c);
     if (chosen < 0) return -chosen;
     int nthreads = m->nthreads && *m->nthreads > 1 ? *m->nthreads : 1;
-    if ((rc = plan_works(m, n_fast, chosen, &c, nthreads))) return rc;
+    if ((rc = plan_works(m, chosen, &c, nthreads))) return rc;
     int next[2] = {0, 0};
 #ifdef _OPENMP
     if (nthreads > 1) {

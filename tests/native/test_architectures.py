@@ -365,7 +365,8 @@ def test_a_mixture_of_experts_rows_logits_do_not_depend_on_the_batch(kernels: st
         native.close()
 
 
-def test_a_mixture_of_experts_drafting_for_itself_decodes_token_for_token(vocabulary, tmp_path: Path) -> None:
+@pytest.mark.parametrize("arch", list(MOE))
+def test_a_mixture_of_experts_drafting_for_itself_decodes_token_for_token(arch: str, vocabulary, tmp_path: Path) -> None:
     """Speculation on a mixture of experts: the model loaded twice, as its own draft model,
     proposes what the target then chooses, so the target verifies several rows at once, each
     routed alone; the greedy tokens equal plain decoding, and drafts are accepted."""
@@ -374,7 +375,7 @@ def test_a_mixture_of_experts_drafting_for_itself_decodes_token_for_token(vocabu
 
     from ..engine.test_speculative import CHEAP_VERIFIES
 
-    path = tiny_model(tmp_path / "tiny-qwen3moe.gguf", "qwen3moe", vocabulary, 4, 2, np.random.default_rng(13))
+    path = tiny_model(tmp_path / f"tiny-{arch}.gguf", arch, vocabulary, 4, 2, np.random.default_rng(13))
     greedy = SamplingParams(temperature=0, repeat_penalty=1.0, max_tokens=32, ignore_eos=True)
     prompt = np.random.default_rng(2).integers(100, 40000, size=16).tolist()
     params = LoadParams(n_ctx=N_CTX, n_threads=THREADS)
@@ -387,6 +388,36 @@ def test_a_mixture_of_experts_drafting_for_itself_decodes_token_for_token(vocabu
     finally:
         draft.close()
         target.close()
+
+
+@pytest.mark.parametrize("arch", list(MOE))
+def test_a_mixture_of_experts_answers_the_same_from_the_prompt_cache(arch: str, vocabulary, tmp_path: Path) -> None:
+    """The prompt cache on the native engine: a prompt of two whole blocks and a partial one
+    answers the same greedy tokens cold, put back from RAM, and put back from disk by a new
+    engine over the same folder (gpt-oss's local layers included, past their window)."""
+    from localinfer.engine.loader import LoadOptions, open_engine
+    from localinfer.engine.prompt_cache import BLOCK_TOKENS, CacheOptions
+
+    path = tiny_model(tmp_path / f"tiny-{arch}.gguf", arch, vocabulary, 4, 2, np.random.default_rng(17))
+    options = LoadOptions(engine="native", ctx=1024, threads=THREADS, prompt_cache=CacheOptions(ram_bytes=1 << 28, disk_bytes=1 << 28, folder=tmp_path / "cache"))
+    greedy = SamplingParams(temperature=0, repeat_penalty=1.0, max_tokens=12, ignore_eos=True)
+    prompt, other = (np.random.default_rng(s).integers(100, 40000, size=n).tolist() for s, n in ((3, 2 * BLOCK_TOKENS + 40), (4, 20)))
+    engine = open_engine(str(path), options)
+    try:
+        assert engine.prompt_cache is not None and engine.prompt_cache.wait_ready()
+        cold = engine.complete(prompt, greedy)
+        engine.complete(other, greedy)  # the one slot no longer holds the prompt
+        from_ram = engine.complete(prompt, greedy)
+        assert cold.cached_tokens == 0 and from_ram.cached_from == {"ram": len(prompt) - 1} and from_ram.tokens == cold.tokens
+    finally:
+        engine.close()
+    restarted = open_engine(str(path), options)
+    try:
+        assert restarted.prompt_cache is not None and restarted.prompt_cache.wait_ready()
+        from_disk = restarted.complete(prompt, greedy)
+        assert from_disk.cached_from == {"disk": len(prompt) - 1} and from_disk.tokens == cold.tokens
+    finally:
+        restarted.close()
 
 
 @pytest.mark.parametrize("kernels", ["c", "numba"])

@@ -39,9 +39,10 @@ def native_cache_types(types: tuple[str, str], head_dim: int) -> tuple[str, str]
 
 
 # Where llama.cpp measured faster (docs/benchmarks.md): BF16 prefill (its vdpbf16ps against
-# our float FMA). qwen3, gemma3 and phi3 were measured at least as fast ("Today's models").
-# The mixtures of experts until docs/benchmarks.md shows native ahead of llama.cpp on them.
-SLOWER = frozenset({"BF16", "qwen3moe", "gpt-oss"})
+# our float FMA). qwen3, gemma3 and phi3 were measured at least as fast ("Today's models");
+# qwen3moe and gpt-oss faster at full size, prefill 3-5x and decode 1.1-1.5x, in less memory
+# ("Mixtures of experts").
+SLOWER = frozenset({"BF16"})
 
 
 class NativeBackend(LlamaTokenized, Backend):
