@@ -225,6 +225,8 @@ ARCHS = [("qwen2", 4, 2), ("llama", 6, 3), ("qwen3", 4, 2), ("gemma3", 4, 2), ("
 # llama.cpp's quantizations of each tiny model; a mixture of experts also at F16 (its router stays F32),
 # and gpt-oss as its real files are, MXFP4_MOE (MXFP4 experts, Q8_0 for the rest)
 QUANTIZED = [(*a, ftype) for ftype in ("Q8_0", "Q4_0", "Q4_1", "Q5_0") for a in ARCHS[2:]] + [("qwen3moe", 4, 2, "F16"), ("gpt-oss", 4, 2, "MXFP4_MOE")]
+# and at Q4_K_M, where the experts' 256-long down rows take the K-quants (Q4_K, Q6_K)
+QUANTIZED += [(arch, 4, 2, "Q4_K_M") for arch in MOE]
 
 
 @pytest.mark.parametrize("arch, n_head, n_head_kv", ARCHS)
