@@ -1,7 +1,8 @@
 """Where one decode token's time goes in the native engine: the whole forward of one token
 against the same bound products alone (every layer's q/k/v, o, gate/up and down, and the
-lm_head, on one activation row), and against a plain read of as many bytes as the products
-read (bench/bandwidth.py's kernel, on a buffer of that size). What is left after the
+lm_head, on one activation row; a mixture of experts' layer runs its whole FFN, routing
+included, and counts the bytes of the experts a token takes), and against a plain read of
+as many bytes as the products read (bench/bandwidth.py's kernel, on a buffer of that size). What is left after the
 products is the norms, RoPE, attention, the residual and bias adds and the Python between
 them. The three alternate, so that the memory's speed, which drifts on a shared machine by
 a quarter within minutes, is the same for all: the read's time over the forward's is the
@@ -21,6 +22,17 @@ import numpy as np
 from bandwidth import read_bandwidth
 from localinfer.backends.base import Batch, LoadParams
 from localinfer.backends.native import NativeBackend
+from localinfer.backends.native.weights import LayerWeights
+
+
+def layer_bytes(lw: LayerWeights) -> int:
+    """What one token reads of a layer's products: all of a dense FFN, the router and the
+    chosen share of a mixture of experts' (each expert's slices are equal)."""
+    attention = sum(m.nbytes for m in (lw.wq, lw.wk, lw.wv, lw.wo))
+    if lw.moe is None:
+        return attention + sum(m.nbytes for m in (lw.w_gate, lw.w_up, lw.w_down))
+    moe = lw.moe
+    return attention + moe.router.nbytes + sum(m.nbytes for m in (moe.gate, moe.up, moe.down)) * moe.n_used // moe.n_expert
 
 
 def main() -> None:
@@ -40,12 +52,15 @@ def main() -> None:
         for layer in range(len(model.qkv)):
             model.qkv[layer](x, ws.qkv_out)
             model.attn_out[layer](ws.attn, ws.o_out)
-            model.gate_up[layer](x, ws.gate_up_out)
-            model.down[layer](ws.gate, ws.o_out)
+            if model.experts[layer] is not None:
+                model.experts[layer](x, ws.o)
+            else:
+                model.gate_up[layer](x, ws.gate_up_out)
+                model.down[layer](ws.gate, ws.o_out)
         model.lm_head(x, (logits,))
 
     weights = model.weights
-    n_bytes = sum(m.nbytes for lw in weights.layers for m in (lw.wq, lw.wk, lw.wv, lw.wo, lw.w_gate, lw.w_up, lw.w_down)) + weights.output.nbytes
+    n_bytes = sum(layer_bytes(lw) for lw in weights.layers) + weights.output.nbytes
     plain = np.arange(n_bytes // 8, dtype=np.uint64)  # touched: every page mapped before timing
     times: list[tuple[float, float, float]] = []
     for i in range(args.rounds):
