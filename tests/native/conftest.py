@@ -77,6 +77,18 @@ def kernels(request) -> CKernels:
     return kc
 
 
+@pytest.fixture(scope="module", params=["installed", "avx2", "portable", "numba"])
+def every_kernel_set(request):
+    """Each C build (the installed one, AVX2-only, portable: as `kernels`) and the Numba set."""
+    if request.param == "numba":
+        from localinfer_native.numba_kernels import NumbaKernels
+
+        return NumbaKernels()
+    if request.param == "installed":
+        return CKernels(threads=2)
+    return CKernels(threads=2, library=request.getfixturevalue(f"{request.param}_library"))
+
+
 @pytest.fixture(scope="session")
 def ggml_quantize():
     """llama.cpp's own quantizer for one matrix (ggml_quantize_chunk, which llama_model_quantize calls)."""

@@ -1,5 +1,5 @@
 """Attention over a quantized KV cache (q8_0, q4_0) against a numpy reference of the same
-block math, for the C kernels (installed and portable builds) and the Numba ones.
+block math, for the C kernels (installed, AVX2-only and portable builds) and the Numba ones.
 
 The reference quantizes with gguf-py (llama.cpp's own format code): the cache must hold
 exactly the bytes gguf-py writes for each key and value row, and against quantized keys the
@@ -20,19 +20,6 @@ from localinfer_native.types import KV_TYPES, kv_rotation, kv_row_bytes
 
 N_HEAD, N_HEAD_KV, HD, N_CTX = 6, 2, 128, 48
 TYPES = [("q8_0", "q8_0"), ("q4_0", "q4_0"), ("q8_0", "q4_0"), ("f16", "q4_0"), ("q4_0", "f16"), ("f16", "f16")]
-
-
-@pytest.fixture(scope="module", params=["c", "c-avx2", "c-portable", "numba"])
-def kernels(request):
-    if request.param == "numba":
-        from localinfer_native.numba_kernels import NumbaKernels
-
-        return NumbaKernels()
-    from localinfer_native.c_kernels import CKernels
-
-    if request.param == "c":
-        return CKernels(threads=2)
-    return CKernels(threads=2, library=request.getfixturevalue(f"{request.param[2:]}_library"))
 
 
 def rotated(x: np.ndarray, n: int) -> np.ndarray:
@@ -75,7 +62,7 @@ def reference(q: np.ndarray, keys: np.ndarray, values: np.ndarray, positions: np
 
 
 @pytest.mark.parametrize("types", TYPES, ids="/".join)
-def test_attention_matches_the_block_math(kernels, types: tuple[str, str]) -> None:
+def test_attention_matches_the_block_math(every_kernel_set, types: tuple[str, str]) -> None:
     rng = np.random.default_rng(7)
     keys = np.zeros((N_HEAD_KV, N_CTX, kv_row_bytes(types[0], HD)), np.uint8)
     values = np.zeros((N_HEAD_KV, N_CTX, kv_row_bytes(types[1], HD)), np.uint8)
@@ -88,7 +75,7 @@ def test_attention_matches_the_block_math(kernels, types: tuple[str, str]) -> No
         positions = positions.astype(np.int32)
         q = rng.standard_normal((len(positions), N_HEAD, HD)).astype(np.float32)
         out = np.empty((len(positions), N_HEAD * HD), np.float32)
-        kernels.attention(q, k_all[positions], v_all[positions], keys, values, positions, out, scale, types)
+        every_kernel_set.attention(q, k_all[positions], v_all[positions], keys, values, positions, out, scale, types)
         n = int(positions.max()) + 1
         np.testing.assert_array_equal(keys[:, :n], rows_as_stored(k_all[:n].transpose(1, 0, 2), types[0], keys=True))
         np.testing.assert_array_equal(values[:, :n], rows_as_stored(v_all[:n].transpose(1, 0, 2), types[1], keys=False))

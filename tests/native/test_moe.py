@@ -17,24 +17,12 @@ import numpy as np
 import pytest
 from gguf import GGMLQuantizationType as Q
 
-from localinfer_native.c_kernels import CKernels
 from localinfer_native.moe import MixtureOfExperts
-from localinfer_native.numba_kernels import NumbaKernels
 from localinfer_native.types import MoeFFN, QMatrix
 from tests.native.blocks import dequantized, random_qmatrix
 from tests.native.test_c_kernels import activation_values
 
 N_EMBD, N_FF, N_EXPERT = 256, 256, 8
-
-
-@pytest.fixture(scope="module", params=["installed", "avx2", "portable", "numba"])
-def moe_kernels(request):
-    """Each C build (installed, AVX2-only, portable: see conftest's `kernels`) and the Numba set."""
-    if request.param == "numba":
-        return NumbaKernels()
-    if request.param == "installed":
-        return CKernels(threads=2)
-    return CKernels(threads=2, library=request.getfixturevalue(f"{request.param}_library"))
 
 
 def steered_router(scale: float = 1.0) -> QMatrix:
@@ -132,17 +120,17 @@ CASES = [
 
 @pytest.mark.parametrize("rows", [every_expert_rows, few_expert_rows], ids=["every-expert", "idle-experts"])
 @pytest.mark.parametrize("qtype,gating,biases,activation", CASES, ids=lambda v: getattr(v, "name", str(v)))
-def test_moe_op_matches_the_float64_reference(moe_kernels, rows, qtype, gating, biases, activation, record_property):
+def test_moe_op_matches_the_float64_reference(every_kernel_set, rows, qtype, gating, biases, activation, record_property):
     ffn = make_ffn(qtype, gating, seed=int(qtype) + 7 * biases, biases=biases, activation=activation)
     x = rows()
-    got, want = run(moe_kernels.moe_op(ffn), x), reference(ffn, x)
+    got, want = run(every_kernel_set.moe_op(ffn), x), reference(ffn, x)
     diff = np.abs(got - want)
     record_property("max_abs_diff", float(diff.max()))
     # float32 sums of 256 products (~1e-6 relative) and, rarely, an activation one 8-bit
     # step away (1/127 of its block's largest value, times one weight column). Numba's
     # legacy dots scale x's 32-value blocks their own way (each product within ~3e-4 of
     # the one with gguf's Q8_0 values: test_numba_kernels), so they get that much more.
-    loose = moe_kernels.name == "numba" and qtype == Q.Q8_0
+    loose = every_kernel_set.name == "numba" and qtype == Q.Q8_0
     worst, mean = (8e-3, 2e-3) if loose else (2e-3, 2e-4)
     assert np.isfinite(got).all()
     assert diff.max() <= worst * np.abs(want).max(), (diff.max(), np.abs(want).max())
@@ -160,30 +148,30 @@ def test_c_op_equals_moe_py_over_the_same_products(kernels, qtype, gating, biase
 
 
 @pytest.mark.parametrize("qtype", [Q.F32, Q.Q4_K, Q.Q8_0])
-def test_each_row_alone_equals_its_row_in_the_batch(moe_kernels, qtype):
+def test_each_row_alone_equals_its_row_in_the_batch(every_kernel_set, qtype):
     """Speculation verifies a draft as a batch: every row must be what decoding it alone
     gives, bit for bit, whichever rows share its experts."""
-    op = moe_kernels.moe_op(make_ffn(qtype, "softmax_norm", seed=5))
+    op = every_kernel_set.moe_op(make_ffn(qtype, "softmax_norm", seed=5))
     x = np.concatenate([every_expert_rows(), few_expert_rows()])
     batch = run(op, x)
     for r in range(len(x)):
         np.testing.assert_array_equal(run(op, x[r : r + 1]), batch[r : r + 1])
 
 
-def test_tied_logits_go_to_the_lower_expert(moe_kernels):
+def test_tied_logits_go_to_the_lower_expert(every_kernel_set):
     """Experts 3 and 5 get the same logit: top-1 takes 3, as ggml's argsort leaves them."""
     base = make_ffn(Q.Q8_0, "softmax_norm", seed=11, n_used=1)
     router = np.eye(N_EXPERT, N_EMBD, dtype=np.float32)
     router[5] = router[3]
     ffn = MoeFFN(**{**base.__dict__, "router": QMatrix.from_array(Q.F32, router, N_EMBD)})
     x = rows_with_scores(np.array([[0, 0, 0, 2.0, 0, 0, 0, 0]]), 4)
-    got = run(moe_kernels.moe_op(ffn), x)
+    got = run(every_kernel_set.moe_op(ffn), x)
     as3, as5 = (reference(MoeFFN(**{**base.__dict__, "router": steered_router()}), rows_with_scores(s, 4))
                 for s in (np.array([[0, 0, 0, 2.0, 0, 0, 0, 0]]), np.array([[0, 0, 0, 0, 0, 2.0, 0, 0]])))  # fmt: skip
     assert np.abs(got - as3).max() < 0.02 * np.abs(as3).max() < np.abs(got - as5).max()
 
 
-def test_swiglu_oai_clamps_as_ggml(moe_kernels):
+def test_swiglu_oai_clamps_as_ggml(every_kernel_set):
     """gpt-oss's activation at its edges: gate above the limit 7 (clamped), far below zero
     (e^ overflows: the result is -0, not NaN), up beyond +-7 (clamped both ways). One
     expert's gate and up read x[0] alone and its down is the identity, so the output is
@@ -196,6 +184,6 @@ def test_swiglu_oai_clamps_as_ggml(moe_kernels):
                  gate=stack(np.outer(g, eye[0])), up=stack(np.outer(u, eye[0])), down=stack(eye),
                  n_expert=2, n_used=1, gating="softmax_norm", activation="swiglu_oai")  # fmt: skip
     x = eye[:1].copy()
-    got = run(moe_kernels.moe_op(ffn), x)[0]
+    got = run(every_kernel_set.moe_op(ffn), x)[0]
     assert np.isfinite(got).all()
     np.testing.assert_allclose(got, swiglu_oai64(g.astype(np.float64), u.astype(np.float64)), rtol=2e-6, atol=1e-30)
