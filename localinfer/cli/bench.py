@@ -87,10 +87,9 @@ def model(
     Every combination of the lists given runs in its own process; each test reports
     tokens/s as mean ± stdev, with the verify cost (an 8-row forward over a 1-row one)
     and the combination's resident memory."""
-    from localinfer.backends import get_backend
     from localinfer.backends.llamacpp import default_threads
     from localinfer.benchmark import report
-    from localinfer.benchmark.model import Setup, run
+    from localinfer.benchmark.model import run
     from localinfer.store.refs import resolve
 
     if json_out and csv_out:
@@ -111,22 +110,8 @@ def model(
     refs = models or [None]
     for ref in refs:
         resolve(ref)  # a bad name fails here, in one line, before any run
-    setups, skipped = [], []
-    caps = {engine: get_backend(engine).capabilities() for engine in engine_list}
     rpc_list = [",".join(opt.rpc_endpoints(value)) if value != "none" else "" for value in rpc or ["none"]]
-    for ref, engine, kern, n_threads, k, v, spec, ngl, moe, workers in itertools.product(refs, engine_list, kernel_list, thread_list, k_list, v_list, draft_list, ngl_list, moe_list, rpc_list):
-        c = caps[engine]
-        if not {k, v} <= set(c.kv_types):
-            skipped.append(f"{engine} with a {k}/{v} cache (its cache is {', '.join(c.kv_types)})")
-            continue
-        if workers and not c.rpc:
-            skipped.append(f"{engine} with --rpc (it runs on this machine alone)")
-            continue
-        offloads = c.gpu_offload and not workers
-        setups.append(Setup(ref or "smollm2:135m", engine, kern if c.kernel_sets else None, n_threads, k, v, spec, ngl if offloads else 0, moe if offloads else "auto", workers))
-    setups = list(dict.fromkeys(setups))  # one row, not a copy per value of an option the engine ignores
-    for note in dict.fromkeys(skipped):
-        err.print(f"[dim]skipped: {note}[/dim]")
+    setups = _setups(refs, engine_list, kernel_list, thread_list, k_list, v_list, draft_list, ngl_list, moe_list, rpc_list)
 
     total = len(setups) * (len(n_prompt) + len(n_gen))
     bar = Progress("[progress.description]{task.description}", BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(), console=err, transient=True, disable=json_out or csv_out or not err.is_terminal)
@@ -146,6 +131,31 @@ def model(
     if len(results) < total:
         err.print(f"[yellow]stopped:[/yellow] {len(results)} of {total} tests measured" + (f", written to {output}" if output else ""))
         raise typer.Exit(130)
+
+
+def _setups(refs: list, engine_list: list[str], *lists: list) -> list:
+    """Every combination of the lists (kernels, threads, K and V cache types, drafts,
+    GPU layers, experts in RAM, RPC workers) that an engine can run, one row each: an
+    option the engine ignores does not make a second row, and what it cannot run is
+    reported as skipped."""
+    from localinfer.backends import get_backend
+    from localinfer.benchmark.model import Setup
+
+    setups, skipped = [], []
+    caps = {engine: get_backend(engine).capabilities() for engine in engine_list}
+    for ref, engine, kern, n_threads, k, v, spec, ngl, moe, workers in itertools.product(refs, engine_list, *lists):
+        c = caps[engine]
+        if not {k, v} <= set(c.kv_types):
+            skipped.append(f"{engine} with a {k}/{v} cache (its cache is {', '.join(c.kv_types)})")
+            continue
+        if workers and not c.rpc:
+            skipped.append(f"{engine} with --rpc (it runs on this machine alone)")
+            continue
+        offloads = c.gpu_offload and not workers
+        setups.append(Setup(ref or "smollm2:135m", engine, kern if c.kernel_sets else None, n_threads, k, v, spec, ngl if offloads else 0, moe if offloads else "auto", workers))
+    for note in dict.fromkeys(skipped):
+        err.print(f"[dim]skipped: {note}[/dim]")
+    return list(dict.fromkeys(setups))
 
 
 def _nonnegative(n: int) -> int:
