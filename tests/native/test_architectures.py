@@ -475,8 +475,13 @@ def test_the_cache_lets_a_local_layers_old_positions_go(arch: str, vocabulary, t
     """Past a few windows, the local layer holds only its last two windows (its pages given
     back to the OS), the greedy tokens still equal llama.cpp's, a rollback within the held
     positions reuses them, and one further back keeps nothing, so the engine prefills again.
-    gpt-oss's 424 positions also go far past its YaRN range (64 original positions)."""
-    path = tiny_model(tmp_path / f"tiny-{arch}.gguf", arch, vocabulary, 4, 2, np.random.default_rng(11))
+    gpt-oss's 424 positions also go far past its YaRN range (64 original positions).
+
+    400 greedy steps on random weights meet near ties, where the engines' last-bit
+    differences (and llama.cpp's own between 1 and 2 threads) pick apart: the seeds are ones
+    where no step ties under either thread count (gpt-oss at seed 11 ties at step 371)."""
+    seed = {"gemma3": 11, "gpt-oss": 15}[arch]
+    path = tiny_model(tmp_path / f"tiny-{arch}.gguf", arch, vocabulary, 4, 2, np.random.default_rng(seed))
     n_ctx, rng = 1024, np.random.default_rng(5)
     prompt = rng.integers(100, 40000, size=24).tolist()
     long, short = (SamplingParams(temperature=0, repeat_penalty=1.0, max_tokens=n, ignore_eos=True) for n in (400, 8))
