@@ -28,7 +28,8 @@ Three parts, each for every thread count of --threads:
    unless LOCALINFER_PACK=0; n_batch 512: longer prompts run in chunks of 512, as the engine
    runs them), with every bound product and kernel call of the Transformer wrapped in a timer:
    embed, rms_norm, qkv product, rope, attention, o product, gate/up product, swiglu, down
-   product, final norm, lm_head, each summed over layers. The residual adds and the qwen2 q/k/v
+   product (a mixture of experts' layer: its whole FFN, routing and products, as one), final
+   norm, lm_head, each summed over layers. The residual adds and the qwen2 q/k/v
    bias adds are numpy statements inside forward.py, which this tool does not change: they are
    in the remainder (total minus the timed parts), together with the forward's own Python work
    and the timers' overhead (two clock reads a call).
@@ -171,7 +172,8 @@ def model_shapes(weights, n: int) -> list[Shape]:
     """The distinct (op, block types, rows, k) of the layers, in layer order, and the lm_head."""
     found: dict[tuple, Shape] = {}
     for lw in weights.layers:
-        for op, mats in (("qkv", [lw.wq, lw.wk, lw.wv]), ("o", [lw.wo]), ("gate/up", [lw.w_gate, lw.w_up]), ("down", [lw.w_down])):
+        ffn = [] if lw.moe is not None else [("gate/up", [lw.w_gate, lw.w_up]), ("down", [lw.w_down])]  # experts: timed whole (instrument)
+        for op, mats in (("qkv", [lw.wq, lw.wk, lw.wv]), ("o", [lw.wo]), *ffn):
             key = (op, tuple(m.type.name for m in mats), tuple(m.rows for m in mats), mats[0].cols)
             if key in found:
                 found[key].layers += 1
@@ -284,11 +286,12 @@ class TimedKernels:
 def instrument(model, timer: OpTimer) -> Callable[[], None]:
     """Wraps the Transformer's bound products, its kernel set and embed in timers (instance
     attributes only: forward.py is unchanged); returns the function that undoes it."""
-    saved = {name: getattr(model, name) for name in ("qkv", "attn_out", "gate_up", "down", "lm_head", "kernels")}
+    saved = {name: getattr(model, name) for name in ("qkv", "attn_out", "gate_up", "down", "experts", "lm_head", "kernels")}
     model.qkv = [timer.wrap("qkv product", op) for op in saved["qkv"]]
     model.attn_out = [timer.wrap("o product", op) for op in saved["attn_out"]]
-    model.gate_up = [timer.wrap("gate/up product", op) for op in saved["gate_up"]]
-    model.down = [timer.wrap("down product", op) for op in saved["down"]]
+    model.gate_up = [op and timer.wrap("gate/up product", op) for op in saved["gate_up"]]
+    model.down = [op and timer.wrap("down product", op) for op in saved["down"]]
+    model.experts = [op and timer.wrap("experts (routing and products)", op) for op in saved["experts"]]
     model.lm_head = timer.wrap("lm_head", saved["lm_head"])
     model.kernels = TimedKernels(saved["kernels"], timer, model.weights.output_norm)
     model.embed = timer.wrap("embed", model.embed)  # shadows the method
@@ -328,7 +331,8 @@ def measure_forward(backend, threads: list[int], n_tokens: int, rounds: int) -> 
             runs = sorted((forward_round(backend, batch, timer) for _ in range(rounds)), key=lambda r: r[0])
             total, seconds, calls = runs[(len(runs) - 1) // 2]
             timed = sum(seconds.values())
-            ops = [{"op": name, "ms": 1e3 * seconds[name], "pct": 100 * seconds[name] / total, "calls": calls[name]} for name in FORWARD_OPS]
+            names = [*FORWARD_OPS, *(name for name in seconds if name not in FORWARD_OPS)]  # a MoE's experts after the rest
+            ops = [{"op": name, "ms": 1e3 * seconds[name], "pct": 100 * seconds[name] / total, "calls": calls[name]} for name in names]
             ops.append({"op": REMAINDER, "ms": 1e3 * (total - timed), "pct": 100 * (total - timed) / total, "calls": None, "remainder": True})
             results.append({"threads": t, "total_ms": 1e3 * total, "tokens_per_s": n_tokens / total, "samples_ms": [1e3 * r[0] for r in runs],
                             "ops": ops})  # fmt: skip

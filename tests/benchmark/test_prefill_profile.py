@@ -202,3 +202,16 @@ def test_help_names_every_option() -> None:
 @pytest.mark.parametrize("args, needle", [(["--model", "/nonexistent.gguf"], "is not a file"), (["--model", "x.gguf", "--threads", "two"], "--threads")])
 def test_bad_input_is_one_line(args: list[str], needle: str) -> None:
     assert_one_line_error(run(*args), needle)
+
+
+def test_a_mixture_of_experts_is_profiled_with_its_ffn_whole(model_path: Path, tmp_path: Path) -> None:
+    """A MoE model's products table has its attention products, and the forward's breakdown
+    times each layer's FFN (routing and the chosen experts' products) as one."""
+    from ..native.test_architectures import tiny_model, vocabulary_of
+
+    path = tiny_model(tmp_path / "tiny-qwen3moe.gguf", "qwen3moe", vocabulary_of(model_path), 4, 2, np.random.default_rng(3))
+    r = run("--model", str(path), "--tokens", "32", "--rounds", "1", "--threads", "1", "--peak-seconds", "0.005")  # past the fused decode step's 16 rows
+    assert r.returncode == 0, r.stderr
+    assert "| qkv |" in r.stdout and "| gate/up |" not in r.stdout
+    experts = next(line for line in r.stdout.splitlines() if line.startswith("| experts (routing and products) |"))
+    assert float(experts.split("|")[2]) > 0
