@@ -19,7 +19,9 @@ from pathlib import Path
 
 import numpy as np
 
-from localinfer.backends.base import Backend, Batch, LoadParams, VocabInfo
+from localinfer.backends.base import Backend, Batch
+
+from .scripted import OverTokenizer
 
 TEMPLATE = (Path(__file__).parents[1] / "data" / "openai-gpt-oss-120b.jinja").read_text()
 MARKERS = ("<|start|>", "<|channel|>", "<|message|>", "<|constrain|>", "<|end|>", "<|return|>", "<|call|>")
@@ -60,7 +62,7 @@ def strip_end(text: str) -> str:
     return text.replace("<|end|>", "")
 
 
-class Replay(Backend):
+class Replay(OverTokenizer):
     """Replies by script: after a prompt whose text ends with one of `scripts`' keys, forward's
     logits write that key's script token by token (then end of generation), at any sampling settings. It keeps each
     sequence's tokens as the engine feeds them (prefix reuse, copies and truncation included),
@@ -69,27 +71,10 @@ class Replay(Backend):
     name = "replay"
 
     def __init__(self, tokenizer, scripts: dict[str, str], template: str = TEMPLATE) -> None:  # type: ignore[no-untyped-def]
-        self.tok, self.seqs, self.prompts = tokenizer, {}, []
+        super().__init__(tokenizer, template, n_seq_max=2)
+        self.seqs, self.prompts = {}, []
         self.answering: dict[int, tuple[int, list[int]]] = {}  # sequence -> (its prompt's length, the script it answers with)
         self.scripts = {strip_end(key): tokenizer.tokenize(script, add_special=False) for key, script in scripts.items()}
-        self._facts = replace(tokenizer.facts, chat_template=template, n_seq_max=2)
-
-    @classmethod
-    def capabilities(cls):  # pragma: no cover - not loaded through the loader
-        raise NotImplementedError
-
-    @classmethod
-    def load(cls, path: Path, params: LoadParams) -> Backend:  # pragma: no cover
-        raise NotImplementedError
-
-    vocab = property(lambda self: self.tok.vocab)
-    facts = property(lambda self: self._facts)
-
-    def tokenize(self, text: str, add_special: bool = True, parse_special: bool = True) -> list[int]:
-        return self.tok.tokenize(text, add_special, parse_special)
-
-    def token_bytes(self, token: int) -> bytes:
-        return self.tok.token_bytes(token)
 
     def text(self, tokens: list[int]) -> str:
         return strip_end(b"".join(map(self.token_bytes, tokens)).decode("utf-8", "replace"))

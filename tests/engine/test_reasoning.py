@@ -16,17 +16,19 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from localinfer.backends.base import Backend, Batch, LoadParams
+from localinfer.backends.base import Backend, Batch
 from localinfer.engine.engine import Engine
 from localinfer.engine.reasoning import BUDGET_CLOSE, CLOSE, OPEN, ReasoningSplitter, ThinkSyntax
 from localinfer.engine.types import SamplingParams
+
+from .scripted import OverTokenizer
 
 TEMPLATES = Path(__file__).parent / "templates"
 QWEN3, R1 = (TEMPLATES / "qwen3.jinja").read_text(), (TEMPLATES / "deepseek-r1-distill-qwen.jinja").read_text()
 GREEDY = SamplingParams(temperature=0, repeat_penalty=1.0)
 
 
-class Scripted(Backend):
+class Scripted(OverTokenizer):
     """The embedded model's tokenizer; forward's logits pick script[position + 1 - prompt
     length] (then end of generation), so the answer is the script whatever the engine
     writes itself in between."""
@@ -34,25 +36,8 @@ class Scripted(Backend):
     name = "scripted"
 
     def __init__(self, tokenizer: Backend, template: str, script: str, prompt_len: int) -> None:
-        self.tok, self.script, self.prompt_len = tokenizer, tokenizer.tokenize(script, add_special=False), prompt_len
-        self._facts = replace(tokenizer.facts, chat_template=template, n_seq_max=1)
-
-    @classmethod
-    def capabilities(cls):  # pragma: no cover - not loaded through the loader
-        raise NotImplementedError
-
-    @classmethod
-    def load(cls, path: Path, params: LoadParams) -> Backend:  # pragma: no cover
-        raise NotImplementedError
-
-    vocab = property(lambda self: self.tok.vocab)
-    facts = property(lambda self: self._facts)
-
-    def tokenize(self, text: str, add_special: bool = True, parse_special: bool = True) -> list[int]:
-        return self.tok.tokenize(text, add_special, parse_special)
-
-    def token_bytes(self, token: int) -> bytes:
-        return self.tok.token_bytes(token)
+        super().__init__(tokenizer, template, n_seq_max=1)
+        self.script, self.prompt_len = tokenizer.tokenize(script, add_special=False), prompt_len
 
     def forward(self, batch: Batch) -> np.ndarray:
         rows = np.flatnonzero(batch.want_logits)
