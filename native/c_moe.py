@@ -46,7 +46,7 @@ def bind(lib: ctypes.CDLL) -> bool:
     """Declare moe.c's functions; False where the library's li_moe is not this layout."""
     lib.li_moe_size.restype, lib.li_moe_size.argtypes = ctypes.c_int, []
     lib.li_moe_ffn.restype = ctypes.c_int
-    lib.li_moe_ffn.argtypes = [_P, _P, _I64, _P, _I64]
+    lib.li_moe_ffn.argtypes = [_P, _P, _I64, _P]
     lib.li_moe_scratch_free.restype, lib.li_moe_scratch_free.argtypes = None, [_P]
     return lib.li_moe_size() == ctypes.sizeof(MoeStruct)
 
@@ -93,13 +93,13 @@ def make_op(lib: ctypes.CDLL, ffn: MoeFFN, router_op: Callable, packed: Callable
     st.nthreads, st.scratch = ctypes.pointer(threads), ctypes.pointer(scratch)
     fn, ref = lib.li_moe_ffn, ctypes.byref(st)
 
-    def op(x: np.ndarray, out: np.ndarray, n_fast: int = 0) -> None:
+    def op(x: np.ndarray, out: np.ndarray, n_fast: int = 0) -> None:  # n_fast: moe.c has no fast path (li_moe_ffn)
         if (x.dtype != _F32 or out.dtype != _F32 or x.ndim != 2 or x.shape[1] != n_embd or out.shape != x.shape
                 or not x.flags.c_contiguous or not out.flags.c_contiguous or not out.flags.writeable):  # fmt: skip
             raise ValueError(f"moe op takes C-contiguous float32 x and out of shape [n, {n_embd}]")
         if len(x) == 0:
             return
-        rc = fn(ref, x.ctypes.data, len(x), out.ctypes.data, max(0, min(int(n_fast), len(x))))
+        rc = fn(ref, x.ctypes.data, len(x), out.ctypes.data)
         if rc:
             raise RuntimeError(f"C mixture of experts failed (error {rc})")
 

@@ -86,7 +86,7 @@ int li_decode(const li_decoder *d, float *x, int64_t n, const int32_t *pos, uint
 
         li_rms_norm(x, w->ffn_norm, d->h, n, d->n_embd, d->eps);
         if (w->moe) {
-            if ((rc = li_moe_ffn(w->moe, d->h, n, d->o, 0))) return rc;
+            if ((rc = li_moe_ffn(w->moe, d->h, n, d->o))) return rc;
         } else {
             if ((rc = li_matmul_op(w->gate_up, d->h, n, d->gate, d->up, 0, 0))) return rc;
             (d->gelu ? li_geglu : li_swiglu)(d->gate, d->up, n * d->n_ff, threads);

@@ -375,7 +375,7 @@ typedef struct {
     const int32_t *nthreads;
     li_moe_scratch *scratch;
 } li_moe;
-int li_moe_ffn(const li_moe *m, const float *x, int64_t n, float *out, int64_t n_fast);
+int li_moe_ffn(const li_moe *m, const float *x, int64_t n, float *out);
 void li_moe_scratch_free(li_moe_scratch *s);
 
 /* ops.c: a layer's small operations */

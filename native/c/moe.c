@@ -129,9 +129,8 @@ static int carve_call(const li_moe *m, int64_t n, moe_call *c) {
     return 0;
 }
 
-/* Routes every row and sorts the (row, slot) pairs by expert, rows ascending within each
- * expert (so a prompt's unread rows, first in the batch, lead every expert's rows, as the
- * fast path needs). Returns how many experts were chosen, or a negative error. */
+/* Routes every row and sorts the (row, slot) pairs by expert (a counting sort, rows
+ * ascending within each expert). Returns how many experts were chosen, or a negative error. */
 static int route_all(const li_moe *m, const float *x, int64_t n, moe_call *c) {
     const int64_t E = m->n_expert, K = m->n_used, P = n * K;
     const int rc = li_matmul_op(m->router, x, (int)n, c->logits, 0, 0, 0); /* a prompt row routes as alone */
@@ -273,11 +272,10 @@ static void run_experts(const li_moe *m, const float *x, int64_t n, float *out, 
 }
 
 /* out [n][down.rows] = the experts' FFN of x [n][gate.k]. Returns 0, or matmul.c's error
- * codes. n_fast is not taken: every row goes through the row dots or the panels, never the
+ * codes. There is no n_fast: every row goes through the row dots or the panels, never the
  * AMX fast path, which reads the file's layout; so the experts' mapped pages can go once
  * packed (c_kernels.py) and the experts, most of the model, are in memory once. */
-int li_moe_ffn(const li_moe *m, const float *x, int64_t n, float *out, int64_t n_fast) {
-    (void)n_fast;
+int li_moe_ffn(const li_moe *m, const float *x, int64_t n, float *out) {
     if (!m || !m->scratch || !x || !out || n < 0 || m->n_used < 1 || m->n_used > m->n_expert) return 3;
     if (m->gate.rows != m->up.rows || m->down.k != m->gate.rows || m->up.k != m->gate.k) return 3;
     if (n == 0) return 0;
