@@ -106,7 +106,7 @@ def model(
     ngl_list = _list(str, opt.gpu_layers, "-ngl")(gpu_layers)  # numbers as ints, or "auto"
     if cpu_moe and n_cpu_moe != "auto":
         raise typer.BadParameter("give --cpu-moe or --n-cpu-moe, not both", param_hint="--n-cpu-moe")
-    moe_list = ["all"] if cpu_moe else _list(str, _experts_in_ram, "-ncmoe")(n_cpu_moe)
+    moe_list = ["all"] if cpu_moe else _list(str, opt.gpu_layers, "-ncmoe")(n_cpu_moe)  # a number of layers, all or auto, as -ngl
     refs = models or [None]
     for ref in refs:
         resolve(ref)  # a bad name fails here, in one line, before any run
@@ -162,17 +162,6 @@ def _nonnegative(n: int) -> int:
     if not 0 <= n <= opt.MAX_CTX:
         raise typer.BadParameter(f"must be between 0 and {opt.MAX_CTX}, not {n}")
     return n
-
-
-def _experts_in_ram(value: str) -> int | str:
-    """An -ncmoe item: a number of layers, all or auto."""
-    if value in ("all", "auto"):
-        return value
-    try:
-        n = int(value)
-    except ValueError:
-        raise typer.BadParameter(f"'{value}' is not a number of layers, 'all' or 'auto'") from None
-    return opt.between(0, opt.MAX_CTX)(n)  # type: ignore[return-value]
 
 
 def _cache(value: str) -> str:
