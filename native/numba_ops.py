@@ -107,6 +107,15 @@ def _quantize_q4_0(x, nib, d):
 
 
 @functools.lru_cache(maxsize=4)
+def no_sinks(n_head: int) -> np.ndarray:
+    """Sink logits of -inf (no sinks), made once per head count rather than per attention
+    call; read-only, like a model's mapped ones, so both run one compiled kernel."""
+    a = np.full(n_head, -np.inf, np.float32)
+    a.flags.writeable = False
+    return a
+
+
+@functools.lru_cache(maxsize=4)
 def hadamard(n: int) -> np.ndarray:
     """The orthonormal Walsh-Hadamard matrix of size n (a power of two), by Sylvester's doubling."""
     h = np.ones((1, 1), np.float32)
@@ -255,7 +264,7 @@ class NumbaOps:
         q, kv, attn = np.ones((1, 2, 8), f32), np.ones((1, 1, 8), f32), np.empty((1, 16), f32)
         cache = np.zeros((1, 4, 16), np.uint8)
         self.attention(q, kv, kv, cache, cache.copy(), pos, attn, 0.5)
-        attention_f16_parallel(q, cache.view(np.uint16), cache.view(np.uint16), pos, attn, f32(0.5), 2, 0, np.full(2, -np.inf, f32))
+        attention_f16_parallel(q, cache.view(np.uint16), cache.view(np.uint16), pos, attn, f32(0.5), 2, 0, no_sinks(2))
         q, kv = np.ones((1, 2, 32), f32), np.ones((1, 1, 32), f32)
         self.attention(q, kv, kv, np.zeros((1, 4, 34), np.uint8), np.zeros((1, 4, 18), np.uint8), pos, np.empty((1, 64), f32), 0.5, ("q8_0", "q4_0"))
 
@@ -280,7 +289,7 @@ class NumbaOps:
         if int(positions.max()) >= keys.shape[1] or int(positions.min()) < 0:
             raise ValueError("position outside the KV cache")
         group = q.shape[1] // keys.shape[0]
-        sinks = np.full(q.shape[1], -np.inf, np.float32) if sinks is None else sinks  # -inf: no sink
+        sinks = no_sinks(q.shape[1]) if sinks is None else sinks
         if kv_types != ("f16", "f16") or q.shape[2] % 8:
             self._attention_typed(q, k_new, v_new, keys, values, positions, out, scale, kv_types, window, sinks)
             return
