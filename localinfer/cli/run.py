@@ -167,10 +167,11 @@ def print_timings(engine: Engine, result: CompletionOutput) -> None:
     report = engine.backend.runtime_report()
     if "kernels" in report:
         mb = lambda key: report[key] / 1e6  # noqa: E731
+        kept = engine.prompt_cache.ram_bytes if engine.prompt_cache is not None else 0  # copies of KV blocks, by design
         err.print(
             f"[dim]native kernels: {report['kernels']} | weights {mb('weights_mapped'):.1f} MB mapped | "
             f"resident beyond the mapping {mb('resident_beyond_mmap'):.1f} MB "
-            f"(KV cache {mb('kv_cache_used'):.1f} MB, activations {mb('activations'):.1f} MB), "
+            f"(KV cache {mb('kv_cache_used'):.1f} MB, activations {mb('activations'):.1f} MB, prompt cache in RAM {kept / 1e6:.1f} MB), "
             f"plus {mb('resident_at_load'):.1f} MB at load (vocabulary, kernels, packed weights)[/dim]",
             soft_wrap=True,
         )
