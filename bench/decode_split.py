@@ -9,6 +9,11 @@ a quarter within minutes, is the same for all: the read's time over the forward'
 share of the measured read bandwidth that decode reaches.
 
     .venv/bin/python bench/decode_split.py --model ~/.cache/localinfer/bench-models/qwen2.5-1.5b-Q4_K_M.gguf [--threads 2]
+
+With --engine llama.cpp, llama.cpp's 1-token forward against a plain read of the same
+bytes (the file's, counted as the native engine reads them), alternating the same way: on
+a shared machine whose memory speed drifts, this is the paired way to see how close each
+engine comes to the bandwidth, and so the most one engine can gain over the other.
 """
 
 from __future__ import annotations
@@ -21,8 +26,10 @@ import numpy as np
 
 from bandwidth import read_bandwidth
 from localinfer.backends.base import Batch, LoadParams
+from localinfer.backends.llamacpp import LlamaCppBackend
 from localinfer.backends.native import NativeBackend
 from localinfer.backends.native.weights import LayerWeights
+from localinfer.modelfile import inspect
 
 
 def layer_bytes(lw: LayerWeights) -> int:
@@ -40,7 +47,11 @@ def main() -> None:
     ap.add_argument("--model", type=Path, required=True)
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--rounds", type=int, default=60)
+    ap.add_argument("--engine", choices=["native", "llama.cpp"], default="native")
     args = ap.parse_args()
+    if args.engine == "llama.cpp":
+        llama_against_read(args.model, args.threads, args.rounds)
+        return
     backend = NativeBackend.load(args.model, LoadParams(n_ctx=args.rounds + 64, n_threads=args.threads))
     model = backend.model
     backend.forward(Batch.for_sequence(list(range(1, 9)), 0))  # a short prompt: the cache is not empty
@@ -77,6 +88,34 @@ def main() -> None:
     print(f"{args.model.name}, {args.threads} threads: a 1-token forward {forward:.2f} ms ({1e3 / forward:.1f} tokens/s), "
           f"its products alone {alone:.2f} ms, the rest {rest:.2f} ms ({rest / forward * 100:.0f} %); "
           f"a plain read of the products' {n_bytes / 1e9:.3f} GB {read:.2f} ms ({n_bytes / read / 1e6:.1f} GB/s): "
+          f"decode at {read / forward * 100:.0f} % of the read bandwidth")  # fmt: skip
+
+
+def token_bytes(path: Path) -> int:
+    """The weights one token reads, from the file: what `show` calls active, less the
+    embedding's table (one row of it is read) where the output matrix is a tensor of its own."""
+    info = inspect(path)
+    names = {t.name: t for t in info.tensors}
+    embedding = names["token_embd.weight"].nbytes if "output.weight" in names else 0
+    return info.active_tensor_bytes - embedding
+
+
+def llama_against_read(path: Path, threads: int, rounds: int) -> None:
+    backend = LlamaCppBackend.load(path, LoadParams(n_ctx=rounds + 64, n_threads=threads))
+    backend.forward(Batch.for_sequence(list(range(1, 9)), 0))
+    n_bytes = token_bytes(path)
+    plain = np.arange(n_bytes // 8, dtype=np.uint64)
+    times: list[tuple[float, float]] = []
+    for i in range(rounds):
+        t0 = time.perf_counter()
+        backend.forward(Batch.for_sequence([5], 8 + i))
+        t1 = time.perf_counter()
+        read_bandwidth(plain, threads)
+        times.append((t1 - t0, time.perf_counter() - t1))
+    forward, read = (float(np.median(col)) * 1e3 for col in zip(*times))
+    backend.close()
+    print(f"{path.name}, llama.cpp, {threads} threads: a 1-token forward {forward:.2f} ms ({1e3 / forward:.1f} tokens/s); "
+          f"a plain read of its {n_bytes / 1e9:.3f} GB {read:.2f} ms ({n_bytes / read / 1e6:.1f} GB/s): "
           f"decode at {read / forward * 100:.0f} % of the read bandwidth")  # fmt: skip
 
 
