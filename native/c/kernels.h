@@ -395,6 +395,12 @@ int li_attention(const float *q, const float *k_new, const float *v_new, uint8_t
 
 /* kvcache.c: the KV cache's rows in f16, q8_0 or q4_0 (LI_F16, LI_Q8_0, LI_Q4_0) */
 #define LI_KV_MAX_HD 512
+/* f16 scores are written this many at a time (the keys past a block's end zero-padded to it) */
+#if defined(__AVX512F__)
+#define LI_KV_LANES 16
+#else
+#define LI_KV_LANES 8
+#endif
 int64_t li_kv_row_bytes(int type, int64_t hd); /* -1: not a cache type, or hd not a multiple of 32 */
 void li_fwht(float *x, int64_t len, int64_t n);
 void li_kv_store(int type, const float *x, uint8_t *row, int64_t hd, int64_t rot);

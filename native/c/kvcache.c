@@ -97,6 +97,9 @@ void li_kv_store(int type, const float *x, uint8_t *row, int64_t hd, int64_t rot
 /* n halves to floats (exact) */
 static void widen_f16(const uint16_t *h, int64_t n, float *out) {
     int64_t i = 0;
+#if defined(__AVX512F__)
+    for (; i + 16 <= n; i += 16) _mm512_storeu_ps(out + i, _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(h + i))));
+#endif
 #if defined(__F16C__) && defined(__AVX2__)
     for (; i + 8 <= n; i += 8) _mm256_storeu_ps(out + i, _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(h + i))));
 #endif
@@ -121,8 +124,8 @@ static inline void block_ints(int type, const uint8_t *blk, int8_t *q) {
 
 /* Keys in the form li_kv_scores reads: q8_0 rows in place; q4_0 rows as q8_0 blocks of the
  * same integers (so the same dot products, without unpacking nibbles for every query); f16
- * rows widened to floats, then zero rows up to a multiple of 8 (the float scores go eight
- * keys at a time). buf: room for n rounded up to 8 rows of hd floats. */
+ * rows widened to floats, then zero rows up to a multiple of LI_KV_LANES (the float scores
+ * go that many keys at a time). buf: room for n rounded up to LI_KV_LANES rows of hd floats. */
 const void *li_kv_block_keys(int type, const uint8_t *rows, int64_t n, int64_t hd, float *buf) {
     if (type == LI_Q8_0) return rows;
     if (type == LI_Q4_0) {
@@ -134,7 +137,7 @@ const void *li_kv_block_keys(int type, const uint8_t *rows, int64_t n, int64_t h
         return buf;
     }
     widen_f16((const uint16_t *)rows, n * hd, buf);
-    memset(buf + n * hd, 0, sizeof(float) * (size_t)((((n + 7) & ~7) - n) * hd));
+    memset(buf + n * hd, 0, sizeof(float) * (size_t)((((n + LI_KV_LANES - 1) & ~(LI_KV_LANES - 1)) - n) * hd));
     return buf;
 }
 
@@ -172,10 +175,43 @@ static inline __m256 hsum8x8(const __m256 *a) {
 }
 #endif
 
+#if defined(__AVX512F__)
+/* four vectors to one: 128-bit lane L holds the sums of lane L's four floats of a[0..3] */
+static inline __m512 hsum4x4_lanes(const __m512 *a) {
+    const __m512 t0 = _mm512_add_ps(_mm512_unpacklo_ps(a[0], a[1]), _mm512_unpackhi_ps(a[0], a[1]));
+    const __m512 t1 = _mm512_add_ps(_mm512_unpacklo_ps(a[2], a[3]), _mm512_unpackhi_ps(a[2], a[3]));
+    return _mm512_add_ps(_mm512_shuffle_ps(t0, t1, _MM_SHUFFLE(1, 0, 1, 0)), _mm512_shuffle_ps(t0, t1, _MM_SHUFFLE(3, 2, 3, 2)));
+}
+
+/* sixteen vectors to one: lane j the sum of a[j]'s lanes */
+static inline __m512 hsum16x16(const __m512 *a) {
+    const __m512 v0 = hsum4x4_lanes(a), v1 = hsum4x4_lanes(a + 4), v2 = hsum4x4_lanes(a + 8), v3 = hsum4x4_lanes(a + 12);
+    const __m512 w0 = _mm512_add_ps(_mm512_shuffle_f32x4(v0, v1, _MM_SHUFFLE(2, 0, 2, 0)), _mm512_shuffle_f32x4(v0, v1, _MM_SHUFFLE(3, 1, 3, 1)));
+    const __m512 w1 = _mm512_add_ps(_mm512_shuffle_f32x4(v2, v3, _MM_SHUFFLE(2, 0, 2, 0)), _mm512_shuffle_f32x4(v2, v3, _MM_SHUFFLE(3, 1, 3, 1)));
+    return _mm512_add_ps(_mm512_shuffle_f32x4(w0, w1, _MM_SHUFFLE(2, 0, 2, 0)), _mm512_shuffle_f32x4(w0, w1, _MM_SHUFFLE(3, 1, 3, 1)));
+}
+#endif
+
 /* Widened f16 keys (li_kv_block_keys) against q already rounded to f16, as llama.cpp's flash
- * attention takes it. Eight keys at a time, each in its own register over the head, so a
- * key's score is the same sum whichever keys beside it: writes s up to n rounded up to 8. */
+ * attention takes it. LI_KV_LANES keys at a time, each in its own register over the head, so
+ * a key's score is the same sum whichever keys beside it: writes s up to n rounded up to
+ * LI_KV_LANES. */
 static void scores_f32(const float *q, const float *keys, int64_t n, int64_t hd, float scale, float *s) {
+#if defined(__AVX512F__)
+    if (hd % 16 == 0) {
+        for (int64_t j0 = 0; j0 < n; j0 += 16) {
+            const float *k = keys + j0 * hd;
+            __m512 acc[16];
+            for (int j = 0; j < 16; j++) acc[j] = _mm512_setzero_ps();
+            for (int64_t e = 0; e < hd; e += 16) {
+                const __m512 qv = _mm512_loadu_ps(q + e);
+                for (int j = 0; j < 16; j++) acc[j] = _mm512_fmadd_ps(qv, _mm512_loadu_ps(k + j * hd + e), acc[j]);
+            }
+            _mm512_storeu_ps(s + j0, _mm512_mul_ps(hsum16x16(acc), _mm512_set1_ps(scale)));
+        }
+        return;
+    }
+#endif
 #if defined(__AVX2__) && defined(__FMA__)
     if (hd % 8 == 0) {
         for (int64_t j0 = 0; j0 < n; j0 += 8) {

@@ -135,13 +135,19 @@ void li_geglu(float *gate, const float *up, int64_t n, int nthreads) { gated(geg
  * through the same code whatever the tile, and decode is a tile of one row. */
 #define KEY_BLOCK 32
 #define ROW_TILE 32     /* rows of a tile at most */
+/* scores are written, masked and summed in vectors of ATT_LANES (kvcache.c's LI_KV_LANES) */
+#define ATT_LANES LI_KV_LANES
 #define TILE_QUERIES 256 /* and query heads: their outputs stay in L2 */
 
-/* the largest of s[0..n), n a multiple of 8 */
+/* the largest of s[0..n), n a multiple of ATT_LANES */
 static float block_max(const float *s, int64_t n) {
     float mx = -INFINITY;
     int64_t j = 0;
-#if defined(__AVX2__) && defined(__FMA__)
+#if defined(__AVX512F__)
+    __m512 m16 = _mm512_set1_ps(-INFINITY);
+    for (; j + 16 <= n; j += 16) m16 = _mm512_max_ps(m16, _mm512_loadu_ps(s + j));
+    mx = _mm512_reduce_max_ps(m16);
+#elif defined(__AVX2__) && defined(__FMA__)
     __m256 m8 = _mm256_set1_ps(-INFINITY);
     for (; j + 8 <= n; j += 8) m8 = _mm256_max_ps(m8, _mm256_loadu_ps(s + j));
     float lanes[8];
@@ -152,9 +158,33 @@ static float block_max(const float *s, int64_t n) {
     return mx;
 }
 
-/* s[j] = e^(s[j] - mx), for j < n (a multiple of 8: all of it in vectors) */
+#if defined(__AVX512F__)
+/* exp_shifted sixteen at a time, for j < n rounded down to 16; returns where it stopped */
+static int64_t exp_shifted16(float *s, int64_t n, float mx) {
+    const __m512 vmx = _mm512_set1_ps(mx), lo = _mm512_set1_ps(-87.0f), log2e = _mm512_set1_ps(1.44269504f);
+    const __m512 ln2_hi = _mm512_set1_ps(0.693145752f), ln2_lo = _mm512_set1_ps(1.42860677e-6f);
+    const float c[8] = {1.0f / 5040.0f, 1.0f / 720.0f, 1.0f / 120.0f, 1.0f / 24.0f, 1.0f / 6.0f, 0.5f, 1.0f, 1.0f};
+    int64_t j = 0;
+    for (; j + 16 <= n; j += 16) {
+        __m512 x = _mm512_max_ps(_mm512_sub_ps(_mm512_loadu_ps(s + j), vmx), lo);
+        const __m512 k = _mm512_roundscale_ps(_mm512_mul_ps(x, log2e), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+        const __m512 r = _mm512_sub_ps(_mm512_sub_ps(x, _mm512_mul_ps(k, ln2_hi)), _mm512_mul_ps(k, ln2_lo));
+        __m512 p = _mm512_set1_ps(c[0]);
+        for (int i = 1; i < 8; i++) p = _mm512_add_ps(_mm512_mul_ps(p, r), _mm512_set1_ps(c[i]));
+        const __m512i bits = _mm512_slli_epi32(_mm512_add_epi32(_mm512_cvtps_epi32(k), _mm512_set1_epi32(127)), 23);
+        _mm512_storeu_ps(s + j, _mm512_mul_ps(p, _mm512_castsi512_ps(bits)));
+    }
+    return j;
+}
+#endif
+
+/* s[j] = e^(s[j] - mx), for j < n (a multiple of ATT_LANES: all of it in vectors); each
+ * lane's operations are exp_nonpositive's, so every width gives the same values */
 static void exp_shifted(float *s, int64_t n, float mx) {
     int64_t j = 0;
+#if defined(__AVX512F__)
+    j = exp_shifted16(s, n, mx);
+#endif
 #if defined(__AVX2__) && defined(__FMA__)
     /* exp_nonpositive, eight at a time */
     const __m256 vmx = _mm256_set1_ps(mx), lo = _mm256_set1_ps(-87.0f), log2e = _mm256_set1_ps(1.44269504f);
@@ -187,8 +217,38 @@ static inline __attribute__((always_inline)) void accumulate_lanes(const float *
 }
 #endif
 
+#if defined(__AVX512F__)
+/* accumulate_lanes sixteen floats a vector: the same fused multiply-add per value, in j order */
+static inline __attribute__((always_inline)) void accumulate_lanes16(const float *p, const float *v, int64_t n, int64_t hd,
+                                                                     float *o, const int w) {
+    __m512 acc[8];
+    for (int i = 0; i < w; i++) acc[i] = _mm512_loadu_ps(o + 16 * i);
+    for (int64_t j = 0; j < n; j++) {
+        const __m512 pj = _mm512_set1_ps(p[j]);
+        for (int i = 0; i < w; i++) acc[i] = _mm512_fmadd_ps(pj, _mm512_loadu_ps(v + j * hd + 16 * i), acc[i]);
+    }
+    for (int i = 0; i < w; i++) _mm512_storeu_ps(o + 16 * i, acc[i]);
+}
+#endif
+
 /* o += sum_{j < n} p[j] v_j, for n value rows of hd floats */
 static void accumulate_values(const float *p, const float *v, int64_t n, int64_t hd, float *o) {
+#if defined(__AVX512F__)
+    if (hd % 16 == 0) { /* as many independent accumulators as the head has vectors, up to 8 */
+        int64_t c = 0;
+        for (; c + 128 <= hd; c += 128) accumulate_lanes16(p, v + c, n, hd, o + c, 8);
+        switch ((hd - c) / 16) {
+        case 1: accumulate_lanes16(p, v + c, n, hd, o + c, 1); break;
+        case 2: accumulate_lanes16(p, v + c, n, hd, o + c, 2); break;
+        case 3: accumulate_lanes16(p, v + c, n, hd, o + c, 3); break;
+        case 4: accumulate_lanes16(p, v + c, n, hd, o + c, 4); break;
+        case 5: accumulate_lanes16(p, v + c, n, hd, o + c, 5); break;
+        case 6: accumulate_lanes16(p, v + c, n, hd, o + c, 6); break;
+        case 7: accumulate_lanes16(p, v + c, n, hd, o + c, 7); break;
+        }
+        return;
+    }
+#endif
 #if defined(__AVX2__) && defined(__FMA__)
     if (hd % 8 == 0) {
         int64_t c = 0;
@@ -201,11 +261,11 @@ static void accumulate_values(const float *p, const float *v, int64_t n, int64_t
         for (int64_t e = 0; e < hd; e++) o[e] += p[j] * v[j * hd + e];
 }
 
-/* One query meets one block: s holds its n scores (room for n rounded up to 8), v the
+/* One query meets one block: s holds its n scores (room for n rounded up to ATT_LANES), v the
  * block's value rows as floats. mx, sum, o: the query's running max, sum of e^(s - mx) and
  * unnormalised output, rescaled by e^(old max - new max) when the block raises the max. */
 static void attend_block(float *s, int64_t n, const float *v, int64_t hd, float *mx, float *sum, float *o) {
-    const int64_t n8 = (n + 7) & ~(int64_t)7;
+    const int64_t n8 = (n + ATT_LANES - 1) & ~(int64_t)(ATT_LANES - 1);
     for (int64_t j = n; j < n8; j++) s[j] = -INFINITY; /* past this query's position */
     const float bm = block_max(s, n8);
     if (bm > *mx) {
@@ -216,10 +276,10 @@ static void attend_block(float *s, int64_t n, const float *v, int64_t hd, float 
     }
     exp_shifted(s, n8, *mx);
     for (int64_t j = n; j < n8; j++) s[j] = 0.0f;
-    float partial[8] = {0}, total = 0.0f;
-    for (int64_t j = 0; j < n8; j += 8)
-        for (int l = 0; l < 8; l++) partial[l] += s[j + l];
-    for (int l = 0; l < 8; l++) total += partial[l];
+    float partial[ATT_LANES] = {0}, total = 0.0f;
+    for (int64_t j = 0; j < n8; j += ATT_LANES)
+        for (int l = 0; l < ATT_LANES; l++) partial[l] += s[j + l];
+    for (int l = 0; l < ATT_LANES; l++) total += partial[l];
     *sum += total;
     accumulate_values(s, v, n, hd, o);
 }
@@ -240,7 +300,7 @@ struct attn_job {
 
 /* floats per thread for a tile of nq query heads: their outputs and prepared queries, a
  * block of keys and one of values, the scores, the running maxima and sums */
-static size_t tile_scratch(int64_t nq, int64_t hd) { return (size_t)(2 * nq * hd + 2 * KEY_BLOCK * hd + KEY_BLOCK + 8 + 2 * nq); }
+static size_t tile_scratch(int64_t nq, int64_t hd) { return (size_t)(2 * nq * hd + 2 * KEY_BLOCK * hd + KEY_BLOCK + ATT_LANES + 2 * nq); }
 
 /* The first position a row at `pos` sees. */
 static inline int64_t first_seen(const struct attn_job *a, int64_t pos) { return a->window > 0 && pos >= a->window ? pos - a->window + 1 : 0; }
@@ -251,7 +311,7 @@ static inline int64_t first_seen(const struct attn_job *a, int64_t pos) { return
 static void attend_tile(const struct attn_job *a, int64_t i0, int64_t rows, int64_t kvh, float *scratch) {
     const int64_t g = a->group, hd = a->hd, nq = rows * g;
     float *o = scratch, *kbuf = o + nq * hd, *vbuf = kbuf + KEY_BLOCK * hd, *s = vbuf + KEY_BLOCK * hd;
-    float *mx = s + KEY_BLOCK + 8, *sum = mx + nq; /* s: room for a window's start inside a block */
+    float *mx = s + KEY_BLOCK + ATT_LANES, *sum = mx + nq; /* s: room for a window's start inside a block */
     uint8_t *qbuf = (uint8_t *)(sum + nq);
     int64_t last = 0, first = INT64_MAX;
     for (int64_t r = 0; r < rows; r++) {
