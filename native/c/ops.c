@@ -135,6 +135,10 @@ void li_geglu(float *gate, const float *up, int64_t n, int nthreads) { gated(geg
  * through the same code whatever the tile, and decode is a tile of one row. */
 #define KEY_BLOCK 32
 #define ROW_TILE 32     /* rows of a tile at most */
+/* A row's positions are attended in spans of SPAN, each from a fresh running max, and the
+ * spans' results folded in position order (merge_span): so the threads can share one row's
+ * long context (flash-decoding), and a row gets the same bits whoever ran its spans. */
+#define SPAN 1024
 /* scores are written, masked and summed in vectors of ATT_LANES (kvcache.c's LI_KV_LANES) */
 #define ATT_LANES LI_KV_LANES
 #define TILE_QUERIES 256 /* and query heads: their outputs stay in L2 */
@@ -298,32 +302,46 @@ struct attn_job {
     const float *sinks;            /* [n_head]: each head's sink logit (gpt-oss), or 0 */
 };
 
-/* floats per thread for a tile of nq query heads: their outputs and prepared queries, a
- * block of keys and one of values, the scores, the running maxima and sums */
-static size_t tile_scratch(int64_t nq, int64_t hd) { return (size_t)(2 * nq * hd + 2 * KEY_BLOCK * hd + KEY_BLOCK + ATT_LANES + 2 * nq); }
+/* A partial result of nq query heads (a "part"): the unnormalised outputs [nq, hd], then the
+ * running maxima [nq] and sums [nq]. */
+static inline int64_t part_floats(int64_t nq, int64_t hd) { return nq * (hd + 2); }
+
+/* floats per thread for a tile of nq query heads: a span's part and the folded one, the
+ * prepared queries, a block of keys and one of values, the scores */
+static size_t tile_scratch(int64_t nq, int64_t hd) {
+    return (size_t)(2 * part_floats(nq, hd) + nq * hd + 2 * KEY_BLOCK * hd + KEY_BLOCK + ATT_LANES);
+}
 
 /* The first position a row at `pos` sees. */
 static inline int64_t first_seen(const struct attn_job *a, int64_t pos) { return a->window > 0 && pos >= a->window ? pos - a->window + 1 : 0; }
 
-/* Rows [i0, i0 + rows) of kv head kvh: every query head of the group against the blocks of
- * positions its row sees, block by block, then out = o / sum, rotated back where the values
- * were stored rotated. */
-static void attend_tile(const struct attn_job *a, int64_t i0, int64_t rows, int64_t kvh, float *scratch) {
-    const int64_t g = a->group, hd = a->hd, nq = rows * g;
-    float *o = scratch, *kbuf = o + nq * hd, *vbuf = kbuf + KEY_BLOCK * hd, *s = vbuf + KEY_BLOCK * hd;
-    float *mx = s + KEY_BLOCK + ATT_LANES, *sum = mx + nq; /* s: room for a window's start inside a block */
-    uint8_t *qbuf = (uint8_t *)(sum + nq);
-    int64_t last = 0, first = INT64_MAX;
+/* The query heads of rows [i0, i0 + rows) of kv head kvh as the scores read them, into
+ * qbuf; the first and last positions any of them sees. */
+static void prepare_queries(const struct attn_job *a, int64_t i0, int64_t rows, int64_t kvh, uint8_t *qbuf, int64_t *first,
+                            int64_t *last) {
+    const int64_t g = a->group;
+    *last = 0, *first = INT64_MAX;
     for (int64_t r = 0; r < rows; r++) {
-        li_kv_query(a->type_k, a->q + ((i0 + r) * a->n_head + kvh * g) * hd, g, hd, a->rot_k, qbuf + r * g * a->qstride);
-        last = a->pos[i0 + r] > last ? a->pos[i0 + r] : last;
+        li_kv_query(a->type_k, a->q + ((i0 + r) * a->n_head + kvh * g) * a->hd, g, a->hd, a->rot_k, qbuf + r * g * a->qstride);
+        *last = a->pos[i0 + r] > *last ? a->pos[i0 + r] : *last;
         const int64_t f = first_seen(a, a->pos[i0 + r]);
-        first = f < first ? f : first;
+        *first = f < *first ? f : *first;
     }
+}
+
+/* Every query head of the rows against the blocks of span [k_lo, k_lo + SPAN) that its row
+ * sees, from a fresh running max: the part p. `blocks`: a block of keys, one of values and
+ * the scores. */
+static void attend_span(const struct attn_job *a, int64_t i0, int64_t rows, int64_t kvh, const uint8_t *qbuf, int64_t first,
+                        int64_t last, int64_t k_lo, float *p, float *blocks) {
+    const int64_t g = a->group, hd = a->hd, nq = rows * g;
+    float *o = p, *mx = p + nq * hd, *sum = mx + nq;
+    float *kbuf = blocks, *vbuf = kbuf + KEY_BLOCK * hd, *s = vbuf + KEY_BLOCK * hd; /* s: room for a window's start inside a block */
     for (int64_t i = 0; i < nq; i++) mx[i] = -INFINITY, sum[i] = 0.0f;
     memset(o, 0, sizeof(float) * (size_t)(nq * hd));
     const uint8_t *keys = a->keys + kvh * a->n_ctx * a->kb, *values = a->values + kvh * a->n_ctx * a->vb;
-    for (int64_t k0 = first / KEY_BLOCK * KEY_BLOCK; k0 <= last; k0 += KEY_BLOCK) {
+    const int64_t k_end = last < k_lo + SPAN - 1 ? last : k_lo + SPAN - 1;
+    for (int64_t k0 = first / KEY_BLOCK * KEY_BLOCK > k_lo ? first / KEY_BLOCK * KEY_BLOCK : k_lo; k0 <= k_end; k0 += KEY_BLOCK) {
         const int64_t n = last + 1 - k0 < KEY_BLOCK ? last + 1 - k0 : KEY_BLOCK;
         const void *kblk = li_kv_block_keys(a->type_k, keys + k0 * a->kb, n, hd, kbuf);
         li_kv_block_values(a->type_v, values + k0 * a->vb, n, hd, vbuf);
@@ -338,6 +356,38 @@ static void attend_tile(const struct attn_job *a, int64_t i0, int64_t rows, int6
             }
         }
     }
+}
+
+/* Folds part p into acc, both rescaled to the larger max; an empty acc (max -inf) takes p
+ * as it is. Spans are folded in position order, whoever computed them. */
+static void merge_span(float *acc, const float *p, int64_t nq, int64_t hd) {
+    float *o = acc, *mx = acc + nq * hd, *sum = mx + nq;
+    const float *po = p, *pmx = p + nq * hd, *psum = pmx + nq;
+    for (int64_t i = 0; i < nq; i++) {
+        if (pmx[i] == -INFINITY) continue;
+        if (mx[i] == -INFINITY) {
+            memcpy(o + i * hd, po + i * hd, sizeof(float) * (size_t)hd);
+            mx[i] = pmx[i], sum[i] = psum[i];
+            continue;
+        }
+        const float m = mx[i] > pmx[i] ? mx[i] : pmx[i];
+        const float c = mx[i] == m ? 1.0f : exp_nonpositive(mx[i] - m), cp = pmx[i] == m ? 1.0f : exp_nonpositive(pmx[i] - m);
+        for (int64_t e = 0; e < hd; e++) o[i * hd + e] = o[i * hd + e] * c + po[i * hd + e] * cp;
+        sum[i] = sum[i] * c + psum[i] * cp;
+        mx[i] = m;
+    }
+}
+
+static void empty_part(float *p, int64_t nq, int64_t hd) {
+    memset(p, 0, sizeof(float) * (size_t)part_floats(nq, hd));
+    for (int64_t i = 0; i < nq; i++) p[nq * hd + i] = -INFINITY;
+}
+
+/* The rows' outputs from their folded part: each head's sink met last, o / sum, rotated
+ * back where the values were stored rotated. */
+static void finish_rows(const struct attn_job *a, int64_t i0, int64_t rows, int64_t kvh, float *acc) {
+    const int64_t g = a->group, hd = a->hd, nq = rows * g;
+    float *o = acc, *mx = acc + nq * hd, *sum = mx + nq;
     for (int64_t r = 0; r < rows; r++) {
         float *dst = a->out + ((i0 + r) * a->n_head + kvh * g) * hd;
         for (int64_t h = 0; h < g; h++) {
@@ -355,6 +405,64 @@ static void attend_tile(const struct attn_job *a, int64_t i0, int64_t rows, int6
         }
         if (a->rot_v) li_fwht(dst, g * hd, a->rot_v); /* the values were stored rotated */
     }
+}
+
+/* Rows [i0, i0 + rows) of kv head kvh, whole: span after span, folded as they come. */
+static void attend_tile(const struct attn_job *a, int64_t i0, int64_t rows, int64_t kvh, float *scratch) {
+    const int64_t nq = rows * a->group, hd = a->hd;
+    float *acc = scratch, *p = acc + part_floats(nq, hd), *blocks = p + part_floats(nq, hd) + nq * hd;
+    uint8_t *qbuf = (uint8_t *)(p + part_floats(nq, hd));
+    int64_t first, last;
+    prepare_queries(a, i0, rows, kvh, qbuf, &first, &last);
+    empty_part(acc, nq, hd);
+    for (int64_t k_lo = first / SPAN * SPAN; k_lo <= last; k_lo += SPAN) {
+        attend_span(a, i0, rows, kvh, qbuf, first, last, k_lo, p, blocks);
+        merge_span(acc, p, nq, hd);
+    }
+    finish_rows(a, i0, rows, kvh, acc);
+}
+
+/* One span of rows [i0, i0 + rows) of kv head kvh into its part, for spans run side by side
+ * (few rows, few kv heads: the threads share a long context instead). */
+static void attend_tile_span(const struct attn_job *a, int64_t i0, int64_t rows, int64_t kvh, int64_t k_lo, float *p,
+                             float *scratch) {
+    const int64_t nq = rows * a->group, hd = a->hd;
+    uint8_t *qbuf = (uint8_t *)scratch;
+    float *blocks = scratch + nq * hd;
+    int64_t first, last;
+    prepare_queries(a, i0, rows, kvh, qbuf, &first, &last);
+    attend_span(a, i0, rows, kvh, qbuf, first, last, k_lo, p, blocks);
+}
+
+/* Every span of every (row tile, kv head) as a task of its own, into parts; then each
+ * tile's parts folded in position order and finished. */
+static int attend_spans(const struct attn_job *a, int64_t m, int64_t rows, int64_t n_kv, int64_t n_span, float *scratch,
+                        size_t per_thread, int nthreads) {
+    const int64_t tiles = (m + rows - 1) / rows, pf = part_floats(rows * a->group, a->hd);
+    float *parts = malloc(sizeof(float) * (size_t)(tiles * n_kv * n_span * pf));
+    if (!parts) return 4;
+#pragma omp parallel num_threads(nthreads) if (nthreads > 1)
+    {
+        int thread = 0;
+#ifdef _OPENMP
+        thread = omp_get_thread_num();
+#endif
+        float *mine = scratch + (size_t)thread * per_thread;
+#pragma omp for schedule(dynamic, 1)
+        for (int64_t t = 0; t < tiles * n_kv * n_span; t++) {
+            const int64_t tk = t / n_span, i0 = tk / n_kv * rows, kvh = tk % n_kv;
+            attend_tile_span(a, i0, i0 + rows <= m ? rows : m - i0, kvh, t % n_span * SPAN, parts + t * pf, mine);
+        }
+#pragma omp for schedule(static)
+        for (int64_t tk = 0; tk < tiles * n_kv; tk++) {
+            const int64_t i0 = tk / n_kv * rows, kvh = tk % n_kv, r = i0 + rows <= m ? rows : m - i0, nq = r * a->group;
+            empty_part(mine, nq, a->hd);
+            for (int64_t span = 0; span < n_span; span++) merge_span(mine, parts + (tk * n_span + span) * pf, nq, a->hd);
+            finish_rows(a, i0, r, kvh, mine);
+        }
+    }
+    free(parts);
+    return 0;
 }
 
 /* Store m new keys/values ([m, n_head_kv, hd]) in the cache's types (kvcache.c), rotated
@@ -398,6 +506,12 @@ int li_attention(const float *q, const float *k_new, const float *v_new, uint8_t
     if (!scratch) return 4;
     const struct attn_job job = {q, keys, values, pos, out, type_k, type_v, rot_k, rot_v, n_head, group, hd, n_ctx, kb, vb,
                                  type_k == LI_F16 ? 4 * hd : hd / 32 * 34, window, scale, sinks};
+    const int64_t n_span = (longest + SPAN - 1) / SPAN;
+    if (n_span > 1 && tasks < 2 * nthreads) { /* decode deep in a context: the threads split its spans */
+        const int rc = attend_spans(&job, m, rows, n_head_kv, n_span, scratch, per_thread, nthreads);
+        free(scratch);
+        return rc;
+    }
 #pragma omp parallel for schedule(dynamic, 1) num_threads(nthreads) if (nthreads > 1)
     for (int64_t task = 0; task < tasks; task++) {
         int thread = 0;

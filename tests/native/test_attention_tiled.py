@@ -77,21 +77,21 @@ def reference(q: np.ndarray, keys: np.ndarray, values: np.ndarray, positions: np
     return fwht(out, kv_rotation(types[1], hd, False)).reshape(m, n_head * hd)
 
 
-def case(types: tuple[str, str], heads: tuple[int, int, int], seed: int = 7) -> tuple:
-    """An empty cache of T positions and T rows of queries, keys and values."""
+def case(types: tuple[str, str], heads: tuple[int, int, int], seed: int = 7, length: int = T) -> tuple:
+    """An empty cache of `length` positions and as many rows of queries, keys and values."""
     n_head, n_head_kv, hd = heads
     rng = np.random.default_rng(seed)
-    keys = np.zeros((n_head_kv, T, kv_row_bytes(types[0], hd)), np.uint8)
-    values = np.zeros((n_head_kv, T, kv_row_bytes(types[1], hd)), np.uint8)
-    q = rng.standard_normal((T, n_head, hd)).astype(np.float32)
-    k_new = rng.standard_normal((T, n_head_kv, hd)).astype(np.float32) * 2
-    v_new = rng.standard_normal((T, n_head_kv, hd)).astype(np.float32)
+    keys = np.zeros((n_head_kv, length, kv_row_bytes(types[0], hd)), np.uint8)
+    values = np.zeros((n_head_kv, length, kv_row_bytes(types[1], hd)), np.uint8)
+    q = rng.standard_normal((length, n_head, hd)).astype(np.float32)
+    k_new = rng.standard_normal((length, n_head_kv, hd)).astype(np.float32) * 2
+    v_new = rng.standard_normal((length, n_head_kv, hd)).astype(np.float32)
     return q, k_new, v_new, keys, values, 1 / np.sqrt(hd)
 
 
 def attend(kernels, q, k_new, v_new, keys, values, rows: slice, scale: float, types: tuple[str, str]) -> np.ndarray:
     """The kernel over rows (their positions are their indices), storing their keys and values."""
-    positions = np.arange(T, dtype=np.int32)[rows]
+    positions = np.arange(len(q), dtype=np.int32)[rows]
     out = np.empty((len(positions), q.shape[1] * q.shape[2]), np.float32)
     kernels.attention(q[rows], k_new[rows], v_new[rows], keys, values, positions, out, scale, types)
     return out
@@ -138,3 +138,28 @@ def test_a_head_size_the_vectors_do_not_divide(kernels) -> None:
     np.testing.assert_allclose(whole, want, rtol=0, atol=2e-5 * np.abs(want).max())
     for i in (0, 7, 8, 31, 32, 33, T - 1):
         np.testing.assert_array_equal(attend(kernels, q, k_new, v_new, keys, values, slice(i, i + 1), scale, types)[0], whole[i])
+
+
+LONG = 2600  # positions: three of the kernel's 1,024-position spans, the last one partial
+LONG_ROWS = (0, 1023, 1024, 1500, 2047, 2048, LONG - 1)  # each side of the span edges
+
+
+@pytest.mark.parametrize("heads", [(8, 1, 96), (6, 2, 128)], ids=lambda h: f"{h[0]}x{h[1]}x{h[2]}")
+@pytest.mark.parametrize("types", [("f16", "f16"), ("q8_0", "q8_0"), ("f16", "q4_0")], ids="/".join)
+def test_decode_deep_in_a_context_splits_its_positions_without_changing_a_bit(kernels, types, heads) -> None:
+    """A decode row past one span runs its spans on both threads (flash-decoding), a prefill
+    row folds them in one task: both give the same bits, at every thread count, and the
+    float64 reference's values. One kv head (MQA) is the case where only the split keeps the
+    second thread busy."""
+    q, k_new, v_new, keys, values, scale = case(types, heads, seed=5, length=LONG)
+    whole = attend(kernels, q, k_new, v_new, keys, values, slice(0, LONG), scale, types)
+    rows = np.array(LONG_ROWS)
+    want = reference(q[rows], keys, values, rows, types, scale)
+    np.testing.assert_allclose(whole[rows], want, rtol=0, atol=2e-5 * np.abs(want).max())
+    for threads in (1, 3, 2):
+        kernels.set_threads(threads)
+        try:
+            for i in LONG_ROWS:
+                np.testing.assert_array_equal(attend(kernels, q, k_new, v_new, keys, values, slice(i, i + 1), scale, types)[0], whole[i])
+        finally:
+            kernels.set_threads(2)
