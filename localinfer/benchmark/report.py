@@ -1,5 +1,6 @@
 """`bench model`'s results as a Markdown table (llama-bench's layout: one row per test, the
-same test the same row whichever engine ran it), CSV or JSON."""
+same test the same row whichever engine ran it), CSV or JSON. Given the machine's read
+bandwidth, the table and the CSV add each tg row's share of the limit it sets."""
 
 from __future__ import annotations
 
@@ -10,6 +11,14 @@ import json
 from localinfer.benchmark.model import VERIFY_ROWS, Result
 
 COLUMNS = ("model", "size", "params", "engine", "threads", "type_k", "type_v", "draft", "test", "t/s", f"verify {VERIFY_ROWS} rows", "RSS")
+LIMIT = "of limit"  # with a bandwidth: after t/s
+RIGHT = {"size", "params", "threads", "t/s", LIMIT, f"verify {VERIFY_ROWS} rows", "RSS"}
+
+
+def of_limit(r: Result, bandwidth: float) -> float | None:
+    """A tg row's bytes read per second over the machine's read bandwidth (GB/s), in percent:
+    how near decoding runs to the rate memory allows at that depth. None for a pp row."""
+    return r.avg * r.bytes_per_token / (bandwidth * 1e9) * 100 if r.bytes_per_token else None
 
 
 def _size(n: int) -> str:
@@ -37,21 +46,27 @@ def _draft(r: Result) -> str:
     return f"{name} ({', '.join(rates)})" if rates else name
 
 
-def row(r: Result) -> list[str]:
+def columns(bandwidth: float | None = None) -> list[str]:
+    at = COLUMNS.index("t/s") + 1
+    return [*COLUMNS[:at], *([LIMIT] if bandwidth else []), *COLUMNS[at:]]
+
+
+def row(r: Result, bandwidth: float | None = None) -> list[str]:
     s = r.setup
+    share = of_limit(r, bandwidth) if bandwidth else None
     return [
         s.model.rsplit("/", 1)[-1], _size(r.model_bytes), _params(r.n_params), _engine(r), str(s.threads), s.type_k, s.type_v,
-        _draft(r), r.test, f"{r.avg:.2f} ± {r.stdev:.2f}",
+        _draft(r), r.test, f"{r.avg:.2f} ± {r.stdev:.2f}", *([f"{share:.1f} %" if share is not None else "–"] if bandwidth else []),
         f"{r.verify_cost:.2f}×" if r.verify_cost else "–", _size(r.rss_bytes) if r.rss_bytes else "–",
     ]  # fmt: skip
 
 
-def markdown(results: list[Result]) -> str:
-    rows = [list(COLUMNS)] + [row(r) for r in results]
-    widths = [max(len(x[i]) for x in rows) for i in range(len(COLUMNS))]
-    right = {"size", "params", "threads", "t/s", f"verify {VERIFY_ROWS} rows", "RSS"}
-    line = lambda cells: "| " + " | ".join(c.rjust(w) if COLUMNS[i] in right else c.ljust(w) for i, (c, w) in enumerate(zip(cells, widths))) + " |"  # noqa: E731
-    rule = "|" + "|".join(("-" * (w + 1) + ":") if COLUMNS[i] in right else "-" * (w + 2) for i, w in enumerate(widths)) + "|"
+def markdown(results: list[Result], bandwidth: float | None = None) -> str:
+    header = columns(bandwidth)
+    rows = [header] + [row(r, bandwidth) for r in results]
+    widths = [max(len(x[i]) for x in rows) for i in range(len(header))]
+    line = lambda cells: "| " + " | ".join(c.rjust(w) if header[i] in RIGHT else c.ljust(w) for i, (c, w) in enumerate(zip(cells, widths))) + " |"  # noqa: E731
+    rule = "|" + "|".join(("-" * (w + 1) + ":") if header[i] in RIGHT else "-" * (w + 2) for i, w in enumerate(widths)) + "|"
     return "\n".join([line(rows[0]), rule, *(line(r) for r in rows[1:])])
 
 
@@ -59,8 +74,14 @@ def as_json(results: list[Result]) -> str:
     return json.dumps([r.as_dict() for r in results], indent=2)
 
 
-def as_csv(results: list[Result]) -> str:
+def as_csv(results: list[Result], bandwidth: float | None = None) -> str:
+    """One line per test, the JSON's fields; with a bandwidth, `of_limit` after them (percent;
+    empty for a pp row)."""
     records = [r.as_dict() for r in results]
+    if bandwidth:
+        for r, record in zip(results, records):
+            share = of_limit(r, bandwidth)
+            record["of_limit"] = round(share, 2) if share is not None else None
     out = io.StringIO()
     if records:
         writer = csv.DictWriter(out, fieldnames=list(records[0]))

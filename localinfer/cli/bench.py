@@ -67,6 +67,7 @@ def model(
     models: Annotated[Optional[list[str]], typer.Argument(help="Models to measure (catalog alias, .gguf path, owner/repo[:QUANT]). Default: the embedded SmolLM2-135M.", show_default=False)] = None,
     prompts: Annotated[str, typer.Option("-p", "--n-prompt", help="Prompt lengths to measure (ppN), comma-separated; 0 for none.")] = "512",
     gens: Annotated[str, typer.Option("-n", "--n-gen", help="Generation lengths to measure (tgN), comma-separated; 0 for none.")] = "128",
+    depths: Annotated[str, typer.Option("-d", "--n-depth", help="Depths, comma-separated: each pp and tg test runs after this many tokens already in the KV cache, as llama-bench's -d ('pp512 @ d4096'); 0: an empty cache.")] = "0",
     reps: Annotated[int, typer.Option("-r", "--repetitions", help="Runs of each test (mean ± stdev).", callback=opt.between(1, 100))] = 3,
     engines: Annotated[str, typer.Option("--engine", help="Engines, comma-separated: llama.cpp, native.")] = "llama.cpp",
     kernels: Annotated[Optional[str], typer.Option("--kernels", help="Native kernel sets, comma-separated: auto, c, numba.", show_default=False)] = None,
@@ -78,6 +79,7 @@ def model(
     cpu_moe: Annotated[bool, typer.Option("--cpu-moe", help="llama.cpp, a mixture of experts beside a GPU: every layer's experts in RAM (--n-cpu-moe all).")] = False,
     n_cpu_moe: Annotated[str, typer.Option("--n-cpu-moe", "-ncmoe", metavar="N[,N...]", help="llama.cpp, a mixture of experts beside a GPU: the experts of the first N layers in RAM, comma-separated (numbers, all, or auto: planned with -ngl), as llama-bench's -ncmoe.")] = "auto",
     rpc: Annotated[Optional[list[str]], typer.Option("--rpc", metavar="none|HOST:PORT[,HOST:PORT...]", help="llama.cpp: RPC workers to split the layers with; repeat it to compare (--rpc none --rpc A --rpc A,B). Each row gives the round trips a decoded token waits on, counted in a separate pass: times a network's round-trip time, what the network adds to each token.", show_default=False)] = None,
+    bandwidth: Annotated[Optional[float], typer.Option("--bandwidth", metavar="GBPS", help="This machine's read bandwidth in GB/s (bench/bandwidth.py): adds the 'of limit' column, each tg row's t/s times the bytes a token reads (weights, and the KV cache at its depth) over this.", callback=_bandwidth, show_default=False)] = None,
     json_out: Annotated[bool, typer.Option("--json", help="Print the results as JSON (one record per test, fields as in docs/benchmarks.md).")] = False,
     csv_out: Annotated[bool, typer.Option("--csv", help="Print the results as CSV.")] = False,
     output: Annotated[Optional[Path], typer.Option("-o", "--output", help="Also write the results as JSON to this file.", show_default=False)] = None,
@@ -86,11 +88,11 @@ def model(
 
     Every combination of the lists given runs in its own process; each test reports
     tokens/s as mean ± stdev, with the verify cost (an 8-row forward over a 1-row one)
-    and the combination's resident memory."""
+    and the combination's resident memory. With -d, each test also runs after a prefix
+    of that many tokens already in the cache (computed untimed)."""
     from localinfer.backends.llamacpp import default_threads
     from localinfer.benchmark import report
     from localinfer.benchmark.model import run
-    from localinfer.store.refs import resolve
 
     if json_out and csv_out:
         raise typer.BadParameter("give --json or --csv, not both", param_hint="--csv")
@@ -98,6 +100,7 @@ def model(
     n_gen = [n for n in _list(int, _nonnegative, "-n")(gens) if n]
     if not n_prompt and not n_gen:
         raise typer.BadParameter("nothing to measure: every -p and -n is 0", param_hint="-p/-n")
+    n_depth = _list(int, _nonnegative, "-d")(depths)
     engine_list = _list(str, opt.backend_name, "--engine")(engines)
     kernel_list = _list(str, lambda k: opt.kernel_set(None if k == "auto" else k), "--kernels")(kernels) if kernels else [None]
     thread_list = _list(int, opt.threads, "-t")(threads) if threads else [default_threads()]
@@ -108,16 +111,15 @@ def model(
         raise typer.BadParameter("give --cpu-moe or --n-cpu-moe, not both", param_hint="--n-cpu-moe")
     moe_list = ["all"] if cpu_moe else _list(str, opt.gpu_layers, "-ncmoe")(n_cpu_moe)  # a number of layers, all or auto, as -ngl
     refs = models or [None]
-    for ref in refs:
-        resolve(ref)  # a bad name fails here, in one line, before any run
+    _check_models(refs, n_depth, n_prompt, n_gen)
     rpc_list = [",".join(opt.rpc_endpoints(value)) if value != "none" else "" for value in rpc or ["none"]]
     setups = _setups(refs, engine_list, kernel_list, thread_list, k_list, v_list, draft_list, ngl_list, moe_list, rpc_list)
 
-    total = len(setups) * (len(n_prompt) + len(n_gen))
+    total = len(setups) * len(n_depth) * (len(n_prompt) + len(n_gen))
     bar = Progress("[progress.description]{task.description}", BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(), console=err, transient=True, disable=json_out or csv_out or not err.is_terminal)
     with bar:
         task = bar.add_task("benchmarking", total=total)
-        results = run(setups, n_prompt, n_gen, reps, on_result=lambda r: bar.update(task, advance=1, description=f"{r.setup.engine} {r.test}"))
+        results = run(setups, n_prompt, n_gen, reps, on_result=lambda r: bar.update(task, advance=1, description=f"{r.setup.engine} {r.test}"), depths=n_depth)
     if output is not None:
         from localinfer.paths import write_atomic
 
@@ -125,9 +127,9 @@ def model(
     if json_out:
         print(report.as_json(results))
     elif csv_out:
-        print(report.as_csv(results), end="")
+        print(report.as_csv(results, bandwidth), end="")
     else:
-        print(report.markdown(results))
+        print(report.markdown(results, bandwidth))
     if len(results) < total:
         err.print(f"[yellow]stopped:[/yellow] {len(results)} of {total} tests measured" + (f", written to {output}" if output else ""))
         raise typer.Exit(130)
@@ -156,6 +158,25 @@ def _setups(refs: list, engine_list: list[str], *lists: list) -> list:
     for note in dict.fromkeys(skipped):
         err.print(f"[dim]skipped: {note}[/dim]")
     return list(dict.fromkeys(setups))
+
+
+def _check_models(refs: list, depths: list[int], prompts: list[int], gens: list[int]) -> None:
+    """Each model's reference, and the tests against the context it was trained on, in one
+    line before any run (a hub model not pulled yet is checked in its worker, once pulled)."""
+    from localinfer.benchmark.model import check_context
+    from localinfer.modelfile import inspect
+    from localinfer.store.pull import local_path
+    from localinfer.store.refs import resolve
+
+    for ref in refs:
+        src = resolve(ref)
+        path = local_path(src)
+        if path is not None:
+            check_context(src.name, inspect(path).context_length, depths, prompts, gens)
+
+
+def _bandwidth(value: float | None) -> float | None:
+    return None if value is None else _positive_rate(value)
 
 
 def _nonnegative(n: int) -> int:
