@@ -104,9 +104,10 @@ def engines_report() -> dict[str, object]:
     return out
 
 
-def model_report(ref: str) -> dict[str, object]:
+def model_report(ref: str, ctx: int | None = None, cache: tuple[str | None, str | None] | str = (None, None)) -> dict[str, object]:
     """Which engine `--engine auto` takes for a model on this machine, and why; and where
-    `run`'s defaults would put it (the memory plan's split, bytes per device)."""
+    `run` would put it with this context and KV-cache type (its defaults where None): the
+    memory plan's split, bytes per device, and the cache's bytes at that context."""
     from localinfer.backends import get_backend
     from localinfer.engine.loader import LoadOptions, cache_types, choose_engine, context_of, plan_memory
     from localinfer.errors import ModelNotFound, OutOfMemory
@@ -119,15 +120,19 @@ def model_report(ref: str) -> dict[str, object]:
     if path is None:
         raise ModelNotFound(f"model '{ref}' is not downloaded; run 'localinfer pull {ref}' first")
     info = inspect(path)
-    choice = choose_engine("auto", info, "auto")
+    options = LoadOptions(ctx=ctx, cache=cache)
+    types = cache_types(options.cache, src.defaults)
+    choice = choose_engine("auto", info, "auto", types)
     report: dict[str, object] = {"path": str(path), "architecture": info.architecture, "tensor_types": sorted(info.tensor_types), "engine": choice.name, "reason": choice.reason}
-    options = LoadOptions()
+    n_ctx = context_of(options, src, info)
     try:
-        plan, _ = plan_memory(info, context_of(options, src, info), options, get_backend(choice.name), cache_types(options.cache, src.defaults))
+        plan, _ = plan_memory(info, n_ctx, options, get_backend(choice.name), types)
     except OutOfMemory as e:
         return report | {"memory": {"fits": False, "error": str(e)}}
     memory = {"fits": True, "gpu_layers": plan.n_gpu_layers, "n_cpu_moe": plan.n_cpu_moe, "gpu_bytes": plan.gpu_bytes, "ram_bytes": plan.ram_bytes,
-              "weights_bytes": plan.weights, "active_weights_bytes": plan.active_weights, "placement": plan.placement, "split": plan.split, "warnings": plan.warnings}  # fmt: skip
+              "weights_bytes": plan.weights, "active_weights_bytes": plan.active_weights, "ctx": n_ctx, "kv_cache_bytes": plan.kv_cache,
+              "cache_types": list(plan.cache_types), "compute_bytes": plan.compute, "total": plan.describe(),
+              "placement": plan.placement, "split": plan.split, "warnings": plan.warnings}  # fmt: skip
     return report | {"memory": memory}
 
 
@@ -183,7 +188,9 @@ def collect() -> dict[str, object]:
 
 
 def doctor(
-    model: Annotated[Optional[str], typer.Argument(help="Also say which engine runs this model here (with --engine auto), and why.", show_default=False)] = None,
+    model: Annotated[Optional[str], typer.Argument(help="Also say which engine runs this model here (with --engine auto), and why, and the memory it takes (the KV cache at --ctx, in --cache-type).", show_default=False)] = None,
+    ctx: opt.Ctx = None,
+    cache_type: opt.CacheType = None,
     json_out: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False,
     rpc: Annotated[Optional[str], typer.Option("--rpc", metavar="HOST:PORT[,HOST:PORT...]", envvar="LOCALINFER_RPC", callback=opt.rpc_endpoints, show_default=False,
                                                help="Also check these RPC workers: does each answer, in a protocol this build speaks, what computes there and what it offers (exit 1 if one does not answer).")] = None,  # fmt: skip
@@ -191,7 +198,7 @@ def doctor(
     """Report CPU features, memory, llama.cpp backends, native kernels, what each engine runs, GPUs, and where models are stored."""
     report = collect()
     if model is not None:
-        report["model"] = model_report(model)
+        report["model"] = model_report(model, ctx, opt.cache_choice(cache_type, None, None))
     if rpc:
         report["rpc_workers"] = workers_report(rpc)  # type: ignore[arg-type]
     failed = any(not w["ok"] for w in report.get("rpc_workers", []))  # type: ignore[attr-defined]
@@ -234,6 +241,8 @@ def print_report(report: dict[str, object]) -> None:
         m = report["model"]
         t.add_row("model", f"{m['path']} ({m['architecture']}): engine {m['engine']}, because {m['reason']}")  # type: ignore[index]
         mem = m["memory"]  # type: ignore[index]
+        if mem["fits"]:
+            t.add_row("", f"memory at {mem['ctx']} tokens of context: {mem['total']}")
         t.add_row("", f"memory: {mem['split']}; {mem['placement']}" if mem["fits"] else f"[red]memory:[/red] {mem['error']}")
     gpus = report["gpus_seen_by_os"]
     t.add_row("GPUs", ", ".join(gpus) if gpus else "none found")  # type: ignore[arg-type]

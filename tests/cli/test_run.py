@@ -76,6 +76,27 @@ def test_doctor_reports_the_machine() -> None:
     assert kernels["auto"] == kernels["c"]  # this build compiled the C kernels
 
 
+def test_doctor_shows_the_kv_cache_at_the_context_and_type_asked(model_path) -> None:
+    """The cache's bytes follow --ctx and --cache-type: every layer's every position, as the
+    model's metadata sizes it (f16: 2 bytes a value; q8_0: 34 bytes a block of 32)."""
+    fields = read_gguf(model_path).fields
+    arch = bytes(fields["general.architecture"].parts[-1]).decode()
+    n_layer, n_embd = (int(fields[f"{arch}.{key}"].parts[-1][0]) for key in ("block_count", "embedding_length"))
+    n_head, n_head_kv = (int(fields[f"{arch}.{key}"].parts[-1][0]) for key in ("attention.head_count", "attention.head_count_kv"))
+    values = n_layer * n_head_kv * (n_embd // n_head) * 2  # K and V, one position
+    memory = {}
+    for ctx, cache in ((2048, "f16"), (8192, "f16"), (8192, "q8_0")):
+        r = run_cli("doctor", str(model_path), "--ctx", str(ctx), "--cache-type", cache, "--json")
+        assert r.returncode == 0, r.stderr
+        memory[ctx, cache] = json.loads(r.stdout)["model"]["memory"]
+        assert memory[ctx, cache]["ctx"] == ctx and memory[ctx, cache]["cache_types"] == [cache, cache]
+    assert memory[2048, "f16"]["kv_cache_bytes"] == 2048 * values * 2
+    assert memory[8192, "f16"]["kv_cache_bytes"] == 8192 * values * 2
+    assert memory[8192, "q8_0"]["kv_cache_bytes"] == 8192 * values // 32 * 34
+    text = run_cli("doctor", str(model_path), "--ctx", "8192", env={"COLUMNS": "400"}).stdout
+    assert "memory at 8192 tokens of context: weights" in text and "KV cache" in text
+
+
 def test_ctrl_c_stops_generation_cleanly() -> None:
     proc = start_cli(
         "run", "--temperature", "0", "--repeat-penalty", "1", "--max-tokens", "100000", "--ctx", "8192", "Write a very long story.",
