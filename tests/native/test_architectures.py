@@ -260,6 +260,21 @@ def test_greedy_tokens_equal_llama_cpps_over_64_steps_on_f32(arch: str, n_head: 
     assert len(answers[0]) == 64 and answers[1] == answers[0]
 
 
+@pytest.mark.parametrize("arch, n_head, n_head_kv", [("llama", 6, 3), ("gemma3", 4, 2)])
+def test_greedy_tokens_after_a_6000_token_prompt_equal_llama_cpps(arch: str, n_head: int, n_head_kv: int, vocabulary, tmp_path: Path) -> None:
+    """Deep in a context (six of the C attention's 1,024-position spans, far past gemma3's
+    window), on F32 weights with an f16 cache in both engines: the same greedy answer. The
+    output matrix is scaled up so the next token is not a near tie after so long a prompt."""
+    path = tiny_model(tmp_path / f"tiny-{arch}.gguf", arch, vocabulary, n_head, n_head_kv, np.random.default_rng(13), output_scale=4.0)
+    greedy = SamplingParams(temperature=0, repeat_penalty=1.0, max_tokens=16, ignore_eos=True)
+    prompt = np.random.default_rng(17).integers(100, 40000, size=6000).tolist()
+    answers = []
+    for backend in (LlamaCppBackend.load(path, LoadParams(n_ctx=6144, n_threads=THREADS)), NativeBackend.load(path, LoadParams(n_ctx=6144, n_threads=THREADS))):
+        answers.append(Engine(backend).complete(prompt, greedy).tokens)
+        backend.close()
+    assert len(answers[0]) == 16 and answers[1] == answers[0]
+
+
 @pytest.mark.parametrize("arch, n_head, n_head_kv, ftype", QUANTIZED)
 def test_logits_agree_on_quantized_weights(arch: str, n_head: int, n_head_kv: int, ftype: str, vocabulary, tmp_path: Path, record_property) -> None:
     """The same tiny model quantized by llama.cpp: both engines read the same blocks, and
