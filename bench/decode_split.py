@@ -29,6 +29,7 @@ from localinfer.backends.base import Batch, LoadParams
 from localinfer.backends.llamacpp import LlamaCppBackend
 from localinfer.backends.native import NativeBackend
 from localinfer.backends.native.weights import LayerWeights
+from localinfer.benchmark.model import weights_read
 from localinfer.modelfile import inspect
 
 
@@ -91,19 +92,10 @@ def main() -> None:
           f"decode at {read / forward * 100:.0f} % of the read bandwidth")  # fmt: skip
 
 
-def token_bytes(path: Path) -> int:
-    """The weights one token reads, from the file: what `show` calls active, less the
-    embedding's table (one row of it is read) where the output matrix is a tensor of its own."""
-    info = inspect(path)
-    names = {t.name: t for t in info.tensors}
-    embedding = names["token_embd.weight"].nbytes if "output.weight" in names else 0
-    return info.active_tensor_bytes - embedding
-
-
 def llama_against_read(path: Path, threads: int, rounds: int) -> None:
     backend = LlamaCppBackend.load(path, LoadParams(n_ctx=rounds + 64, n_threads=threads))
     backend.forward(Batch.for_sequence(list(range(1, 9)), 0))
-    n_bytes = token_bytes(path)
+    n_bytes = weights_read(inspect(path))  # what bench model's bytes_per_token counts of the weights
     plain = np.arange(n_bytes // 8, dtype=np.uint64)
     times: list[tuple[float, float]] = []
     for i in range(rounds):

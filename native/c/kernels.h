@@ -395,7 +395,8 @@ int li_attention(const float *q, const float *k_new, const float *v_new, uint8_t
 
 /* kvcache.c: the KV cache's rows in f16, q8_0 or q4_0 (LI_F16, LI_Q8_0, LI_Q4_0) */
 #define LI_KV_MAX_HD 512
-/* f16 scores are written this many at a time (the keys past a block's end zero-padded to it) */
+/* attention's scores are written, masked and summed this many at a time (ops.c; kvcache.c
+ * zero-pads f16 keys past a block's end to it) */
 #if defined(__AVX512F__)
 #define LI_KV_LANES 16
 #else

@@ -139,11 +139,9 @@ void li_geglu(float *gate, const float *up, int64_t n, int nthreads) { gated(geg
  * spans' results folded in position order (merge_span): so the threads can share one row's
  * long context (flash-decoding), and a row gets the same bits whoever ran its spans. */
 #define SPAN 1024
-/* scores are written, masked and summed in vectors of ATT_LANES (kvcache.c's LI_KV_LANES) */
-#define ATT_LANES LI_KV_LANES
 #define TILE_QUERIES 256 /* and query heads: their outputs stay in L2 */
 
-/* the largest of s[0..n), n a multiple of ATT_LANES */
+/* the largest of s[0..n), n a multiple of LI_KV_LANES */
 static float block_max(const float *s, int64_t n) {
     float mx = -INFINITY;
     int64_t j = 0;
@@ -182,7 +180,7 @@ static int64_t exp_shifted16(float *s, int64_t n, float mx) {
 }
 #endif
 
-/* s[j] = e^(s[j] - mx), for j < n (a multiple of ATT_LANES: all of it in vectors); each
+/* s[j] = e^(s[j] - mx), for j < n (a multiple of LI_KV_LANES: all of it in vectors); each
  * lane's operations are exp_nonpositive's, so every width gives the same values */
 static void exp_shifted(float *s, int64_t n, float mx) {
     int64_t j = 0;
@@ -265,11 +263,11 @@ static void accumulate_values(const float *p, const float *v, int64_t n, int64_t
         for (int64_t e = 0; e < hd; e++) o[e] += p[j] * v[j * hd + e];
 }
 
-/* One query meets one block: s holds its n scores (room for n rounded up to ATT_LANES), v the
+/* One query meets one block: s holds its n scores (room for n rounded up to LI_KV_LANES), v the
  * block's value rows as floats. mx, sum, o: the query's running max, sum of e^(s - mx) and
  * unnormalised output, rescaled by e^(old max - new max) when the block raises the max. */
 static void attend_block(float *s, int64_t n, const float *v, int64_t hd, float *mx, float *sum, float *o) {
-    const int64_t n8 = (n + ATT_LANES - 1) & ~(int64_t)(ATT_LANES - 1);
+    const int64_t n8 = (n + LI_KV_LANES - 1) & ~(int64_t)(LI_KV_LANES - 1);
     for (int64_t j = n; j < n8; j++) s[j] = -INFINITY; /* past this query's position */
     const float bm = block_max(s, n8);
     if (bm > *mx) {
@@ -280,10 +278,10 @@ static void attend_block(float *s, int64_t n, const float *v, int64_t hd, float 
     }
     exp_shifted(s, n8, *mx);
     for (int64_t j = n; j < n8; j++) s[j] = 0.0f;
-    float partial[ATT_LANES] = {0}, total = 0.0f;
-    for (int64_t j = 0; j < n8; j += ATT_LANES)
-        for (int l = 0; l < ATT_LANES; l++) partial[l] += s[j + l];
-    for (int l = 0; l < ATT_LANES; l++) total += partial[l];
+    float partial[LI_KV_LANES] = {0}, total = 0.0f;
+    for (int64_t j = 0; j < n8; j += LI_KV_LANES)
+        for (int l = 0; l < LI_KV_LANES; l++) partial[l] += s[j + l];
+    for (int l = 0; l < LI_KV_LANES; l++) total += partial[l];
     *sum += total;
     accumulate_values(s, v, n, hd, o);
 }
@@ -309,7 +307,7 @@ static inline int64_t part_floats(int64_t nq, int64_t hd) { return nq * (hd + 2)
 /* floats per thread for a tile of nq query heads: a span's part and the folded one, the
  * prepared queries, a block of keys and one of values, the scores */
 static size_t tile_scratch(int64_t nq, int64_t hd) {
-    return (size_t)(2 * part_floats(nq, hd) + nq * hd + 2 * KEY_BLOCK * hd + KEY_BLOCK + ATT_LANES);
+    return (size_t)(2 * part_floats(nq, hd) + nq * hd + 2 * KEY_BLOCK * hd + KEY_BLOCK + LI_KV_LANES);
 }
 
 /* The first position a row at `pos` sees. */
