@@ -160,6 +160,27 @@ static float block_max(const float *s, int64_t n) {
     return mx;
 }
 
+/* the sum of s[0..n), n a multiple of LI_KV_LANES: a lane's partial sums in position order,
+ * then a fixed tree over the lanes (a chain of scalar adds kept every head waiting) */
+static float block_sum(const float *s, int64_t n) {
+#if defined(__AVX512F__)
+    __m512 acc = _mm512_setzero_ps();
+    for (int64_t j = 0; j < n; j += 16) acc = _mm512_add_ps(acc, _mm512_loadu_ps(s + j));
+    return _mm512_reduce_add_ps(acc);
+#elif defined(__AVX2__) && defined(__FMA__)
+    __m256 acc = _mm256_setzero_ps();
+    for (int64_t j = 0; j < n; j += 8) acc = _mm256_add_ps(acc, _mm256_loadu_ps(s + j));
+    return li_hsum8(acc);
+#else
+    float partial[LI_KV_LANES] = {0};
+    for (int64_t j = 0; j < n; j += LI_KV_LANES)
+        for (int l = 0; l < LI_KV_LANES; l++) partial[l] += s[j + l];
+    float total = 0.0f;
+    for (int l = 0; l < LI_KV_LANES; l++) total += partial[l];
+    return total;
+#endif
+}
+
 #if defined(__AVX512F__)
 /* exp_shifted sixteen at a time, for j < n rounded down to 16; returns where it stopped */
 static int64_t exp_shifted16(float *s, int64_t n, float mx) {
@@ -205,68 +226,117 @@ static void exp_shifted(float *s, int64_t n, float mx) {
     for (; j < n; j++) s[j] = exp_nonpositive(s[j] - mx);
 }
 
+/* The values of one block met by a row's g query heads at once: o_h += sum_{j < n} p_h[j] v_j
+ * for every head h. Each v_j is loaded (and widened, for f16 rows read in place) once for all
+ * the heads, and the heads' sums are independent chains, so the adds overlap instead of
+ * waiting on each other. Every output value gets one fused multiply-add per j, in j order,
+ * whatever the heads beside it: a head's result does not depend on its group. */
+#define MAX_HEAD_GROUP 8 /* heads sharing one pass over the values */
+
+#if defined(__AVX512F__)
+static inline __attribute__((always_inline)) __m512 load16(const void *v, int64_t at, int half) {
+    return half ? _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)((const uint16_t *)v + at)))
+                : _mm512_loadu_ps((const float *)v + at);
+}
+
+/* heads [0, gh) of p (ps floats apart) into o (hd apart), values [c, c + 16w) of each row */
+static inline __attribute__((always_inline)) void heads_lanes16(const float *p, int64_t ps, const void *v, int half, int64_t n,
+                                                                int64_t hd, int64_t c, float *o, const int gh, const int w) {
+    __m512 acc[MAX_HEAD_GROUP * 2];
+    for (int h = 0; h < gh; h++)
+        for (int i = 0; i < w; i++) acc[h * w + i] = _mm512_loadu_ps(o + h * hd + c + 16 * i);
+    for (int64_t j = 0; j < n; j++) {
+        __m512 vj[2];
+        for (int i = 0; i < w; i++) vj[i] = load16(v, j * hd + c + 16 * i, half);
+        for (int h = 0; h < gh; h++) {
+            const __m512 pj = _mm512_set1_ps(p[h * ps + j]);
+            for (int i = 0; i < w; i++) acc[h * w + i] = _mm512_fmadd_ps(pj, vj[i], acc[h * w + i]);
+        }
+    }
+    for (int h = 0; h < gh; h++)
+        for (int i = 0; i < w; i++) _mm512_storeu_ps(o + h * hd + c + 16 * i, acc[h * w + i]);
+}
+
+static void heads16(const float *p, int64_t ps, const void *v, int half, int64_t n, int64_t hd, int64_t c, float *o, int gh, int w) {
+#define HEADS16(G) \
+    case G: w == 2 ? heads_lanes16(p, ps, v, half, n, hd, c, o, G, 2) : heads_lanes16(p, ps, v, half, n, hd, c, o, G, 1); break;
+    switch (gh) { HEADS16(1) HEADS16(2) HEADS16(3) HEADS16(4) HEADS16(5) HEADS16(6) HEADS16(7) HEADS16(8) }
+#undef HEADS16
+}
+#endif
+
 #if defined(__AVX2__) && defined(__FMA__)
-/* o[0..8w) += sum_j p[j] v_j[0..8w), w <= 8 vectors kept in registers, j in order */
-static inline __attribute__((always_inline)) void accumulate_lanes(const float *p, const float *v, int64_t n, int64_t hd,
-                                                                   float *o, const int w) {
+static inline __attribute__((always_inline)) __m256 load8(const void *v, int64_t at, int half) {
+#if defined(__F16C__)
+    if (half) return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)((const uint16_t *)v + at)));
+#endif
+    return _mm256_loadu_ps((const float *)v + at);
+}
+
+/* heads_lanes16 eight floats a vector, for the sixteen registers of AVX2 */
+static inline __attribute__((always_inline)) void heads_lanes8(const float *p, int64_t ps, const void *v, int half, int64_t n,
+                                                               int64_t hd, int64_t c, float *o, const int gh, const int w) {
     __m256 acc[8];
-    for (int i = 0; i < w; i++) acc[i] = _mm256_loadu_ps(o + 8 * i);
+    for (int h = 0; h < gh; h++)
+        for (int i = 0; i < w; i++) acc[h * w + i] = _mm256_loadu_ps(o + h * hd + c + 8 * i);
     for (int64_t j = 0; j < n; j++) {
-        const __m256 pj = _mm256_broadcast_ss(p + j);
-        for (int i = 0; i < w; i++) acc[i] = _mm256_fmadd_ps(pj, _mm256_loadu_ps(v + j * hd + 8 * i), acc[i]);
+        __m256 vj[2];
+        for (int i = 0; i < w; i++) vj[i] = load8(v, j * hd + c + 8 * i, half);
+        for (int h = 0; h < gh; h++) {
+            const __m256 pj = _mm256_broadcast_ss(p + h * ps + j);
+            for (int i = 0; i < w; i++) acc[h * w + i] = _mm256_fmadd_ps(pj, vj[i], acc[h * w + i]);
+        }
     }
-    for (int i = 0; i < w; i++) _mm256_storeu_ps(o + 8 * i, acc[i]);
+    for (int h = 0; h < gh; h++)
+        for (int i = 0; i < w; i++) _mm256_storeu_ps(o + h * hd + c + 8 * i, acc[h * w + i]);
+}
+
+static void heads8(const float *p, int64_t ps, const void *v, int half, int64_t n, int64_t hd, int64_t c, float *o, int gh, int w) {
+#define HEADS8(G) \
+    case G: w == 2 ? heads_lanes8(p, ps, v, half, n, hd, c, o, G, 2) : heads_lanes8(p, ps, v, half, n, hd, c, o, G, 1); break;
+    switch (gh) { HEADS8(1) HEADS8(2) HEADS8(3) HEADS8(4) }
+#undef HEADS8
 }
 #endif
 
+/* o_h += sum_{j < n} p_h[j] v_j for the g heads: p_h at p + h*ps, o_h at o + h*hd; v: n rows
+ * of hd values, halves where `half` (the cache's f16 rows, read in place) or floats. */
+static void accumulate_heads(const float *p, int64_t ps, const void *v, int half, int64_t n, int64_t hd, float *o, int64_t g) {
 #if defined(__AVX512F__)
-/* accumulate_lanes sixteen floats a vector: the same fused multiply-add per value, in j order */
-static inline __attribute__((always_inline)) void accumulate_lanes16(const float *p, const float *v, int64_t n, int64_t hd,
-                                                                     float *o, const int w) {
-    __m512 acc[8];
-    for (int i = 0; i < w; i++) acc[i] = _mm512_loadu_ps(o + 16 * i);
-    for (int64_t j = 0; j < n; j++) {
-        const __m512 pj = _mm512_set1_ps(p[j]);
-        for (int i = 0; i < w; i++) acc[i] = _mm512_fmadd_ps(pj, _mm512_loadu_ps(v + j * hd + 16 * i), acc[i]);
-    }
-    for (int i = 0; i < w; i++) _mm512_storeu_ps(o + 16 * i, acc[i]);
-}
-#endif
-
-/* o += sum_{j < n} p[j] v_j, for n value rows of hd floats */
-static void accumulate_values(const float *p, const float *v, int64_t n, int64_t hd, float *o) {
-#if defined(__AVX512F__)
-    if (hd % 16 == 0) { /* as many independent accumulators as the head has vectors, up to 8 */
-        int64_t c = 0;
-        for (; c + 128 <= hd; c += 128) accumulate_lanes16(p, v + c, n, hd, o + c, 8);
-        switch ((hd - c) / 16) {
-        case 1: accumulate_lanes16(p, v + c, n, hd, o + c, 1); break;
-        case 2: accumulate_lanes16(p, v + c, n, hd, o + c, 2); break;
-        case 3: accumulate_lanes16(p, v + c, n, hd, o + c, 3); break;
-        case 4: accumulate_lanes16(p, v + c, n, hd, o + c, 4); break;
-        case 5: accumulate_lanes16(p, v + c, n, hd, o + c, 5); break;
-        case 6: accumulate_lanes16(p, v + c, n, hd, o + c, 6); break;
-        case 7: accumulate_lanes16(p, v + c, n, hd, o + c, 7); break;
+    if (hd % 16 == 0) {
+        for (int64_t h0 = 0; h0 < g; h0 += MAX_HEAD_GROUP) {
+            const int gh = g - h0 < MAX_HEAD_GROUP ? (int)(g - h0) : MAX_HEAD_GROUP;
+            int64_t c = 0;
+            for (; c + 32 <= hd; c += 32) heads16(p + h0 * ps, ps, v, half, n, hd, c, o + h0 * hd, gh, 2);
+            if (c < hd) heads16(p + h0 * ps, ps, v, half, n, hd, c, o + h0 * hd, gh, 1);
         }
         return;
     }
 #endif
-#if defined(__AVX2__) && defined(__FMA__)
+#if defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
     if (hd % 8 == 0) {
-        int64_t c = 0;
-        for (; c + 64 <= hd; c += 64) accumulate_lanes(p, v + c, n, hd, o + c, 8);
-        for (; c < hd; c += 8) accumulate_lanes(p, v + c, n, hd, o + c, 1);
+        for (int64_t h0 = 0; h0 < g; h0 += 4) {
+            const int gh = g - h0 < 4 ? (int)(g - h0) : 4;
+            int64_t c = 0;
+            for (; c + 16 <= hd; c += 16) heads8(p + h0 * ps, ps, v, half, n, hd, c, o + h0 * hd, gh, 2);
+            if (c < hd) heads8(p + h0 * ps, ps, v, half, n, hd, c, o + h0 * hd, gh, 1);
+        }
         return;
     }
 #endif
-    for (int64_t j = 0; j < n; j++)
-        for (int64_t e = 0; e < hd; e++) o[e] += p[j] * v[j * hd + e];
+    for (int64_t h = 0; h < g; h++)
+        for (int64_t j = 0; j < n; j++)
+            for (int64_t e = 0; e < hd; e++) {
+                const float vj = half ? li_fp16_to_fp32(((const uint16_t *)v)[j * hd + e]) : ((const float *)v)[j * hd + e];
+                o[h * hd + e] += p[h * ps + j] * vj;
+            }
 }
 
-/* One query meets one block: s holds its n scores (room for n rounded up to LI_KV_LANES), v the
- * block's value rows as floats. mx, sum, o: the query's running max, sum of e^(s - mx) and
- * unnormalised output, rescaled by e^(old max - new max) when the block raises the max. */
-static void attend_block(float *s, int64_t n, const float *v, int64_t hd, float *mx, float *sum, float *o) {
+/* One query head meets one block's scores: s holds its n scores (room for n rounded up to
+ * LI_KV_LANES), turned here into the weights e^(s - max) its values are summed with. mx, sum,
+ * o: the head's running max, sum of e^(s - mx) and unnormalised output, rescaled by
+ * e^(old max - new max) when the block raises the max. */
+static void softmax_block(float *s, int64_t n, int64_t hd, float *mx, float *sum, float *o) {
     const int64_t n8 = (n + LI_KV_LANES - 1) & ~(int64_t)(LI_KV_LANES - 1);
     for (int64_t j = n; j < n8; j++) s[j] = -INFINITY; /* past this query's position */
     const float bm = block_max(s, n8);
@@ -278,12 +348,7 @@ static void attend_block(float *s, int64_t n, const float *v, int64_t hd, float 
     }
     exp_shifted(s, n8, *mx);
     for (int64_t j = n; j < n8; j++) s[j] = 0.0f;
-    float partial[LI_KV_LANES] = {0}, total = 0.0f;
-    for (int64_t j = 0; j < n8; j += LI_KV_LANES)
-        for (int l = 0; l < LI_KV_LANES; l++) partial[l] += s[j + l];
-    for (int l = 0; l < LI_KV_LANES; l++) total += partial[l];
-    *sum += total;
-    accumulate_values(s, v, n, hd, o);
+    *sum += block_sum(s, n8);
 }
 
 /* What every task of one li_attention call shares. */
@@ -304,10 +369,13 @@ struct attn_job {
  * running maxima [nq] and sums [nq]. */
 static inline int64_t part_floats(int64_t nq, int64_t hd) { return nq * (hd + 2); }
 
-/* floats per thread for a tile of nq query heads: a span's part and the folded one, the
- * prepared queries, a block of keys and one of values, the scores */
-static size_t tile_scratch(int64_t nq, int64_t hd) {
-    return (size_t)(2 * part_floats(nq, hd) + nq * hd + 2 * KEY_BLOCK * hd + KEY_BLOCK + LI_KV_LANES);
+/* floats of one query head's scores for a block, with room to round n up to LI_KV_LANES */
+#define SCORE_ROW (KEY_BLOCK + LI_KV_LANES)
+
+/* floats per thread for a tile of nq query heads, g to a row: a span's part and the folded
+ * one, the prepared queries, a block of keys and one of values, a row's scores */
+static size_t tile_scratch(int64_t nq, int64_t g, int64_t hd) {
+    return (size_t)(2 * part_floats(nq, hd) + nq * hd + 2 * KEY_BLOCK * hd + g * SCORE_ROW);
 }
 
 /* The first position a row at `pos` sees. */
@@ -334,7 +402,8 @@ static void attend_span(const struct attn_job *a, int64_t i0, int64_t rows, int6
                         int64_t last, int64_t k_lo, float *p, float *blocks) {
     const int64_t g = a->group, hd = a->hd, nq = rows * g;
     float *o = p, *mx = p + nq * hd, *sum = mx + nq;
-    float *kbuf = blocks, *vbuf = kbuf + KEY_BLOCK * hd, *s = vbuf + KEY_BLOCK * hd; /* s: room for a window's start inside a block */
+    float *kbuf = blocks, *vbuf = kbuf + KEY_BLOCK * hd, *s = vbuf + KEY_BLOCK * hd; /* s: a row's g heads' scores */
+    const int half = a->type_v == LI_F16; /* f16 values are read in place, widened as they are summed */
     for (int64_t i = 0; i < nq; i++) mx[i] = -INFINITY, sum[i] = 0.0f;
     memset(o, 0, sizeof(float) * (size_t)(nq * hd));
     const uint8_t *keys = a->keys + kvh * a->n_ctx * a->kb, *values = a->values + kvh * a->n_ctx * a->vb;
@@ -342,16 +411,19 @@ static void attend_span(const struct attn_job *a, int64_t i0, int64_t rows, int6
     for (int64_t k0 = first / KEY_BLOCK * KEY_BLOCK > k_lo ? first / KEY_BLOCK * KEY_BLOCK : k_lo; k0 <= k_end; k0 += KEY_BLOCK) {
         const int64_t n = last + 1 - k0 < KEY_BLOCK ? last + 1 - k0 : KEY_BLOCK;
         const void *kblk = li_kv_block_keys(a->type_k, keys + k0 * a->kb, n, hd, kbuf);
-        li_kv_block_values(a->type_v, values + k0 * a->vb, n, hd, vbuf);
+        const void *vblk = half ? (const void *)(values + k0 * a->vb) : vbuf;
+        if (!half) li_kv_block_values(a->type_v, values + k0 * a->vb, n, hd, vbuf);
         for (int64_t r = 0; r < rows; r++) {
             const int64_t seen = a->pos[i0 + r] + 1 - k0; /* causal: positions up to the row's own */
             const int64_t skip = first_seen(a, a->pos[i0 + r]) - k0; /* a window: the block's positions before it */
             if (seen <= 0 || skip >= KEY_BLOCK) continue;
             const int64_t nr = seen < KEY_BLOCK ? seen : KEY_BLOCK, j0 = skip > 0 ? skip : 0;
-            for (int64_t i = r * g; i < (r + 1) * g; i++) {
-                li_kv_scores(a->type_k, qbuf + i * a->qstride, kblk, nr, hd, a->scale, s);
-                attend_block(s + j0, nr - j0, vbuf + j0 * hd, hd, mx + i, sum + i, o + i * hd);
+            for (int64_t h = 0, i = r * g; h < g; h++, i++) {
+                li_kv_scores(a->type_k, qbuf + i * a->qstride, kblk, nr, hd, a->scale, s + h * SCORE_ROW);
+                softmax_block(s + h * SCORE_ROW + j0, nr - j0, hd, mx + i, sum + i, o + i * hd);
             }
+            const size_t v0 = (size_t)(j0 * hd) * (half ? 2 : 4);
+            accumulate_heads(s + j0, SCORE_ROW, (const uint8_t *)vblk + v0, half, nr - j0, hd, o + r * g * hd, g);
         }
     }
 }
@@ -499,7 +571,7 @@ int li_attention(const float *q, const float *k_new, const float *v_new, uint8_t
     int64_t rows = (m * n_head_kv + 2 * nthreads - 1) / (2 * nthreads);
     rows = rows > most ? most : rows < 1 ? 1 : rows;
     const int64_t tiles = (m + rows - 1) / rows, tasks = tiles * n_head_kv;
-    const size_t per_thread = tile_scratch(rows * group, hd);
+    const size_t per_thread = tile_scratch(rows * group, group, hd);
     float *scratch = malloc(sizeof(float) * per_thread * (size_t)nthreads);
     if (!scratch) return 4;
     const struct attn_job job = {q, keys, values, pos, out, type_k, type_v, rot_k, rot_v, n_head, group, hd, n_ctx, kb, vb,
