@@ -32,6 +32,7 @@ class NumbaKernels(NumbaOps):
 
     name = "numba"
     supported_types = NUMBA_TYPES  # the block types matmul_op takes
+    tiled_keys: frozenset[str] = frozenset()  # rows, one position each
 
     def __init__(self, float_path: bool = False) -> None:
         """float_path=True: every type takes the portable float path, as on a CPU without

@@ -32,6 +32,30 @@ C_TYPES: frozenset[Q] = SUPPORTED_TYPES | {Q.Q2_K, Q.Q3_K, Q.IQ4_NL, Q.IQ4_XS, Q
 KV_TYPES: dict[str, Q] = {name: Q[name.upper()] for name in ("f16", "q8_0", "q4_0")}
 
 
+# A cache whose keys a kernel set keeps tiled (its `tiled_keys`) holds them KEY_TILE
+# positions at a time, element by element: a tile of one kv head is [head_dim][KEY_TILE]
+# halves, the bytes of KEY_TILE rows. Scores are then vector products over positions
+# (native/c/kvcache.c). Its n_ctx is a multiple of KEY_TILE.
+KEY_TILE = 16
+
+
+def kv_positions(cache: np.ndarray, kv_type: str, tiled: bool) -> np.ndarray:
+    """A view of cache (uint8 [..., n_ctx, row bytes]) as [..., n_ctx / KEY_TILE, KEY_TILE, E]:
+    position t * KEY_TILE + lane at [..., t, lane, :], its row as E items (bytes, or halves
+    where the keys are tiled). Copies between views, and their bytes, are rows either way."""
+    *lead, n_ctx, row = cache.shape
+    if not tiled:
+        return cache.reshape(*lead, n_ctx // KEY_TILE, KEY_TILE, row)
+    assert kv_type == "f16"
+    halves = cache.view(np.uint16).reshape(*lead, n_ctx // KEY_TILE, row // 2, KEY_TILE)
+    return np.swapaxes(halves, -1, -2)
+
+
+def kv_as_rows(cache: np.ndarray, kv_type: str, tiled: bool) -> np.ndarray:
+    """A copy of cache as rows, uint8 [..., n_ctx, row bytes], whatever its layout."""
+    return np.ascontiguousarray(kv_positions(cache, kv_type, tiled)).view(np.uint8).reshape(cache.shape)
+
+
 def kv_row_bytes(kv_type: str, head_dim: int) -> int:
     """Bytes of one cached position of one kv head: f16 halves, or ggml's 32-value blocks."""
     block, size = GGML_QUANT_SIZES[KV_TYPES[kv_type]]
@@ -195,6 +219,7 @@ class Kernels(Protocol):
     by the caller."""
 
     name: str  # "c" or "numba"
+    tiled_keys: frozenset[str]  # the key cache types it stores in tiles (KEY_TILE)
     supported_types: frozenset[Q]  # the block types matmul_op takes
 
     def set_threads(self, n: int) -> None: ...
@@ -222,7 +247,8 @@ class Kernels(Protocol):
         sinks: np.ndarray | None = None,
     ) -> None:  # fmt: skip
         """Store k_new/v_new [m, n_head_kv, hd] at `positions` of one sequence's layer cache
-        keys/values (uint8 [n_head_kv, n_ctx, kv_row_bytes]: rows of kv_types, KV_TYPES); then
+        keys/values (uint8 [n_head_kv, n_ctx, kv_row_bytes]: rows of kv_types, KV_TYPES, the
+        keys in tiles where the set's `tiled_keys` has their type); then
         causal grouped-query attention of q [m, n_head, hd] over positions [0, pos] (with a
         `window`, over (pos - window, pos] only) into out [m, n_head * hd]. Against f16 keys q is rounded to float16, as llama.cpp's flash
         attention takes it; against quantized keys each head is quantized to q8_0 and the

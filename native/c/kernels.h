@@ -395,8 +395,7 @@ int li_attention(const float *q, const float *k_new, const float *v_new, uint8_t
 
 /* kvcache.c: the KV cache's rows in f16, q8_0 or q4_0 (LI_F16, LI_Q8_0, LI_Q4_0) */
 #define LI_KV_MAX_HD 512
-/* attention's scores are written, masked and summed this many at a time (ops.c; kvcache.c
- * zero-pads f16 keys past a block's end to it) */
+/* attention's scores are masked and summed this many at a time (ops.c) */
 #if defined(__AVX512F__)
 #define LI_KV_LANES 16
 #else
@@ -409,5 +408,10 @@ void li_kv_query(int type, const float *q, int64_t g, int64_t hd, int64_t rot, v
 const void *li_kv_block_keys(int type, const uint8_t *rows, int64_t n, int64_t hd, float *buf);
 void li_kv_block_values(int type, const uint8_t *rows, int64_t n, int64_t hd, float *buf);
 void li_kv_scores(int type, const void *query, const void *keys, int64_t n, int64_t hd, float scale, float *s);
+/* f16 keys are stored in tiles of LI_KV_TILE positions, element-major ([hd][LI_KV_TILE] halves,
+ * the bytes of LI_KV_TILE rows), so that scores are vector FMAs over positions (kvcache.c) */
+#define LI_KV_TILE 16
+void li_kv_store_key_tile(const float *x, uint8_t *tile, int64_t lane, int64_t hd);
+void li_kv_scores_tiles(const float *q, const uint8_t *tiles, int64_t nt, int64_t hd, int64_t g, float scale, float *s, int64_t ss);
 
 #endif

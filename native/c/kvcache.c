@@ -122,22 +122,16 @@ static inline void block_ints(int type, const uint8_t *blk, int8_t *q) {
 #endif
 }
 
-/* Keys in the form li_kv_scores reads: q8_0 rows in place; q4_0 rows as q8_0 blocks of the
- * same integers (so the same dot products, without unpacking nibbles for every query); f16
- * rows widened to floats, then zero rows up to a multiple of LI_KV_LANES (the float scores
- * go that many keys at a time). buf: room for n rounded up to LI_KV_LANES rows of hd floats. */
+/* Quantized keys in the form li_kv_scores reads: q8_0 rows in place; q4_0 rows as q8_0
+ * blocks of the same integers (so the same dot products, without unpacking nibbles for every
+ * query). buf: room for n rows of hd floats. (f16 keys are read in place, in tiles.) */
 const void *li_kv_block_keys(int type, const uint8_t *rows, int64_t n, int64_t hd, float *buf) {
     if (type == LI_Q8_0) return rows;
-    if (type == LI_Q4_0) {
-        uint8_t *out = (uint8_t *)buf;
-        for (int64_t b = 0; b < n * hd / QK; b++, out += 34, rows += 18) {
-            memcpy(out, rows, 2);
-            block_ints(LI_Q4_0, rows, (int8_t *)(out + 2));
-        }
-        return buf;
+    uint8_t *out = (uint8_t *)buf;
+    for (int64_t b = 0; b < n * hd / QK; b++, out += 34, rows += 18) {
+        memcpy(out, rows, 2);
+        block_ints(LI_Q4_0, rows, (int8_t *)(out + 2));
     }
-    widen_f16((const uint16_t *)rows, n * hd, buf);
-    memset(buf + n * hd, 0, sizeof(float) * (size_t)((((n + LI_KV_LANES - 1) & ~(LI_KV_LANES - 1)) - n) * hd));
     return buf;
 }
 
@@ -175,80 +169,40 @@ static inline __m256 hsum8x8(const __m256 *a) {
 }
 #endif
 
-#if defined(__AVX512F__)
-/* four vectors to one: 128-bit lane L holds the sums of lane L's four floats of a[0..3] */
-static inline __m512 hsum4x4_lanes(const __m512 *a) {
-    const __m512 t0 = _mm512_add_ps(_mm512_unpacklo_ps(a[0], a[1]), _mm512_unpackhi_ps(a[0], a[1]));
-    const __m512 t1 = _mm512_add_ps(_mm512_unpacklo_ps(a[2], a[3]), _mm512_unpackhi_ps(a[2], a[3]));
-    return _mm512_add_ps(_mm512_shuffle_ps(t0, t1, _MM_SHUFFLE(1, 0, 1, 0)), _mm512_shuffle_ps(t0, t1, _MM_SHUFFLE(3, 2, 3, 2)));
-}
-
-/* sixteen vectors to one: lane j the sum of a[j]'s lanes */
-static inline __m512 hsum16x16(const __m512 *a) {
-    const __m512 v0 = hsum4x4_lanes(a), v1 = hsum4x4_lanes(a + 4), v2 = hsum4x4_lanes(a + 8), v3 = hsum4x4_lanes(a + 12);
-    const __m512 w0 = _mm512_add_ps(_mm512_shuffle_f32x4(v0, v1, _MM_SHUFFLE(2, 0, 2, 0)), _mm512_shuffle_f32x4(v0, v1, _MM_SHUFFLE(3, 1, 3, 1)));
-    const __m512 w1 = _mm512_add_ps(_mm512_shuffle_f32x4(v2, v3, _MM_SHUFFLE(2, 0, 2, 0)), _mm512_shuffle_f32x4(v2, v3, _MM_SHUFFLE(3, 1, 3, 1)));
-    return _mm512_add_ps(_mm512_shuffle_f32x4(w0, w1, _MM_SHUFFLE(2, 0, 2, 0)), _mm512_shuffle_f32x4(w0, w1, _MM_SHUFFLE(3, 1, 3, 1)));
-}
-#endif
-
-/* Widened f16 keys (li_kv_block_keys) against q already rounded to f16, as llama.cpp's flash
- * attention takes it. LI_KV_LANES keys at a time, each in its own register over the head, so
- * a key's score is the same sum whichever keys beside it: writes s up to n rounded up to
- * LI_KV_LANES. */
-static void scores_f32(const float *q, const float *keys, int64_t n, int64_t hd, float scale, float *s) {
-#if defined(__AVX512F__)
-    if (hd % 16 == 0) {
-        for (int64_t j0 = 0; j0 < n; j0 += 16) {
-            const float *k = keys + j0 * hd;
-            __m512 acc[16];
-            for (int j = 0; j < 16; j++) acc[j] = _mm512_setzero_ps();
-            for (int64_t e = 0; e < hd; e += 16) {
-                const __m512 qv = _mm512_loadu_ps(q + e);
-                for (int j = 0; j < 16; j++) acc[j] = _mm512_fmadd_ps(qv, _mm512_loadu_ps(k + j * hd + e), acc[j]);
-            }
-            _mm512_storeu_ps(s + j0, _mm512_mul_ps(hsum16x16(acc), _mm512_set1_ps(scale)));
-        }
-        return;
-    }
-#endif
 #if defined(__AVX2__) && defined(__FMA__)
-    if (hd % 8 == 0) {
-        for (int64_t j0 = 0; j0 < n; j0 += 8) {
-            const float *k = keys + j0 * hd;
-            __m256 acc[8];
-            for (int j = 0; j < 8; j++) acc[j] = _mm256_setzero_ps();
-            for (int64_t e = 0; e < hd; e += 8) {
-                const __m256 qv = _mm256_loadu_ps(q + e);
-                for (int j = 0; j < 8; j++) acc[j] = _mm256_fmadd_ps(qv, _mm256_loadu_ps(k + j * hd + e), acc[j]);
-            }
-            _mm256_storeu_ps(s + j0, _mm256_mul_ps(hsum8x8(acc), _mm256_set1_ps(scale)));
-        }
-        return;
+/* key j's score as eight partial sums: d_k d_q dot per block, fused into acc block by block */
+static inline __m256 key_sums_q8_0(const uint8_t *qq, const uint8_t *k, int64_t nb) {
+    __m256 acc = _mm256_setzero_ps();
+    for (int64_t b = 0; b < nb; b++) {
+        const uint8_t *kblk = k + b * 34, *qblk = qq + b * 34;
+        const __m256i kv = _mm256_loadu_si256((const __m256i *)(kblk + 2));
+        const __m256 d = _mm256_set1_ps(load_half(kblk) * load_half(qblk));
+        acc = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(li_dot_i8_i8(kv, (const int8_t *)(qblk + 2))), acc);
     }
-#endif
-    for (int64_t j = 0; j < n; j++) {
-        float sum = 0.0f;
-        for (int64_t e = 0; e < hd; e++) sum += q[e] * keys[j * hd + e];
-        s[j] = sum * scale;
-    }
+    return acc;
 }
+#endif
 
-/* q8_0 keys (q4_0 ones as li_kv_block_keys unpacked them) against the query as q8_0 blocks */
+/* q8_0 keys (q4_0 ones as li_kv_block_keys unpacked them) against the query as q8_0 blocks.
+ * Eight keys' partial sums are reduced together (hsum8x8), each key's in its own register:
+ * the same sum whichever keys are beside it. */
 static void scores_q8_0(const uint8_t *qq, const uint8_t *keys, int64_t n, int64_t hd, float scale, float *s) {
     const int64_t nb = hd / QK;
-    for (int64_t j = 0; j < n; j++) {
-        const uint8_t *k = keys + j * nb * 34;
+    int64_t j = 0;
 #if defined(__AVX2__) && defined(__FMA__)
-        __m256 acc = _mm256_setzero_ps();
-        for (int64_t b = 0; b < nb; b++) {
-            const uint8_t *kblk = k + b * 34, *qblk = qq + b * 34;
-            const __m256i kv = _mm256_loadu_si256((const __m256i *)(kblk + 2));
-            const __m256 d = _mm256_set1_ps(load_half(kblk) * load_half(qblk));
-            acc = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(li_dot_i8_i8(kv, (const int8_t *)(qblk + 2))), acc);
-        }
-        s[j] = li_hsum8(acc) * scale;
-#else
+    for (; j + 8 <= n; j += 8) {
+        __m256 acc[8];
+        for (int t = 0; t < 8; t++) acc[t] = key_sums_q8_0(qq, keys + (j + t) * nb * 34, nb);
+        _mm256_storeu_ps(s + j, _mm256_mul_ps(hsum8x8(acc), _mm256_set1_ps(scale)));
+    }
+    for (; j < n; j++) {
+        __m256 acc[8] = {key_sums_q8_0(qq, keys + j * nb * 34, nb)};
+        for (int t = 1; t < 8; t++) acc[t] = _mm256_setzero_ps();
+        s[j] = _mm256_cvtss_f32(_mm256_mul_ps(hsum8x8(acc), _mm256_set1_ps(scale)));
+    }
+#endif
+    for (; j < n; j++) {
+        const uint8_t *k = keys + j * nb * 34;
         float sum = 0.0f;
         for (int64_t b = 0; b < nb; b++) {
             const uint8_t *kblk = k + b * 34, *qblk = qq + b * 34;
@@ -257,17 +211,106 @@ static void scores_q8_0(const uint8_t *qq, const uint8_t *keys, int64_t n, int64
             sum += load_half(kblk) * load_half(qblk) * (float)dot;
         }
         s[j] = sum * scale;
-#endif
     }
 }
 
-/* query: one head as li_kv_query wrote it; keys: what li_kv_block_keys returned. Writes
- * s[0..n), and for f16 keys maybe up to n rounded up to 8 (s needs that room). */
+/* query: one head as li_kv_query wrote it; keys: what li_kv_block_keys returned, quantized
+ * keys' rows (f16 keys take li_kv_scores_tiles). Writes s[0..n). */
 void li_kv_scores(int type, const void *query, const void *keys, int64_t n, int64_t hd, float scale, float *s) {
-    if (type == LI_F16)
-        scores_f32((const float *)query, (const float *)keys, n, hd, scale, s);
-    else
-        scores_q8_0((const uint8_t *)query, (const uint8_t *)keys, n, hd, scale, s);
+    (void)type;
+    scores_q8_0((const uint8_t *)query, (const uint8_t *)keys, n, hd, scale, s);
+}
+
+/* ---- f16 keys in tiles: scores of a row's g heads against up to two tiles at once ------
+ *
+ * A tile holds LI_KV_TILE positions of one kv head element by element: half t[e][lane]. A
+ * score is then sum_e q[e] * k[e], lane by lane, in e order: one vector FMA per element for
+ * sixteen keys, no horizontal sums, and each tile row widened once for all g heads. */
+
+void li_kv_store_key_tile(const float *x, uint8_t *tile, int64_t lane, int64_t hd) {
+    uint16_t *h = (uint16_t *)tile;
+    for (int64_t e = 0; e < hd; e++) h[e * LI_KV_TILE + lane] = li_fp32_to_fp16(x[e]);
+}
+
+#if defined(__AVX512F__)
+/* heads [0, gh) of q (hd apart) against nt tiles: s[h * ss + key] */
+static inline __attribute__((always_inline)) void tile_heads16(const float *q, const uint16_t *t, int64_t hd, float scale, float *s,
+                                                               int64_t ss, const int gh, const int nt) {
+    /* fewer than eight sums would wait on each other's latency: then even and odd elements
+     * go to separate sums, added at the end (a fixed order for a given group size) */
+    const int ways = gh * nt <= 8 ? 2 : 1, n_acc = gh * nt;
+    __m512 acc[16];
+    for (int i = 0; i < ways * n_acc; i++) acc[i] = _mm512_setzero_ps();
+    for (int64_t e = 0; e < hd; e += ways)
+        for (int w = 0; w < ways; w++) {
+            __m512 k[2];
+            for (int i = 0; i < nt; i++) k[i] = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(t + (i * hd + e + w) * LI_KV_TILE)));
+            for (int h = 0; h < gh; h++) {
+                const __m512 qv = _mm512_set1_ps(q[h * hd + e + w]);
+                for (int i = 0; i < nt; i++) acc[w * n_acc + h * nt + i] = _mm512_fmadd_ps(qv, k[i], acc[w * n_acc + h * nt + i]);
+            }
+        }
+    if (ways == 2)
+        for (int i = 0; i < n_acc; i++) acc[i] = _mm512_add_ps(acc[i], acc[n_acc + i]);
+    for (int h = 0; h < gh; h++)
+        for (int i = 0; i < nt; i++) _mm512_storeu_ps(s + h * ss + 16 * i, _mm512_mul_ps(acc[h * nt + i], _mm512_set1_ps(scale)));
+}
+#define TILE_GROUP 8
+static void tile_heads(const float *q, const uint16_t *t, int64_t hd, float scale, float *s, int64_t ss, int gh, int nt) {
+#define TILE_HEADS(G) \
+    case G: nt == 2 ? tile_heads16(q, t, hd, scale, s, ss, G, 2) : tile_heads16(q, t, hd, scale, s, ss, G, 1); break;
+    switch (gh) { TILE_HEADS(1) TILE_HEADS(2) TILE_HEADS(3) TILE_HEADS(4) TILE_HEADS(5) TILE_HEADS(6) TILE_HEADS(7) TILE_HEADS(8) }
+#undef TILE_HEADS
+}
+#elif defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
+/* one tile (two vectors of eight) against heads [0, gh) */
+static inline __attribute__((always_inline)) void tile_heads8(const float *q, const uint16_t *t, int64_t hd, float scale, float *s,
+                                                              int64_t ss, const int gh) {
+    __m256 acc[12];
+    for (int i = 0; i < 2 * gh; i++) acc[i] = _mm256_setzero_ps();
+    for (int64_t e = 0; e < hd; e++) {
+        const __m256 k0 = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(t + e * LI_KV_TILE)));
+        const __m256 k1 = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(t + e * LI_KV_TILE + 8)));
+        for (int h = 0; h < gh; h++) {
+            const __m256 qv = _mm256_broadcast_ss(q + h * hd + e);
+            acc[2 * h] = _mm256_fmadd_ps(qv, k0, acc[2 * h]);
+            acc[2 * h + 1] = _mm256_fmadd_ps(qv, k1, acc[2 * h + 1]);
+        }
+    }
+    for (int h = 0; h < gh; h++) {
+        _mm256_storeu_ps(s + h * ss, _mm256_mul_ps(acc[2 * h], _mm256_set1_ps(scale)));
+        _mm256_storeu_ps(s + h * ss + 8, _mm256_mul_ps(acc[2 * h + 1], _mm256_set1_ps(scale)));
+    }
+}
+#define TILE_GROUP 6
+static void tile_heads(const float *q, const uint16_t *t, int64_t hd, float scale, float *s, int64_t ss, int gh, int nt) {
+    for (int i = 0; i < nt; i++, t += hd * LI_KV_TILE, s += LI_KV_TILE) {
+#define TILE_HEADS(G) \
+    case G: tile_heads8(q, t, hd, scale, s, ss, G); break;
+        switch (gh) { TILE_HEADS(1) TILE_HEADS(2) TILE_HEADS(3) TILE_HEADS(4) TILE_HEADS(5) TILE_HEADS(6) }
+#undef TILE_HEADS
+    }
+}
+#else
+#define TILE_GROUP 8
+static void tile_heads(const float *q, const uint16_t *t, int64_t hd, float scale, float *s, int64_t ss, int gh, int nt) {
+    for (int h = 0; h < gh; h++)
+        for (int64_t j = 0; j < nt * LI_KV_TILE; j++) {
+            const uint16_t *tile = t + j / LI_KV_TILE * hd * LI_KV_TILE;
+            float sum = 0.0f;
+            for (int64_t e = 0; e < hd; e++) sum += q[h * hd + e] * li_fp16_to_fp32(tile[e * LI_KV_TILE + j % LI_KV_TILE]);
+            s[h * ss + j] = sum * scale;
+        }
+}
+#endif
+
+/* The g heads of q (f16-rounded floats, hd apart) against nt (1 or 2) consecutive tiles:
+ * head h's scores at s[h * ss + key], for nt * LI_KV_TILE keys. */
+void li_kv_scores_tiles(const float *q, const uint8_t *tiles, int64_t nt, int64_t hd, int64_t g, float scale, float *s, int64_t ss) {
+    for (int64_t h0 = 0; h0 < g; h0 += TILE_GROUP) {
+        const int gh = g - h0 < TILE_GROUP ? (int)(g - h0) : TILE_GROUP;
+        tile_heads(q + h0 * hd, (const uint16_t *)tiles, hd, scale, s + h0 * ss, ss, gh, (int)nt);
+    }
 }
 
 /* The g query heads (floats, g*hd) in the form li_kv_scores reads for keys of `type`:

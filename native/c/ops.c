@@ -404,13 +404,14 @@ static void attend_span(const struct attn_job *a, int64_t i0, int64_t rows, int6
     float *o = p, *mx = p + nq * hd, *sum = mx + nq;
     float *kbuf = blocks, *vbuf = kbuf + KEY_BLOCK * hd, *s = vbuf + KEY_BLOCK * hd; /* s: a row's g heads' scores */
     const int half = a->type_v == LI_F16; /* f16 values are read in place, widened as they are summed */
+    const int tiled = a->type_k == LI_F16; /* f16 keys sit in tiles, scored in place for all g heads */
     for (int64_t i = 0; i < nq; i++) mx[i] = -INFINITY, sum[i] = 0.0f;
     memset(o, 0, sizeof(float) * (size_t)(nq * hd));
     const uint8_t *keys = a->keys + kvh * a->n_ctx * a->kb, *values = a->values + kvh * a->n_ctx * a->vb;
     const int64_t k_end = last < k_lo + SPAN - 1 ? last : k_lo + SPAN - 1;
     for (int64_t k0 = first / KEY_BLOCK * KEY_BLOCK > k_lo ? first / KEY_BLOCK * KEY_BLOCK : k_lo; k0 <= k_end; k0 += KEY_BLOCK) {
         const int64_t n = last + 1 - k0 < KEY_BLOCK ? last + 1 - k0 : KEY_BLOCK;
-        const void *kblk = li_kv_block_keys(a->type_k, keys + k0 * a->kb, n, hd, kbuf);
+        const void *kblk = tiled ? (const void *)(keys + k0 * a->kb) : li_kv_block_keys(a->type_k, keys + k0 * a->kb, n, hd, kbuf);
         const void *vblk = half ? (const void *)(values + k0 * a->vb) : vbuf;
         if (!half) li_kv_block_values(a->type_v, values + k0 * a->vb, n, hd, vbuf);
         for (int64_t r = 0; r < rows; r++) {
@@ -418,8 +419,10 @@ static void attend_span(const struct attn_job *a, int64_t i0, int64_t rows, int6
             const int64_t skip = first_seen(a, a->pos[i0 + r]) - k0; /* a window: the block's positions before it */
             if (seen <= 0 || skip >= KEY_BLOCK) continue;
             const int64_t nr = seen < KEY_BLOCK ? seen : KEY_BLOCK, j0 = skip > 0 ? skip : 0;
+            if (tiled)
+                li_kv_scores_tiles((const float *)(qbuf + r * g * a->qstride), kblk, (nr + LI_KV_TILE - 1) / LI_KV_TILE, hd, g, a->scale, s, SCORE_ROW);
             for (int64_t h = 0, i = r * g; h < g; h++, i++) {
-                li_kv_scores(a->type_k, qbuf + i * a->qstride, kblk, nr, hd, a->scale, s + h * SCORE_ROW);
+                if (!tiled) li_kv_scores(a->type_k, qbuf + i * a->qstride, kblk, nr, hd, a->scale, s + h * SCORE_ROW);
                 softmax_block(s + h * SCORE_ROW + j0, nr - j0, hd, mx + i, sum + i, o + i * hd);
             }
             const size_t v0 = (size_t)(j0 * hd) * (half ? 2 : 4);
@@ -550,11 +553,15 @@ int li_attention(const float *q, const float *k_new, const float *v_new, uint8_t
     const int64_t kb = li_kv_row_bytes(type_k, hd), vb = li_kv_row_bytes(type_v, hd);
     if (kb < 0 || vb < 0 || hd > LI_KV_MAX_HD) return 2;
     if ((rot_k && (hd % rot_k || (rot_k & (rot_k - 1)))) || (rot_v && (hd % rot_v || (rot_v & (rot_v - 1))))) return 2;
+    if (type_k == LI_F16 && (rot_k || n_ctx % LI_KV_TILE)) return 2; /* f16 keys: whole tiles, unrotated */
     for (int64_t i = 0; i < m; i++) {
         if (pos[i] < 0 || pos[i] >= n_ctx) return 3;
         for (int64_t h = 0; h < n_head_kv; h++) {
             const int64_t at = (int64_t)h * n_ctx + pos[i], src = (i * n_head_kv + h) * hd;
-            li_kv_store(type_k, k_new + src, keys + at * kb, hd, rot_k);
+            if (type_k == LI_F16)
+                li_kv_store_key_tile(k_new + src, keys + (at - pos[i] % LI_KV_TILE) * kb, pos[i] % LI_KV_TILE, hd);
+            else
+                li_kv_store(type_k, k_new + src, keys + at * kb, hd, rot_k);
             li_kv_store(type_v, v_new + src, values + at * vb, hd, rot_v);
         }
     }

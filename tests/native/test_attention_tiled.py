@@ -16,7 +16,7 @@ import pytest
 from gguf import GGMLQuantizationType as Q
 from gguf.quants import dequantize, quantize
 
-from localinfer_native.types import KV_TYPES, kv_rotation, kv_row_bytes
+from localinfer_native.types import KEY_TILE, KV_TYPES, kv_as_rows, kv_rotation, kv_row_bytes
 
 T = 300  # positions: ten key blocks and a part, ten row tiles and a part
 TYPES = [("f16", "f16"), ("q8_0", "q8_0"), ("q4_0", "q4_0"), ("f16", "q4_0"), ("q8_0", "f16")]
@@ -62,11 +62,13 @@ def query_as_read(q: np.ndarray, k_type: str) -> np.ndarray:
     return dequantize(quantize(rq, Q.Q8_0), Q.Q8_0).astype(np.float64).reshape(q.shape)
 
 
-def reference(q: np.ndarray, keys: np.ndarray, values: np.ndarray, positions: np.ndarray, types: tuple[str, str], scale: float) -> np.ndarray:
+def reference(q: np.ndarray, keys: np.ndarray, values: np.ndarray, positions: np.ndarray, types: tuple[str, str], scale: float, tiled: frozenset[str]) -> np.ndarray:
     """Causal grouped-query attention in float64: query head h reads kv head h // group, row i
-    sees positions 0..positions[i]; the output rotated back as the values were stored."""
+    sees positions 0..positions[i]; the output rotated back as the values were stored. Keys of
+    the `tiled` types (the kernel set's tiled_keys) are read back as rows."""
     m, n_head, hd = q.shape
     group = n_head // keys.shape[0]
+    keys = kv_as_rows(keys, types[0], types[0] in tiled)
     k, v, qv = cached(keys, types[0], hd), cached(values, types[1], hd), query_as_read(q, types[0])
     seen = np.arange(keys.shape[1])[None, :] <= positions[:, None]  # [m, n_ctx]
     out = np.empty((m, n_head, hd))
@@ -78,11 +80,13 @@ def reference(q: np.ndarray, keys: np.ndarray, values: np.ndarray, positions: np
 
 
 def case(types: tuple[str, str], heads: tuple[int, int, int], seed: int = 7, length: int = T) -> tuple:
-    """An empty cache of `length` positions and as many rows of queries, keys and values."""
+    """An empty cache of `length` positions (rounded up to whole key tiles) and `length` rows
+    of queries, keys and values."""
     n_head, n_head_kv, hd = heads
     rng = np.random.default_rng(seed)
-    keys = np.zeros((n_head_kv, length, kv_row_bytes(types[0], hd)), np.uint8)
-    values = np.zeros((n_head_kv, length, kv_row_bytes(types[1], hd)), np.uint8)
+    n_ctx = -(-length // KEY_TILE) * KEY_TILE
+    keys = np.zeros((n_head_kv, n_ctx, kv_row_bytes(types[0], hd)), np.uint8)
+    values = np.zeros((n_head_kv, n_ctx, kv_row_bytes(types[1], hd)), np.uint8)
     q = rng.standard_normal((length, n_head, hd)).astype(np.float32)
     k_new = rng.standard_normal((length, n_head_kv, hd)).astype(np.float32) * 2
     v_new = rng.standard_normal((length, n_head_kv, hd)).astype(np.float32)
@@ -102,7 +106,7 @@ def attend(kernels, q, k_new, v_new, keys, values, rows: slice, scale: float, ty
 def test_a_long_prefill_matches_float64_attention(kernels, types: tuple[str, str], heads: tuple[int, int, int]) -> None:
     q, k_new, v_new, keys, values, scale = case(types, heads)
     out = attend(kernels, q, k_new, v_new, keys, values, slice(0, T), scale, types)
-    want = reference(q, keys, values, np.arange(T), types, scale)
+    want = reference(q, keys, values, np.arange(T), types, scale, kernels.tiled_keys)
     np.testing.assert_allclose(out, want, rtol=0, atol=2e-5 * np.abs(want).max())
 
 
@@ -136,7 +140,7 @@ def test_a_head_size_the_vectors_do_not_divide(kernels, hd: int) -> None:
     types, heads = ("f16", "f16"), (3, 1, hd)
     q, k_new, v_new, keys, values, scale = case(types, heads)
     whole = attend(kernels, q, k_new, v_new, keys, values, slice(0, T), scale, types)
-    want = reference(q, keys, values, np.arange(T), types, scale)
+    want = reference(q, keys, values, np.arange(T), types, scale, kernels.tiled_keys)
     np.testing.assert_allclose(whole, want, rtol=0, atol=2e-5 * np.abs(want).max())
     for i in (0, 7, 8, 31, 32, 33, T - 1):
         np.testing.assert_array_equal(attend(kernels, q, k_new, v_new, keys, values, slice(i, i + 1), scale, types)[0], whole[i])
@@ -156,7 +160,7 @@ def test_decode_deep_in_a_context_splits_its_positions_without_changing_a_bit(ke
     q, k_new, v_new, keys, values, scale = case(types, heads, seed=5, length=LONG)
     whole = attend(kernels, q, k_new, v_new, keys, values, slice(0, LONG), scale, types)
     rows = np.array(LONG_ROWS)
-    want = reference(q[rows], keys, values, rows, types, scale)
+    want = reference(q[rows], keys, values, rows, types, scale, kernels.tiled_keys)
     np.testing.assert_allclose(whole[rows], want, rtol=0, atol=2e-5 * np.abs(want).max())
     for threads in (1, 3, 2):
         kernels.set_threads(threads)

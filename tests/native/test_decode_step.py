@@ -39,7 +39,7 @@ def open_model(path: Path, kernels: CKernels, cache_types: tuple[str, str]) -> t
     info = inspect(path)
     config = ModelConfig.from_gguf(info)
     weights = Weights.open(path, info, config, kernels)
-    return Transformer(config, weights, kernels, KVCache(config, 64, 1, cache_types)), weights
+    return Transformer(config, weights, kernels, KVCache(config, 64, 1, cache_types, kernels.tiled_keys)), weights
 
 
 def run(model: Transformer, tokens: list[int], start: int, all_logits: bool) -> np.ndarray:

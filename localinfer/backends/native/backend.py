@@ -64,7 +64,7 @@ class NativeBackend(LlamaTokenized, Backend):
         except BaseException:
             self.weights.close()
             raise
-        self.cache = KVCache(config, params.n_ctx, params.n_seq_max, cache_types)
+        self.cache = KVCache(config, params.n_ctx, params.n_seq_max, cache_types, self.kernels.tiled_keys)
         self.model = Transformer(config, self.weights, self.kernels, self.cache)  # compiles or loads kernels
         # Code, vocabulary and compiled kernels are fixed costs; from here on, what the
         # model's use adds: KV cache pages and activations.

@@ -131,7 +131,7 @@ class Transformer:
             for i, lw in enumerate(self.weights.layers)
         ]  # fmt: skip
         buffers = {name: getattr(ws, name) for name in ("h", "q", "k", "v", "attn", "o", "gate", "up")}
-        return DecodePlan(layers, c.n_head, c.n_head_kv, c.head_dim, c.norm_eps, self.scale, rope.cos, rope.sin, rope.neox, self.cache.types, self.cache.n_ctx, buffers,
+        return DecodePlan(layers, c.n_head, c.n_head_kv, c.head_dim, c.norm_eps, self.scale, rope.cos, rope.sin, rope.neox, self.cache.types, self.cache.capacity, buffers,
                           self.rope_local.cos, self.rope_local.sin, c.kind.activation == "gelu")  # fmt: skip
 
     def workspace(self, n: int) -> Workspace:

@@ -6,7 +6,10 @@ reached take resident memory.
 A row (one position of one kv head) is stored in the cache's type, as llama.cpp stores it:
 f16 halves (the default: half the memory of floats, and both engines attend over the same
 numbers), or ggml's q8_0 / q4_0 blocks of 32 values (kv_row_bytes), for more context and
-slots in the same memory.
+slots in the same memory. A kernel set may keep keys of some types in tiles of KEY_TILE
+positions (its `tiled_keys`; the C set's f16 keys), so the cache's n_ctx is rounded up to
+a whole tile, and every copy, read and write goes through kv_positions' view: the bytes
+read (the prompt cache's) are rows whatever the layout.
 
 A sliding-window layer (gemma3's local layers) only ever reads a sequence's last `window`
 positions, so the cache gives the older ones' pages back to the OS as a sequence grows: it
@@ -25,7 +28,7 @@ import numpy as np
 
 from localinfer.backends.native.config import ModelConfig
 from localinfer.errors import BackendError, ContextOverflow
-from localinfer_native.types import kv_row_bytes
+from localinfer_native.types import KEY_TILE, kv_positions, kv_row_bytes
 
 HELD_WINDOWS = 2  # of a local layer's positions kept behind a sequence's newest
 PAGE = mmap.PAGESIZE
@@ -48,10 +51,28 @@ def lazy_zeros(size: int) -> mmap.mmap:
     return buf
 
 
+def tile_pieces(lo: int, hi: int) -> list[tuple[int | slice, slice]]:
+    """Positions [lo, hi) as (tiles, lanes) index pairs of a kv_positions view: a partial
+    tile at either end, the whole tiles between as one slice."""
+    t0, t1 = -(-lo // KEY_TILE), hi // KEY_TILE
+    if t0 > t1:  # inside one tile
+        return [(t1, slice(lo % KEY_TILE, hi % KEY_TILE))]
+    pieces: list[tuple[int | slice, slice]] = [(lo // KEY_TILE, slice(lo % KEY_TILE, KEY_TILE))] if lo % KEY_TILE else []
+    if t1 > t0:
+        pieces.append((slice(t0, t1), slice(None)))
+    if hi % KEY_TILE:
+        pieces.append((t1, slice(0, hi % KEY_TILE)))
+    return pieces
+
+
 class KVCache:
-    def __init__(self, config: ModelConfig, n_ctx: int, n_seq_max: int, types: tuple[str, str] = ("f16", "f16")) -> None:
+    def __init__(
+        self, config: ModelConfig, n_ctx: int, n_seq_max: int, types: tuple[str, str] = ("f16", "f16"), tiled_keys: frozenset[str] = frozenset()
+    ) -> None:  # fmt: skip
         self.n_ctx, self.n_seq_max, self.types = n_ctx, n_seq_max, types
-        rows = (config.n_layer, config.n_head_kv, n_ctx)
+        self.capacity = -(-n_ctx // KEY_TILE) * KEY_TILE  # positions each array holds: whole tiles
+        self._tiled = (types[0] in tiled_keys, False)  # K, V
+        rows = (config.n_layer, config.n_head_kv, self.capacity)
         self._shapes = tuple((*rows, kv_row_bytes(t, config.head_dim)) for t in types)  # K, V
         self.window = config.window if any(config.local_layers) and config.window < n_ctx else 0
         self._local = np.array(config.local_layers, dtype=bool) if self.window else np.zeros(config.n_layer, dtype=bool)
@@ -109,13 +130,13 @@ class KVCache:
         self.floor[seq_id] = floor
         if not hasattr(mmap, "MADV_DONTNEED"):
             return
-        n_head = self._shapes[0][1]
+        n_head, below = self._shapes[0][1], floor // KEY_TILE * KEY_TILE  # a tile's bytes mix its positions
         for buf, shape in zip(self._buffers[seq_id], self._shapes):
             row_bytes = shape[3]
             for layer in np.flatnonzero(self._local):
                 for head in range(n_head):
-                    region = (int(layer) * n_head + head) * self.n_ctx * row_bytes
-                    start, stop = -(-region // PAGE) * PAGE, (region + floor * row_bytes) // PAGE * PAGE
+                    region = (int(layer) * n_head + head) * self.capacity * row_bytes
+                    start, stop = -(-region // PAGE) * PAGE, (region + below * row_bytes) // PAGE * PAGE
                     if stop > start:
                         buf.madvise(mmap.MADV_DONTNEED, start, stop - start)
 
@@ -140,9 +161,11 @@ class KVCache:
         if not self._resumable(src, n):
             return 0
         glob = ~self._local
-        for source, target in ((sk, dk), (sv, dv)):
-            target[glob, :, :n] = source[glob, :, :n]
-            target[self._local, :, floor:n] = source[self._local, :, floor:n]  # below floor: pages given back
+        for source, target, tiled, kv_type in zip((sk, sv), (dk, dv), self._tiled, self.types):
+            src, tgt = kv_positions(source, kv_type, tiled), kv_positions(target, kv_type, tiled)
+            for layers, lo in ((glob, 0), (self._local, floor)):  # below floor: pages given back
+                for tiles, lanes in tile_pieces(lo, n):
+                    tgt[layers, :, tiles, lanes] = src[layers, :, tiles, lanes]
         # dst's local positions from src's floor up to n are written again; its own past n
         # are held where they were at or above its old floor
         self.floor[dst] = floor if n >= self.floor[dst] else max(self.floor[dst], floor)
@@ -151,8 +174,15 @@ class KVCache:
 
     def read(self, seq_id: int, start: int, end: int) -> bytes:
         """Positions [start, end) of every layer, keys then values (the prompt cache's bytes)."""
-        keys, values = self.sequence(seq_id)
-        return keys[:, :, start:end].tobytes() + values[:, :, start:end].tobytes()
+        return b"".join(self._rows(array, t, tiled, start, end).tobytes() for array, t, tiled in zip(self.sequence(seq_id), self.types, self._tiled))
+
+    @staticmethod
+    def _rows(array: np.ndarray, kv_type: str, tiled: bool, start: int, end: int) -> np.ndarray:
+        """Positions [start, end) of every layer and head as rows: uint8 [layers, heads, n, row bytes]."""
+        view = kv_positions(array, kv_type, tiled)
+        parts = [view[:, :, tiles, lanes].reshape(*view.shape[:2], -1, view.shape[-1]) for tiles, lanes in tile_pieces(start, end)]
+        rows = np.concatenate(parts, axis=2) if parts else view[:, :, :0, 0]
+        return np.ascontiguousarray(rows).view(np.uint8)
 
     def write(self, seq_id: int, start: int, data: bytes) -> int:
         """Bytes `read` gave, back at positions start on, after the sequence's first `start`;
@@ -163,8 +193,15 @@ class KVCache:
         if self.length[seq_id] != start or n * per_position != len(data) or not 0 < start + n <= self.n_ctx or not self._resumable(seq_id, start):
             return self.length[seq_id]
         split = int(np.prod(keys.shape[:2])) * keys.shape[3] * n
-        for array, part in ((keys, data[:split]), (values, data[split:])):
-            array[:, :, start : start + n] = np.frombuffer(part, np.uint8).reshape(*array.shape[:2], n, array.shape[3])
+        for array, part, kv_type, tiled in zip((keys, values), (data[:split], data[split:]), self.types, self._tiled):
+            view = kv_positions(array, kv_type, tiled)
+            rows = np.frombuffer(part, np.uint8).view(view.dtype).reshape(*view.shape[:2], n, view.shape[-1])
+            done = 0
+            for tiles, lanes in tile_pieces(start, start + n):
+                piece = view[:, :, tiles, lanes]
+                count = piece.shape[2] * (piece.shape[3] if piece.ndim == 5 else 1)
+                view[:, :, tiles, lanes] = rows[:, :, done : done + count].reshape(piece.shape)
+                done += count
         self.length[seq_id] = start + n
         self.peak_bytes = max(self.peak_bytes, self.used_bytes())
         return start + n
