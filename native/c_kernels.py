@@ -134,7 +134,7 @@ class CKernels(c_ops.COps):
 
     name = "c"
     supported_types = C_TYPES  # the block types matmul_op takes
-    tiled_keys = frozenset({"f16"})  # scored in place, sixteen positions a vector (kvcache.c)
+    tiled_keys = frozenset({"f16", "q8_0"})  # scored in place, sixteen positions a vector (kvcache.c)
 
     def __init__(self, threads: int | None = None, library: str | os.PathLike | None = None, pack: bool | None = None) -> None:
         """`library`: another build of native/c (tests use a portable one); default: the installed one.

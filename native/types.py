@@ -33,27 +33,53 @@ KV_TYPES: dict[str, Q] = {name: Q[name.upper()] for name in ("f16", "q8_0", "q4_
 
 
 # A cache whose keys a kernel set keeps tiled (its `tiled_keys`) holds them KEY_TILE
-# positions at a time, element by element: a tile of one kv head is [head_dim][KEY_TILE]
-# halves, the bytes of KEY_TILE rows. Scores are then vector products over positions
-# (native/c/kvcache.c). Its n_ctx is a multiple of KEY_TILE.
+# positions to a tile, so that scores are vector products over positions (native/c/kvcache.c):
+#   f16   [head_dim][KEY_TILE] halves, element by element
+#   q8_0  per block of 32 values: the KEY_TILE scales (halves), then [8][KEY_TILE][4] int8,
+#         four values of a position together (the packed Q8_0 panels' layout, for vpdpbusd)
+# A tile is the bytes of KEY_TILE rows, and the cache's n_ctx a multiple of KEY_TILE.
 KEY_TILE = 16
 
 
-def kv_positions(cache: np.ndarray, kv_type: str, tiled: bool) -> np.ndarray:
-    """A view of cache (uint8 [..., n_ctx, row bytes]) as [..., n_ctx / KEY_TILE, KEY_TILE, E]:
-    position t * KEY_TILE + lane at [..., t, lane, :], its row as E items (bytes, or halves
-    where the keys are tiled). Copies between views, and their bytes, are rows either way."""
+def _tile_axes(cache: np.ndarray) -> tuple[tuple[int, ...], int, int]:
     *lead, n_ctx, row = cache.shape
+    return tuple(lead), n_ctx // KEY_TILE, row
+
+
+def kv_rows_of(cache: np.ndarray, kv_type: str, tiled: bool) -> np.ndarray:
+    """cache (uint8 [..., n_ctx, row bytes], n_ctx a multiple of KEY_TILE) as rows, one
+    position each: the array itself where it is not tiled, else a copy."""
     if not tiled:
-        return cache.reshape(*lead, n_ctx // KEY_TILE, KEY_TILE, row)
-    assert kv_type == "f16"
-    halves = cache.view(np.uint16).reshape(*lead, n_ctx // KEY_TILE, row // 2, KEY_TILE)
-    return np.swapaxes(halves, -1, -2)
+        return cache
+    lead, n_tiles, row = _tile_axes(cache)
+    if kv_type == "f16":
+        halves = cache.view(np.uint16).reshape(*lead, n_tiles, row // 2, KEY_TILE)
+        return np.ascontiguousarray(np.swapaxes(halves, -1, -2)).view(np.uint8).reshape(cache.shape)
+    nb = row // 34
+    blocks = cache.reshape(*lead, n_tiles, nb, 544)
+    d = np.swapaxes(blocks[..., :32].reshape(*lead, n_tiles, nb, KEY_TILE, 2), -3, -2)  # [.., T, lane, nb, 2]
+    q = np.moveaxis(blocks[..., 32:].reshape(*lead, n_tiles, nb, 8, KEY_TILE, 4), -2, -4)  # [.., T, lane, nb, 8, 4]
+    rows = np.empty((*lead, n_tiles, KEY_TILE, nb, 34), np.uint8)
+    rows[..., :2], rows[..., 2:] = d, q.reshape(*lead, n_tiles, KEY_TILE, nb, 32)
+    return rows.reshape(cache.shape)
 
 
-def kv_as_rows(cache: np.ndarray, kv_type: str, tiled: bool) -> np.ndarray:
-    """A copy of cache as rows, uint8 [..., n_ctx, row bytes], whatever its layout."""
-    return np.ascontiguousarray(kv_positions(cache, kv_type, tiled)).view(np.uint8).reshape(cache.shape)
+def kv_tiles_of(rows: np.ndarray, kv_type: str, tiled: bool) -> np.ndarray:
+    """The cache's bytes for rows (uint8 [..., n, row bytes], n a multiple of KEY_TILE): the
+    inverse of kv_rows_of."""
+    if not tiled:
+        return rows
+    lead, n_tiles, row = _tile_axes(rows)
+    if kv_type == "f16":
+        halves = rows.view(np.uint16).reshape(*lead, n_tiles, KEY_TILE, row // 2)
+        return np.ascontiguousarray(np.swapaxes(halves, -1, -2)).view(np.uint8).reshape(rows.shape)
+    nb = row // 34
+    blocks = rows.reshape(*lead, n_tiles, KEY_TILE, nb, 34)
+    tiles = np.empty((*lead, n_tiles, nb, 544), np.uint8)
+    tiles[..., :32] = np.swapaxes(blocks[..., :2], -3, -2).reshape(*lead, n_tiles, nb, 32)
+    q = blocks[..., 2:].reshape(*lead, n_tiles, KEY_TILE, nb, 8, 4)
+    tiles[..., 32:] = np.moveaxis(q, -4, -2).reshape(*lead, n_tiles, nb, 512)
+    return tiles.reshape(rows.shape)
 
 
 def kv_row_bytes(kv_type: str, head_dim: int) -> int:

@@ -408,10 +408,13 @@ void li_kv_query(int type, const float *q, int64_t g, int64_t hd, int64_t rot, v
 const void *li_kv_block_keys(int type, const uint8_t *rows, int64_t n, int64_t hd, float *buf);
 void li_kv_block_values(int type, const uint8_t *rows, int64_t n, int64_t hd, float *buf);
 void li_kv_scores(int type, const void *query, const void *keys, int64_t n, int64_t hd, float scale, float *s);
-/* f16 keys are stored in tiles of LI_KV_TILE positions, element-major ([hd][LI_KV_TILE] halves,
- * the bytes of LI_KV_TILE rows), so that scores are vector FMAs over positions (kvcache.c) */
+/* f16 and q8_0 keys are stored in tiles of LI_KV_TILE positions (the bytes of LI_KV_TILE
+ * rows; kvcache.c has the layouts), so that scores are vector products over positions */
 #define LI_KV_TILE 16
-void li_kv_store_key_tile(const float *x, uint8_t *tile, int64_t lane, int64_t hd);
-void li_kv_scores_tiles(const float *q, const uint8_t *tiles, int64_t nt, int64_t hd, int64_t g, float scale, float *s, int64_t ss);
+static inline int li_kv_tiled(int type) { return type == LI_F16 || type == LI_Q8_0; }
+void li_kv_store_key_tile(int type, const float *x, uint8_t *tile, int64_t lane, int64_t hd, int64_t rot);
+int64_t li_kv_query_stride(int type, int64_t hd);
+void li_kv_scores_tiles(int type, const uint8_t *q, int64_t qs, const uint8_t *tiles, int64_t nt, int64_t hd, int64_t g, float scale,
+                        float *s, int64_t ss);
 
 #endif

@@ -7,11 +7,15 @@
  *         nibble of byte i and element i+16 in the high one: ggml's block_q4_0
  * The quantizers are ggml's reference ones, so a row holds the bytes llama.cpp's cache holds.
  *
+ * Keys of f16 and q8_0 are stored in tiles of LI_KV_TILE positions instead (the bytes of
+ * LI_KV_TILE rows, rearranged; layouts below), so that a row's query heads score sixteen
+ * positions a vector with no horizontal sums.
+ *
  * Attention (ops.c) reads the cache a block of positions at a time, for a tile of queries:
- * li_kv_block_keys / li_kv_block_values put the block in the form every query of the tile
- * then reads. Scores against quantized keys are integer dot products, as ggml's vec_dot:
- * each query head is quantized once to q8_0 blocks, and a block's score is
- * d_k*d_q*sum(k*q). Values are widened to floats, d*q (exact in a float).
+ * tiled keys in place, the others and the values as li_kv_block_keys / li_kv_block_values
+ * put them (f16 values are read in place too). Scores against quantized keys are integer
+ * dot products, as ggml's vec_dot: each query head is quantized once to q8_0 blocks, and a
+ * block's score is d_k*d_q*sum(k*q). Values are widened to floats, d*q (exact in a float).
  *
  * Before a quantized cache stores a row, llama.cpp rotates it by an orthonormal
  * Walsh-Hadamard matrix H, in chunks of n_rot values (its "attention rotation"): the
@@ -25,6 +29,7 @@
 #include <string.h>
 
 #include "kernels.h"
+#include "vec16.h"
 
 #define QK 32
 
@@ -122,9 +127,9 @@ static inline void block_ints(int type, const uint8_t *blk, int8_t *q) {
 #endif
 }
 
-/* Quantized keys in the form li_kv_scores reads: q8_0 rows in place; q4_0 rows as q8_0
- * blocks of the same integers (so the same dot products, without unpacking nibbles for every
- * query). buf: room for n rows of hd floats. (f16 keys are read in place, in tiles.) */
+/* Keys in rows (q4_0: f16 and q8_0 ones are tiled) in the form li_kv_scores reads: q8_0
+ * blocks of the same integers (so the same dot products, without unpacking nibbles for
+ * every query). buf: room for n rows of hd floats. */
 const void *li_kv_block_keys(int type, const uint8_t *rows, int64_t n, int64_t hd, float *buf) {
     if (type == LI_Q8_0) return rows;
     uint8_t *out = (uint8_t *)buf;
@@ -214,8 +219,8 @@ static void scores_q8_0(const uint8_t *qq, const uint8_t *keys, int64_t n, int64
     }
 }
 
-/* query: one head as li_kv_query wrote it; keys: what li_kv_block_keys returned, quantized
- * keys' rows (f16 keys take li_kv_scores_tiles). Writes s[0..n). */
+/* query: one head as li_kv_query wrote it; keys: what li_kv_block_keys returned, keys in
+ * rows (tiled ones take li_kv_scores_tiles). Writes s[0..n). */
 void li_kv_scores(int type, const void *query, const void *keys, int64_t n, int64_t hd, float scale, float *s) {
     (void)type;
     scores_q8_0((const uint8_t *)query, (const uint8_t *)keys, n, hd, scale, s);
@@ -227,10 +232,31 @@ void li_kv_scores(int type, const void *query, const void *keys, int64_t n, int6
  * score is then sum_e q[e] * k[e], lane by lane, in e order: one vector FMA per element for
  * sixteen keys, no horizontal sums, and each tile row widened once for all g heads. */
 
-void li_kv_store_key_tile(const float *x, uint8_t *tile, int64_t lane, int64_t hd) {
-    uint16_t *h = (uint16_t *)tile;
-    for (int64_t e = 0; e < hd; e++) h[e * LI_KV_TILE + lane] = li_fp32_to_fp16(x[e]);
+/* q8_0 keys in tiles: per block of 32 values, the LI_KV_TILE scales, then the ints four
+ * values of a position together: [8][LI_KV_TILE][4], as the packed Q8_0 panels hold them */
+#define Q8_TILE_BLOCK (2 * LI_KV_TILE + QK * LI_KV_TILE)
+
+/* Row x of one position into lane `lane` of its tile, in the cache's type (rotated first
+ * where rot is not 0, as li_kv_store does). */
+void li_kv_store_key_tile(int type, const float *x, uint8_t *tile, int64_t lane, int64_t hd, int64_t rot) {
+    if (type == LI_F16) {
+        uint16_t *h = (uint16_t *)tile;
+        for (int64_t e = 0; e < hd; e++) h[e * LI_KV_TILE + lane] = li_fp32_to_fp16(x[e]);
+        return;
+    }
+    uint8_t row[LI_KV_MAX_HD / QK * 34];
+    li_kv_store(LI_Q8_0, x, row, hd, rot);
+    for (int64_t b = 0; b < hd / QK; b++) {
+        uint8_t *blk = tile + b * Q8_TILE_BLOCK;
+        memcpy(blk + 2 * lane, row + b * 34, 2);
+        for (int g = 0; g < QK / 4; g++) memcpy(blk + 2 * LI_KV_TILE + g * 4 * LI_KV_TILE + 4 * lane, row + b * 34 + 2 + 4 * g, 4);
+    }
 }
+
+/* Bytes of one query head as li_kv_query writes it: floats against f16 keys; against
+ * quantized ones its q8_0 blocks, then each block's sum of ints (int32, for the tiled
+ * scores' unsigned-keys correction). */
+int64_t li_kv_query_stride(int type, int64_t hd) { return type == LI_F16 ? 4 * hd : hd / QK * (34 + 4); }
 
 #if defined(__AVX512F__)
 /* heads [0, gh) of q (hd apart) against nt tiles: s[h * ss + key] */
@@ -304,13 +330,101 @@ static void tile_heads(const float *q, const uint16_t *t, int64_t hd, float scal
 }
 #endif
 
-/* The g heads of q (f16-rounded floats, hd apart) against nt (1 or 2) consecutive tiles:
- * head h's scores at s[h * ss + key], for nt * LI_KV_TILE keys. */
-void li_kv_scores_tiles(const float *q, const uint8_t *tiles, int64_t nt, int64_t hd, int64_t g, float scale, float *s, int64_t ss) {
-    for (int64_t h0 = 0; h0 < g; h0 += TILE_GROUP) {
-        const int gh = g - h0 < TILE_GROUP ? (int)(g - h0) : TILE_GROUP;
-        tile_heads(q + h0 * hd, (const uint16_t *)tiles, hd, scale, s + h0 * ss, ss, gh, (int)nt);
+#ifdef LP_R
+/* heads [0, gh) of q (q8_0 query heads, qs bytes apart) against one q8_0 tile: per block, the
+ * integer dots of sixteen keys at once (vpdpbusd on the keys as unsigned, q + 128, less 128
+ * times the query block's sum; or the sign trick), then scaled by d_k d_q in block order. */
+#ifdef LP_512
+#define Q8_GROUP 8
+#else
+#define Q8_GROUP 3
+#endif
+LP_INLINE void q8_tile_heads(const uint8_t *q, int64_t qs, const uint8_t *tile, int64_t nb, float scale, float *s, int64_t ss,
+                             const int gh) {
+    vf acc[Q8_GROUP];
+    for (int h = 0; h < gh; h++) acc[h] = vf_zero();
+    for (int64_t b = 0; b < nb; b++) {
+        const uint8_t *blk = tile + b * Q8_TILE_BLOCK, *ints = blk + 2 * LI_KV_TILE;
+        vi isum[Q8_GROUP];
+        for (int h = 0; h < gh; h++) isum[h] = vi_set1(0);
+        for (int g = 0; g < QK / 4; g++) {
+            const vi w = vi_load(ints + g * 4 * LI_KV_TILE);
+#if LP_XOR_Q8
+#ifdef LP_512
+            const vi uw = _mm512_xor_si512(w, _mm512_set1_epi8((char)0x80));
+#else
+            const vi uw = (vi){_mm256_xor_si256(w.l, _mm256_set1_epi8((char)0x80)), _mm256_xor_si256(w.h, _mm256_set1_epi8((char)0x80))};
+#endif
+            for (int h = 0; h < gh; h++) isum[h] = vi_dpbusd(isum[h], uw, va_bcast((const int8_t *)(q + h * qs + b * 34 + 2 + 4 * g)));
+#else
+            const __m256i ul = _mm256_sign_epi8(w.l, w.l), uh = _mm256_sign_epi8(w.h, w.h), one = _mm256_set1_epi16(1);
+            for (int h = 0; h < gh; h++) {
+                const __m256i av = va_bcast((const int8_t *)(q + h * qs + b * 34 + 2 + 4 * g));
+                isum[h].l = _mm256_add_epi32(isum[h].l, _mm256_madd_epi16(_mm256_maddubs_epi16(ul, _mm256_sign_epi8(av, w.l)), one));
+                isum[h].h = _mm256_add_epi32(isum[h].h, _mm256_madd_epi16(_mm256_maddubs_epi16(uh, _mm256_sign_epi8(av, w.h)), one));
+            }
+#endif
+        }
+        const vf dk = vf_f16(blk);
+        for (int h = 0; h < gh; h++) {
+            const uint8_t *qh = q + h * qs;
+#if LP_XOR_Q8
+            int32_t sum;
+            memcpy(&sum, qh + nb * 34 + 4 * b, 4);
+            isum[h] = vi_sub(isum[h], vi_set1(128 * sum));
+#endif
+            acc[h] = vf_fmadd(vf_cvt(isum[h]), vf_mul(dk, vf_set1(load_half(qh + b * 34))), acc[h]);
+        }
     }
+    for (int h = 0; h < gh; h++) vf_store(s + h * ss, vf_mul(acc[h], vf_set1(scale)));
+}
+
+static void q8_tile(const uint8_t *q, int64_t qs, const uint8_t *tile, int64_t nb, float scale, float *s, int64_t ss, int gh) {
+#define Q8_HEADS(G) \
+    case G: q8_tile_heads(q, qs, tile, nb, scale, s, ss, G); break;
+#ifdef LP_512
+    switch (gh) { Q8_HEADS(1) Q8_HEADS(2) Q8_HEADS(3) Q8_HEADS(4) Q8_HEADS(5) Q8_HEADS(6) Q8_HEADS(7) Q8_HEADS(8) }
+#else
+    switch (gh) { Q8_HEADS(1) Q8_HEADS(2) Q8_HEADS(3) }
+#endif
+#undef Q8_HEADS
+}
+#else
+#define Q8_GROUP 1
+static void q8_tile(const uint8_t *q, int64_t qs, const uint8_t *tile, int64_t nb, float scale, float *s, int64_t ss, int gh) {
+    (void)gh;
+    for (int64_t j = 0; j < LI_KV_TILE; j++) {
+        float sum = 0.0f;
+        for (int64_t b = 0; b < nb; b++) {
+            const uint8_t *blk = tile + b * Q8_TILE_BLOCK;
+            int32_t dot = 0;
+            for (int i = 0; i < QK; i++) dot += (int32_t)(int8_t)blk[2 * LI_KV_TILE + i / 4 * 4 * LI_KV_TILE + 4 * j + i % 4] * (int8_t)q[b * 34 + 2 + i];
+            sum += load_half(blk + 2 * j) * load_half(q + b * 34) * (float)dot;
+        }
+        s[j] = sum * scale;
+    }
+    (void)ss;
+}
+#endif
+
+/* The g query heads of a row (as li_kv_query wrote them, qs bytes apart) against nt (1 or
+ * 2) consecutive tiles of keys of `type` (f16 or q8_0): head h's scores at s[h * ss + key],
+ * for nt * LI_KV_TILE keys. */
+void li_kv_scores_tiles(int type, const uint8_t *q, int64_t qs, const uint8_t *tiles, int64_t nt, int64_t hd, int64_t g, float scale,
+                        float *s, int64_t ss) {
+    if (type == LI_F16) {
+        for (int64_t h0 = 0; h0 < g; h0 += TILE_GROUP) {
+            const int gh = g - h0 < TILE_GROUP ? (int)(g - h0) : TILE_GROUP;
+            tile_heads((const float *)q + h0 * hd, (const uint16_t *)tiles, hd, scale, s + h0 * ss, ss, gh, (int)nt);
+        }
+        return;
+    }
+    const int64_t nb = hd / QK;
+    for (int64_t t = 0; t < nt; t++)
+        for (int64_t h0 = 0; h0 < g; h0 += Q8_GROUP) {
+            const int gh = g - h0 < Q8_GROUP ? (int)(g - h0) : Q8_GROUP;
+            q8_tile(q + h0 * qs, qs, tiles + t * LI_KV_TILE * nb * 34, nb, scale, s + h0 * ss + t * LI_KV_TILE, ss, gh);
+        }
 }
 
 /* The g query heads (floats, g*hd) in the form li_kv_scores reads for keys of `type`:
@@ -330,6 +444,12 @@ void li_kv_query(int type, const float *q, int64_t g, int64_t hd, int64_t rot, v
             li_fwht(rotated, hd, rot);
             qh = rotated;
         }
-        li_quantize_row_q8_0(qh, (uint8_t *)qbuf + h * (hd / QK) * 34, hd);
+        uint8_t *out = (uint8_t *)qbuf + h * li_kv_query_stride(type, hd);
+        li_quantize_row_q8_0(qh, out, hd);
+        for (int64_t b = 0; b < hd / QK; b++) {
+            int32_t sum = 0;
+            for (int i = 0; i < QK; i++) sum += ((const int8_t *)(out + b * 34 + 2))[i];
+            memcpy(out + hd / QK * 34 + 4 * b, &sum, 4);
+        }
     }
 }

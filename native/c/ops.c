@@ -404,7 +404,7 @@ static void attend_span(const struct attn_job *a, int64_t i0, int64_t rows, int6
     float *o = p, *mx = p + nq * hd, *sum = mx + nq;
     float *kbuf = blocks, *vbuf = kbuf + KEY_BLOCK * hd, *s = vbuf + KEY_BLOCK * hd; /* s: a row's g heads' scores */
     const int half = a->type_v == LI_F16; /* f16 values are read in place, widened as they are summed */
-    const int tiled = a->type_k == LI_F16; /* f16 keys sit in tiles, scored in place for all g heads */
+    const int tiled = li_kv_tiled(a->type_k); /* keys in tiles, scored in place for all g heads */
     for (int64_t i = 0; i < nq; i++) mx[i] = -INFINITY, sum[i] = 0.0f;
     memset(o, 0, sizeof(float) * (size_t)(nq * hd));
     const uint8_t *keys = a->keys + kvh * a->n_ctx * a->kb, *values = a->values + kvh * a->n_ctx * a->vb;
@@ -420,7 +420,7 @@ static void attend_span(const struct attn_job *a, int64_t i0, int64_t rows, int6
             if (seen <= 0 || skip >= KEY_BLOCK) continue;
             const int64_t nr = seen < KEY_BLOCK ? seen : KEY_BLOCK, j0 = skip > 0 ? skip : 0;
             if (tiled)
-                li_kv_scores_tiles((const float *)(qbuf + r * g * a->qstride), kblk, (nr + LI_KV_TILE - 1) / LI_KV_TILE, hd, g, a->scale, s, SCORE_ROW);
+                li_kv_scores_tiles(a->type_k, qbuf + r * g * a->qstride, a->qstride, kblk, (nr + LI_KV_TILE - 1) / LI_KV_TILE, hd, g, a->scale, s, SCORE_ROW);
             for (int64_t h = 0, i = r * g; h < g; h++, i++) {
                 if (!tiled) li_kv_scores(a->type_k, qbuf + i * a->qstride, kblk, nr, hd, a->scale, s + h * SCORE_ROW);
                 softmax_block(s + h * SCORE_ROW + j0, nr - j0, hd, mx + i, sum + i, o + i * hd);
@@ -553,13 +553,13 @@ int li_attention(const float *q, const float *k_new, const float *v_new, uint8_t
     const int64_t kb = li_kv_row_bytes(type_k, hd), vb = li_kv_row_bytes(type_v, hd);
     if (kb < 0 || vb < 0 || hd > LI_KV_MAX_HD) return 2;
     if ((rot_k && (hd % rot_k || (rot_k & (rot_k - 1)))) || (rot_v && (hd % rot_v || (rot_v & (rot_v - 1))))) return 2;
-    if (type_k == LI_F16 && (rot_k || n_ctx % LI_KV_TILE)) return 2; /* f16 keys: whole tiles, unrotated */
+    if (li_kv_tiled(type_k) && n_ctx % LI_KV_TILE) return 2; /* tiled keys: whole tiles */
     for (int64_t i = 0; i < m; i++) {
         if (pos[i] < 0 || pos[i] >= n_ctx) return 3;
         for (int64_t h = 0; h < n_head_kv; h++) {
             const int64_t at = (int64_t)h * n_ctx + pos[i], src = (i * n_head_kv + h) * hd;
-            if (type_k == LI_F16)
-                li_kv_store_key_tile(k_new + src, keys + (at - pos[i] % LI_KV_TILE) * kb, pos[i] % LI_KV_TILE, hd);
+            if (li_kv_tiled(type_k))
+                li_kv_store_key_tile(type_k, k_new + src, keys + (at - pos[i] % LI_KV_TILE) * kb, pos[i] % LI_KV_TILE, hd, rot_k);
             else
                 li_kv_store(type_k, k_new + src, keys + at * kb, hd, rot_k);
             li_kv_store(type_v, v_new + src, values + at * vb, hd, rot_v);
@@ -582,7 +582,7 @@ int li_attention(const float *q, const float *k_new, const float *v_new, uint8_t
     float *scratch = malloc(sizeof(float) * per_thread * (size_t)nthreads);
     if (!scratch) return 4;
     const struct attn_job job = {q, keys, values, pos, out, type_k, type_v, rot_k, rot_v, n_head, group, hd, n_ctx, kb, vb,
-                                 type_k == LI_F16 ? 4 * hd : hd / 32 * 34, window, scale, sinks};
+                                 li_kv_query_stride(type_k, hd), window, scale, sinks};
     const int64_t n_span = (longest + SPAN - 1) / SPAN;
     if (n_span > 1 && tasks < 2 * nthreads) { /* decode deep in a context: the threads split its spans */
         const int rc = attend_spans(&job, m, rows, n_head_kv, n_span, scratch, per_thread, nthreads);

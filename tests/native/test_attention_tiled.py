@@ -16,7 +16,7 @@ import pytest
 from gguf import GGMLQuantizationType as Q
 from gguf.quants import dequantize, quantize
 
-from localinfer_native.types import KEY_TILE, KV_TYPES, kv_as_rows, kv_rotation, kv_row_bytes
+from localinfer_native.types import KEY_TILE, KV_TYPES, kv_rows_of, kv_rotation, kv_row_bytes
 
 T = 300  # positions: ten key blocks and a part, ten row tiles and a part
 TYPES = [("f16", "f16"), ("q8_0", "q8_0"), ("q4_0", "q4_0"), ("f16", "q4_0"), ("q8_0", "f16")]
@@ -68,7 +68,7 @@ def reference(q: np.ndarray, keys: np.ndarray, values: np.ndarray, positions: np
     the `tiled` types (the kernel set's tiled_keys) are read back as rows."""
     m, n_head, hd = q.shape
     group = n_head // keys.shape[0]
-    keys = kv_as_rows(keys, types[0], types[0] in tiled)
+    keys = kv_rows_of(keys, types[0], types[0] in tiled)
     k, v, qv = cached(keys, types[0], hd), cached(values, types[1], hd), query_as_read(q, types[0])
     seen = np.arange(keys.shape[1])[None, :] <= positions[:, None]  # [m, n_ctx]
     out = np.empty((m, n_head, hd))

@@ -16,7 +16,7 @@ import pytest
 from gguf import GGMLQuantizationType as Q
 from gguf.quants import dequantize, quantize
 
-from localinfer_native.types import KV_TYPES, kv_as_rows, kv_rotation, kv_row_bytes
+from localinfer_native.types import KV_TYPES, kv_rows_of, kv_rotation, kv_row_bytes
 
 N_HEAD, N_HEAD_KV, HD, N_CTX = 6, 2, 128, 48
 TYPES = [("q8_0", "q8_0"), ("q4_0", "q4_0"), ("q8_0", "q4_0"), ("f16", "q4_0"), ("q4_0", "f16"), ("f16", "f16")]
@@ -77,7 +77,7 @@ def test_attention_matches_the_block_math(every_kernel_set, types: tuple[str, st
         out = np.empty((len(positions), N_HEAD * HD), np.float32)
         every_kernel_set.attention(q, k_all[positions], v_all[positions], keys, values, positions, out, scale, types)
         n = int(positions.max()) + 1
-        key_rows = kv_as_rows(keys, types[0], types[0] in every_kernel_set.tiled_keys)  # the C set tiles f16 keys
+        key_rows = kv_rows_of(keys, types[0], types[0] in every_kernel_set.tiled_keys)  # the C set tiles f16 and q8_0 keys
         np.testing.assert_array_equal(key_rows[:, :n], rows_as_stored(k_all[:n].transpose(1, 0, 2), types[0], keys=True))
         np.testing.assert_array_equal(values[:, :n], rows_as_stored(v_all[:n].transpose(1, 0, 2), types[1], keys=False))
         want = reference(q, key_rows, values, positions, types, scale)

@@ -1,5 +1,5 @@
 """The KV cache's own operations over both key layouts: rows (the Numba set) and tiles of
-KEY_TILE positions (the C set's f16 keys). Writes, reads and copies that start and end inside
+KEY_TILE positions (the C set's f16 and q8_0 keys). Writes, reads and copies that start and end inside
 a tile must move exactly their positions, and the bytes read (the prompt cache's) are rows
 either way, so a prompt cache file does not depend on the kernel set that wrote it."""
 
@@ -15,7 +15,7 @@ from localinfer.backends.native.kvcache import KVCache
 from localinfer.modelfile import inspect
 from localinfer_native.types import KEY_TILE
 
-LAYOUTS = {"rows": frozenset(), "tiles": frozenset({"f16"})}
+LAYOUTS = {"rows": frozenset(), "tiles": frozenset({"f16", "q8_0"})}
 
 
 @pytest.fixture(scope="module")

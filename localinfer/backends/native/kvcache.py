@@ -7,9 +7,10 @@ A row (one position of one kv head) is stored in the cache's type, as llama.cpp 
 f16 halves (the default: half the memory of floats, and both engines attend over the same
 numbers), or ggml's q8_0 / q4_0 blocks of 32 values (kv_row_bytes), for more context and
 slots in the same memory. A kernel set may keep keys of some types in tiles of KEY_TILE
-positions (its `tiled_keys`; the C set's f16 keys), so the cache's n_ctx is rounded up to
-a whole tile, and every copy, read and write goes through kv_positions' view: the bytes
-read (the prompt cache's) are rows whatever the layout.
+positions (its `tiled_keys`; the C set's f16 and q8_0 keys), so the cache's arrays hold
+n_ctx rounded up to a whole tile (`capacity`), and copies, reads and writes go through the
+rows of the tiles they touch (kv_rows_of, kv_tiles_of): the bytes read (the prompt
+cache's) are rows whatever the layout.
 
 A sliding-window layer (gemma3's local layers) only ever reads a sequence's last `window`
 positions, so the cache gives the older ones' pages back to the OS as a sequence grows: it
@@ -28,7 +29,7 @@ import numpy as np
 
 from localinfer.backends.native.config import ModelConfig
 from localinfer.errors import BackendError, ContextOverflow
-from localinfer_native.types import KEY_TILE, kv_positions, kv_row_bytes
+from localinfer_native.types import KEY_TILE, kv_row_bytes, kv_rows_of, kv_tiles_of
 
 HELD_WINDOWS = 2  # of a local layer's positions kept behind a sequence's newest
 PAGE = mmap.PAGESIZE
@@ -49,20 +50,6 @@ def lazy_zeros(size: int) -> mmap.mmap:
     if hasattr(mmap, "MADV_NOHUGEPAGE"):
         buf.madvise(mmap.MADV_NOHUGEPAGE)
     return buf
-
-
-def tile_pieces(lo: int, hi: int) -> list[tuple[int | slice, slice]]:
-    """Positions [lo, hi) as (tiles, lanes) index pairs of a kv_positions view: a partial
-    tile at either end, the whole tiles between as one slice."""
-    t0, t1 = -(-lo // KEY_TILE), hi // KEY_TILE
-    if t0 > t1:  # inside one tile
-        return [(t1, slice(lo % KEY_TILE, hi % KEY_TILE))]
-    pieces: list[tuple[int | slice, slice]] = [(lo // KEY_TILE, slice(lo % KEY_TILE, KEY_TILE))] if lo % KEY_TILE else []
-    if t1 > t0:
-        pieces.append((slice(t0, t1), slice(None)))
-    if hi % KEY_TILE:
-        pieces.append((t1, slice(0, hi % KEY_TILE)))
-    return pieces
 
 
 class KVCache:
@@ -161,11 +148,10 @@ class KVCache:
         if not self._resumable(src, n):
             return 0
         glob = ~self._local
-        for source, target, tiled, kv_type in zip((sk, sv), (dk, dv), self._tiled, self.types):
-            src, tgt = kv_positions(source, kv_type, tiled), kv_positions(target, kv_type, tiled)
+        for source, target, kv_type, tiled in zip((sk, sv), (dk, dv), self.types, self._tiled):
             for layers, lo in ((glob, 0), (self._local, floor)):  # below floor: pages given back
-                for tiles, lanes in tile_pieces(lo, n):
-                    tgt[layers, :, tiles, lanes] = src[layers, :, tiles, lanes]
+                if lo < n:
+                    self._put(target, kv_type, tiled, lo, self._get(source, kv_type, tiled, lo, n)[layers], layers)
         # dst's local positions from src's floor up to n are written again; its own past n
         # are held where they were at or above its old floor
         self.floor[dst] = floor if n >= self.floor[dst] else max(self.floor[dst], floor)
@@ -174,15 +160,25 @@ class KVCache:
 
     def read(self, seq_id: int, start: int, end: int) -> bytes:
         """Positions [start, end) of every layer, keys then values (the prompt cache's bytes)."""
-        return b"".join(self._rows(array, t, tiled, start, end).tobytes() for array, t, tiled in zip(self.sequence(seq_id), self.types, self._tiled))
+        arrays = zip(self.sequence(seq_id), self.types, self._tiled)
+        return b"".join(self._get(array, kv_type, tiled, start, end).tobytes() for array, kv_type, tiled in arrays)
 
     @staticmethod
-    def _rows(array: np.ndarray, kv_type: str, tiled: bool, start: int, end: int) -> np.ndarray:
-        """Positions [start, end) of every layer and head as rows: uint8 [layers, heads, n, row bytes]."""
-        view = kv_positions(array, kv_type, tiled)
-        parts = [view[:, :, tiles, lanes].reshape(*view.shape[:2], -1, view.shape[-1]) for tiles, lanes in tile_pieces(start, end)]
-        rows = np.concatenate(parts, axis=2) if parts else view[:, :, :0, 0]
-        return np.ascontiguousarray(rows).view(np.uint8)
+    def _get(array: np.ndarray, kv_type: str, tiled: bool, lo: int, hi: int) -> np.ndarray:
+        """Positions [lo, hi) of every layer and head as rows, uint8 [layers, heads, n, row bytes]."""
+        t0, t1 = lo // KEY_TILE * KEY_TILE, -(-hi // KEY_TILE) * KEY_TILE  # the whole tiles they sit in
+        return kv_rows_of(array[:, :, t0:t1], kv_type, tiled)[:, :, lo - t0 : hi - t0]
+
+    @staticmethod
+    def _put(array: np.ndarray, kv_type: str, tiled: bool, lo: int, rows: np.ndarray, layers: np.ndarray | slice = slice(None)) -> None:
+        """rows ([layers, heads, n, row bytes]) at positions lo on of `layers`; the other
+        positions of the tiles they touch are kept."""
+        hi = lo + rows.shape[2]
+        t0, t1 = lo // KEY_TILE * KEY_TILE, -(-hi // KEY_TILE) * KEY_TILE
+        tiles = array[layers, :, t0:t1]
+        whole = kv_rows_of(tiles, kv_type, tiled).copy() if tiled else tiles
+        whole[:, :, lo - t0 : hi - t0] = rows
+        array[layers, :, t0:t1] = kv_tiles_of(whole, kv_type, tiled)
 
     def write(self, seq_id: int, start: int, data: bytes) -> int:
         """Bytes `read` gave, back at positions start on, after the sequence's first `start`;
@@ -194,14 +190,7 @@ class KVCache:
             return self.length[seq_id]
         split = int(np.prod(keys.shape[:2])) * keys.shape[3] * n
         for array, part, kv_type, tiled in zip((keys, values), (data[:split], data[split:]), self.types, self._tiled):
-            view = kv_positions(array, kv_type, tiled)
-            rows = np.frombuffer(part, np.uint8).view(view.dtype).reshape(*view.shape[:2], n, view.shape[-1])
-            done = 0
-            for tiles, lanes in tile_pieces(start, start + n):
-                piece = view[:, :, tiles, lanes]
-                count = piece.shape[2] * (piece.shape[3] if piece.ndim == 5 else 1)
-                view[:, :, tiles, lanes] = rows[:, :, done : done + count].reshape(piece.shape)
-                done += count
+            self._put(array, kv_type, tiled, start, np.frombuffer(part, np.uint8).reshape(*array.shape[:2], n, array.shape[3]))
         self.length[seq_id] = start + n
         self.peak_bytes = max(self.peak_bytes, self.used_bytes())
         return start + n
