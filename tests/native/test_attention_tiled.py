@@ -62,7 +62,9 @@ def query_as_read(q: np.ndarray, k_type: str) -> np.ndarray:
     return dequantize(quantize(rq, Q.Q8_0), Q.Q8_0).astype(np.float64).reshape(q.shape)
 
 
-def reference(q: np.ndarray, keys: np.ndarray, values: np.ndarray, positions: np.ndarray, types: tuple[str, str], scale: float, tiled: frozenset[str]) -> np.ndarray:
+def reference(
+    q: np.ndarray, keys: np.ndarray, values: np.ndarray, positions: np.ndarray, types: tuple[str, str], scale: float, tiled: frozenset[str], window: int = 0
+) -> np.ndarray:  # fmt: skip
     """Causal grouped-query attention in float64: query head h reads kv head h // group, row i
     sees positions 0..positions[i]; the output rotated back as the values were stored. Keys of
     the `tiled` types (the kernel set's tiled_keys) are read back as rows."""
@@ -70,7 +72,8 @@ def reference(q: np.ndarray, keys: np.ndarray, values: np.ndarray, positions: np
     group = n_head // keys.shape[0]
     keys = kv_rows_of(keys, types[0], types[0] in tiled)
     k, v, qv = cached(keys, types[0], hd), cached(values, types[1], hd), query_as_read(q, types[0])
-    seen = np.arange(keys.shape[1])[None, :] <= positions[:, None]  # [m, n_ctx]
+    at = np.arange(keys.shape[1])[None, :]
+    seen = (at <= positions[:, None]) & ((at > positions[:, None] - window) if window else True)  # [m, n_ctx]
     out = np.empty((m, n_head, hd))
     for h in range(n_head):
         s = np.where(seen, qv[:, h] @ k[h // group].T * scale, -np.inf)
@@ -93,11 +96,11 @@ def case(types: tuple[str, str], heads: tuple[int, int, int], seed: int = 7, len
     return q, k_new, v_new, keys, values, 1 / np.sqrt(hd)
 
 
-def attend(kernels, q, k_new, v_new, keys, values, rows: slice, scale: float, types: tuple[str, str]) -> np.ndarray:
+def attend(kernels, q, k_new, v_new, keys, values, rows: slice, scale: float, types: tuple[str, str], window: int = 0) -> np.ndarray:
     """The kernel over rows (their positions are their indices), storing their keys and values."""
     positions = np.arange(len(q), dtype=np.int32)[rows]
     out = np.empty((len(positions), q.shape[1] * q.shape[2]), np.float32)
-    kernels.attention(q[rows], k_new[rows], v_new[rows], keys, values, positions, out, scale, types)
+    kernels.attention(q[rows], k_new[rows], v_new[rows], keys, values, positions, out, scale, types, window)
     return out
 
 
@@ -169,3 +172,30 @@ def test_decode_deep_in_a_context_splits_its_positions_without_changing_a_bit(ke
                 np.testing.assert_array_equal(attend(kernels, q, k_new, v_new, keys, values, slice(i, i + 1), scale, types)[0], whole[i])
         finally:
             kernels.set_threads(2)
+
+
+# n_head, n_head_kv, head_dim and sliding window of the five architectures' common sizes:
+# Qwen2.5-0.5B, Llama-3.2-3B, Qwen3-0.6B, gemma-3-1b's local layers, Phi-3-mini
+ARCH_HEADS = {"qwen2": (14, 2, 64, 0), "llama": (24, 8, 128, 0), "qwen3": (16, 8, 128, 0), "gemma3": (4, 1, 256, 512), "phi3": (32, 32, 96, 0)}
+DEEP = 1100  # past one span, and past gemma3's window
+
+
+@pytest.mark.parametrize("arch", ARCH_HEADS)
+@pytest.mark.parametrize("types", [("f16", "f16"), ("q8_0", "q8_0")], ids="/".join)
+def test_every_architectures_heads_deep_in_a_context(kernels, types: tuple[str, str], arch: str) -> None:
+    """Each architecture's grouping of query heads (7, 3, 2, 4 with a window, and 1 to a kv
+    head) over the tiled keys, past a span's edge: the float64 reference's values, and the
+    last row decoded alone at one and two threads equals its prefill, bit for bit."""
+    n_head, n_head_kv, hd, window = ARCH_HEADS[arch]
+    q, k_new, v_new, keys, values, scale = case(types, (n_head, n_head_kv, hd), seed=9, length=DEEP)
+    whole = attend(kernels, q, k_new, v_new, keys, values, slice(0, DEEP), scale, types, window)
+    rows = np.array([0, window - 1 if window else 700, window + 3 if window else 1023, DEEP - 1])
+    want = reference(q[rows], keys, values, rows, types, scale, kernels.tiled_keys, window)
+    np.testing.assert_allclose(whole[rows], want, rtol=0, atol=2e-5 * np.abs(want).max())
+    for threads in (1, 2):
+        kernels.set_threads(threads)
+        try:
+            alone = attend(kernels, q, k_new, v_new, keys, values, slice(DEEP - 1, DEEP), scale, types, window)
+        finally:
+            kernels.set_threads(2)
+        np.testing.assert_array_equal(alone[0], whole[DEEP - 1])
