@@ -9,6 +9,7 @@
 #include <string.h>
 
 #include "kernels.h"
+#include "vec16.h"
 #ifdef _OPENMP
 #include <omp.h>
 #endif
@@ -231,95 +232,58 @@ static void exp_shifted(float *s, int64_t n, float mx) {
  * the heads, and the heads' sums are independent chains, so the adds overlap instead of
  * waiting on each other. Every output value gets one fused multiply-add per j, in j order,
  * whatever the heads beside it: a head's result does not depend on its group. */
-#define MAX_HEAD_GROUP 8 /* heads sharing one pass over the values */
+#ifdef LP_512
+#define HEAD_GROUP 8 /* heads sharing one pass over the values: their sums stay in registers */
+#define HEAD_WIDTH 2 /* vectors of 16 values per head in a pass */
+#else
+#define HEAD_GROUP 4
+#define HEAD_WIDTH 1
+#endif
 
-#if defined(__AVX512F__)
-static inline __attribute__((always_inline)) __m512 load16(const void *v, int64_t at, int half) {
-    return half ? _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)((const uint16_t *)v + at)))
-                : _mm512_loadu_ps((const float *)v + at);
-}
-
+#ifdef LP_R
 /* heads [0, gh) of p (ps floats apart) into o (hd apart), values [c, c + 16w) of each row */
-static inline __attribute__((always_inline)) void heads_lanes16(const float *p, int64_t ps, const void *v, int half, int64_t n,
-                                                                int64_t hd, int64_t c, float *o, const int gh, const int w) {
-    __m512 acc[MAX_HEAD_GROUP * 2];
+LP_INLINE void heads_lanes(const float *p, int64_t ps, const void *v, int half, int64_t n, int64_t hd, int64_t c, float *o,
+                           const int gh, const int w) {
+    vf acc[HEAD_GROUP * HEAD_WIDTH];
     for (int h = 0; h < gh; h++)
-        for (int i = 0; i < w; i++) acc[h * w + i] = _mm512_loadu_ps(o + h * hd + c + 16 * i);
+        for (int i = 0; i < w; i++) acc[h * w + i] = vf_f32((const uint8_t *)(o + h * hd + c + 16 * i));
     for (int64_t j = 0; j < n; j++) {
-        __m512 vj[2];
-        for (int i = 0; i < w; i++) vj[i] = load16(v, j * hd + c + 16 * i, half);
+        vf vj[HEAD_WIDTH];
+        for (int i = 0; i < w; i++) {
+            const int64_t at = j * hd + c + 16 * i;
+            vj[i] = half ? vf_f16((const uint8_t *)v + 2 * at) : vf_f32((const uint8_t *)v + 4 * at);
+        }
         for (int h = 0; h < gh; h++) {
-            const __m512 pj = _mm512_set1_ps(p[h * ps + j]);
-            for (int i = 0; i < w; i++) acc[h * w + i] = _mm512_fmadd_ps(pj, vj[i], acc[h * w + i]);
+            const vf pj = vf_set1(p[h * ps + j]);
+            for (int i = 0; i < w; i++) acc[h * w + i] = vf_fmadd(pj, vj[i], acc[h * w + i]);
         }
     }
     for (int h = 0; h < gh; h++)
-        for (int i = 0; i < w; i++) _mm512_storeu_ps(o + h * hd + c + 16 * i, acc[h * w + i]);
+        for (int i = 0; i < w; i++) vf_store(o + h * hd + c + 16 * i, acc[h * w + i]);
 }
 
-static void heads16(const float *p, int64_t ps, const void *v, int half, int64_t n, int64_t hd, int64_t c, float *o, int gh, int w) {
-#define HEADS16(G) \
-    case G: w == 2 ? heads_lanes16(p, ps, v, half, n, hd, c, o, G, 2) : heads_lanes16(p, ps, v, half, n, hd, c, o, G, 1); break;
-    switch (gh) { HEADS16(1) HEADS16(2) HEADS16(3) HEADS16(4) HEADS16(5) HEADS16(6) HEADS16(7) HEADS16(8) }
-#undef HEADS16
-}
+static void heads(const float *p, int64_t ps, const void *v, int half, int64_t n, int64_t hd, int64_t c, float *o, int gh, int w) {
+#define HEADS(G) \
+    case G: w == HEAD_WIDTH ? heads_lanes(p, ps, v, half, n, hd, c, o, G, HEAD_WIDTH) : heads_lanes(p, ps, v, half, n, hd, c, o, G, 1); break;
+#ifdef LP_512
+    switch (gh) { HEADS(1) HEADS(2) HEADS(3) HEADS(4) HEADS(5) HEADS(6) HEADS(7) HEADS(8) }
+#else
+    switch (gh) { HEADS(1) HEADS(2) HEADS(3) HEADS(4) }
 #endif
-
-#if defined(__AVX2__) && defined(__FMA__)
-static inline __attribute__((always_inline)) __m256 load8(const void *v, int64_t at, int half) {
-#if defined(__F16C__)
-    if (half) return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)((const uint16_t *)v + at)));
-#endif
-    return _mm256_loadu_ps((const float *)v + at);
-}
-
-/* heads_lanes16 eight floats a vector, for the sixteen registers of AVX2 */
-static inline __attribute__((always_inline)) void heads_lanes8(const float *p, int64_t ps, const void *v, int half, int64_t n,
-                                                               int64_t hd, int64_t c, float *o, const int gh, const int w) {
-    __m256 acc[8];
-    for (int h = 0; h < gh; h++)
-        for (int i = 0; i < w; i++) acc[h * w + i] = _mm256_loadu_ps(o + h * hd + c + 8 * i);
-    for (int64_t j = 0; j < n; j++) {
-        __m256 vj[2];
-        for (int i = 0; i < w; i++) vj[i] = load8(v, j * hd + c + 8 * i, half);
-        for (int h = 0; h < gh; h++) {
-            const __m256 pj = _mm256_broadcast_ss(p + h * ps + j);
-            for (int i = 0; i < w; i++) acc[h * w + i] = _mm256_fmadd_ps(pj, vj[i], acc[h * w + i]);
-        }
-    }
-    for (int h = 0; h < gh; h++)
-        for (int i = 0; i < w; i++) _mm256_storeu_ps(o + h * hd + c + 8 * i, acc[h * w + i]);
-}
-
-static void heads8(const float *p, int64_t ps, const void *v, int half, int64_t n, int64_t hd, int64_t c, float *o, int gh, int w) {
-#define HEADS8(G) \
-    case G: w == 2 ? heads_lanes8(p, ps, v, half, n, hd, c, o, G, 2) : heads_lanes8(p, ps, v, half, n, hd, c, o, G, 1); break;
-    switch (gh) { HEADS8(1) HEADS8(2) HEADS8(3) HEADS8(4) }
-#undef HEADS8
+#undef HEADS
 }
 #endif
 
 /* o_h += sum_{j < n} p_h[j] v_j for the g heads: p_h at p + h*ps, o_h at o + h*hd; v: n rows
  * of hd values, halves where `half` (the cache's f16 rows, read in place) or floats. */
 static void accumulate_heads(const float *p, int64_t ps, const void *v, int half, int64_t n, int64_t hd, float *o, int64_t g) {
-#if defined(__AVX512F__)
+#ifdef LP_R
     if (hd % 16 == 0) {
-        for (int64_t h0 = 0; h0 < g; h0 += MAX_HEAD_GROUP) {
-            const int gh = g - h0 < MAX_HEAD_GROUP ? (int)(g - h0) : MAX_HEAD_GROUP;
+        for (int64_t h0 = 0; h0 < g; h0 += HEAD_GROUP) {
+            const int gh = g - h0 < HEAD_GROUP ? (int)(g - h0) : HEAD_GROUP;
             int64_t c = 0;
-            for (; c + 32 <= hd; c += 32) heads16(p + h0 * ps, ps, v, half, n, hd, c, o + h0 * hd, gh, 2);
-            if (c < hd) heads16(p + h0 * ps, ps, v, half, n, hd, c, o + h0 * hd, gh, 1);
-        }
-        return;
-    }
-#endif
-#if defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
-    if (hd % 8 == 0) {
-        for (int64_t h0 = 0; h0 < g; h0 += 4) {
-            const int gh = g - h0 < 4 ? (int)(g - h0) : 4;
-            int64_t c = 0;
-            for (; c + 16 <= hd; c += 16) heads8(p + h0 * ps, ps, v, half, n, hd, c, o + h0 * hd, gh, 2);
-            if (c < hd) heads8(p + h0 * ps, ps, v, half, n, hd, c, o + h0 * hd, gh, 1);
+            for (; c + 16 * HEAD_WIDTH <= hd; c += 16 * HEAD_WIDTH) heads(p + h0 * ps, ps, v, half, n, hd, c, o + h0 * hd, gh, HEAD_WIDTH);
+            if (c < hd) heads(p + h0 * ps, ps, v, half, n, hd, c, o + h0 * hd, gh, 1);
         }
         return;
     }

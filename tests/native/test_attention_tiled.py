@@ -138,8 +138,8 @@ def test_threads_do_not_change_a_row(kernels) -> None:
 
 @pytest.mark.parametrize("hd", [36, 40])
 def test_a_head_size_the_vectors_do_not_divide(kernels, hd: int) -> None:
-    """An f16 cache takes any head size: 36 runs the plain loops, 40 the eight-lane ones
-    where the build has sixteen, with the same promises."""
+    """An f16 cache takes any head size, with the same promises: the tiles' scores run over
+    any number of elements, and value sums the vectors do not divide run the plain loops."""
     types, heads = ("f16", "f16"), (3, 1, hd)
     q, k_new, v_new, keys, values, scale = case(types, heads)
     whole = attend(kernels, q, k_new, v_new, keys, values, slice(0, T), scale, types)
