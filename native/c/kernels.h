@@ -405,9 +405,9 @@ int64_t li_kv_row_bytes(int type, int64_t hd); /* -1: not a cache type, or hd no
 void li_fwht(float *x, int64_t len, int64_t n);
 void li_kv_store(int type, const float *x, uint8_t *row, int64_t hd, int64_t rot);
 void li_kv_query(int type, const float *q, int64_t g, int64_t hd, int64_t rot, void *qbuf);
-const void *li_kv_block_keys(int type, const uint8_t *rows, int64_t n, int64_t hd, float *buf);
-void li_kv_block_values(int type, const uint8_t *rows, int64_t n, int64_t hd, float *buf);
-void li_kv_scores(int type, const void *query, const void *keys, int64_t n, int64_t hd, float scale, float *s);
+const void *li_kv_block_keys(const uint8_t *rows, int64_t n, int64_t hd, float *buf); /* q4_0 keys */
+void li_kv_block_values(int type, const uint8_t *rows, int64_t n, int64_t hd, float *buf); /* q8_0, q4_0 */
+void li_kv_scores(const void *query, const void *keys, int64_t n, int64_t hd, float scale, float *s);
 /* f16 and q8_0 keys are stored in tiles of LI_KV_TILE positions (the bytes of LI_KV_TILE
  * rows; kvcache.c has the layouts), so that scores are vector products over positions */
 #define LI_KV_TILE 16

@@ -99,18 +99,6 @@ void li_kv_store(int type, const float *x, uint8_t *row, int64_t hd, int64_t rot
 
 /* ---- a block of n cached positions, prepared once for all the queries of a tile -------- */
 
-/* n halves to floats (exact) */
-static void widen_f16(const uint16_t *h, int64_t n, float *out) {
-    int64_t i = 0;
-#if defined(__AVX512F__)
-    for (; i + 16 <= n; i += 16) _mm512_storeu_ps(out + i, _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(h + i))));
-#endif
-#if defined(__F16C__) && defined(__AVX2__)
-    for (; i + 8 <= n; i += 8) _mm256_storeu_ps(out + i, _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(h + i))));
-#endif
-    for (; i < n; i++) out[i] = li_fp16_to_fp32(h[i]);
-}
-
 /* one q8_0 or q4_0 block's 32 values as int8: q, or the nibble minus 8 */
 static inline void block_ints(int type, const uint8_t *blk, int8_t *q) {
     if (type == LI_Q8_0) {
@@ -127,11 +115,10 @@ static inline void block_ints(int type, const uint8_t *blk, int8_t *q) {
 #endif
 }
 
-/* Keys in rows (q4_0: f16 and q8_0 ones are tiled) in the form li_kv_scores reads: q8_0
- * blocks of the same integers (so the same dot products, without unpacking nibbles for
- * every query). buf: room for n rows of hd floats. */
-const void *li_kv_block_keys(int type, const uint8_t *rows, int64_t n, int64_t hd, float *buf) {
-    if (type == LI_Q8_0) return rows;
+/* The keys kept in rows, q4_0's (f16 and q8_0 ones are tiled), in the form li_kv_scores
+ * reads: q8_0 blocks of the same integers (so the same dot products, without unpacking
+ * nibbles for every query). buf: room for n rows of hd floats. */
+const void *li_kv_block_keys(const uint8_t *rows, int64_t n, int64_t hd, float *buf) {
     uint8_t *out = (uint8_t *)buf;
     for (int64_t b = 0; b < n * hd / QK; b++, out += 34, rows += 18) {
         memcpy(out, rows, 2);
@@ -140,12 +127,8 @@ const void *li_kv_block_keys(int type, const uint8_t *rows, int64_t n, int64_t h
     return buf;
 }
 
-/* n value rows as floats (hd each) in buf: halves widened, blocks as d*q */
+/* n quantized value rows as floats (hd each) in buf, d*q (f16 rows are read in place) */
 void li_kv_block_values(int type, const uint8_t *rows, int64_t n, int64_t hd, float *buf) {
-    if (type == LI_F16) {
-        widen_f16((const uint16_t *)rows, n * hd, buf);
-        return;
-    }
     const int64_t kb = q_block_bytes(type);
     int8_t q[QK];
     for (int64_t b = 0; b < n * hd / QK; b++, rows += kb, buf += QK) {
@@ -188,7 +171,7 @@ static inline __m256 key_sums_q8_0(const uint8_t *qq, const uint8_t *k, int64_t 
 }
 #endif
 
-/* q8_0 keys (q4_0 ones as li_kv_block_keys unpacked them) against the query as q8_0 blocks.
+/* q4_0 keys as li_kv_block_keys unpacked them (q8_0 blocks) against the query as q8_0 blocks.
  * Eight keys' partial sums are reduced together (hsum8x8), each key's in its own register:
  * the same sum whichever keys are beside it. */
 static void scores_q8_0(const uint8_t *qq, const uint8_t *keys, int64_t n, int64_t hd, float scale, float *s) {
@@ -219,20 +202,19 @@ static void scores_q8_0(const uint8_t *qq, const uint8_t *keys, int64_t n, int64
     }
 }
 
-/* query: one head as li_kv_query wrote it; keys: what li_kv_block_keys returned, keys in
- * rows (tiled ones take li_kv_scores_tiles). Writes s[0..n). */
-void li_kv_scores(int type, const void *query, const void *keys, int64_t n, int64_t hd, float scale, float *s) {
-    (void)type;
+/* query: one head as li_kv_query wrote it; keys: what li_kv_block_keys returned (the keys
+ * kept in rows; tiled ones take li_kv_scores_tiles). Writes s[0..n). */
+void li_kv_scores(const void *query, const void *keys, int64_t n, int64_t hd, float scale, float *s) {
     scores_q8_0((const uint8_t *)query, (const uint8_t *)keys, n, hd, scale, s);
 }
 
-/* ---- f16 keys in tiles: scores of a row's g heads against up to two tiles at once ------
+/* ---- keys in tiles: scores of a row's g heads against up to two tiles at once ------------
  *
- * A tile holds LI_KV_TILE positions of one kv head element by element: half t[e][lane]. A
- * score is then sum_e q[e] * k[e], lane by lane, in e order: one vector FMA per element for
- * sixteen keys, no horizontal sums, and each tile row widened once for all g heads. */
-
-/* q8_0 keys in tiles: per block of 32 values, the LI_KV_TILE scales, then the ints four
+ * An f16 tile holds LI_KV_TILE positions of one kv head element by element: half t[e][lane].
+ * A score is then sum_e q[e] * k[e], lane by lane, in e order: one vector FMA per element for
+ * sixteen keys, no horizontal sums, and each tile row widened once for all g heads.
+ *
+ * q8_0 keys in tiles: per block of 32 values, the LI_KV_TILE scales, then the ints four
  * values of a position together: [8][LI_KV_TILE][4], as the packed Q8_0 panels hold them */
 #define Q8_TILE_BLOCK (2 * LI_KV_TILE + QK * LI_KV_TILE)
 

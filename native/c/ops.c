@@ -375,7 +375,7 @@ static void attend_span(const struct attn_job *a, int64_t i0, int64_t rows, int6
     const int64_t k_end = last < k_lo + SPAN - 1 ? last : k_lo + SPAN - 1;
     for (int64_t k0 = first / KEY_BLOCK * KEY_BLOCK > k_lo ? first / KEY_BLOCK * KEY_BLOCK : k_lo; k0 <= k_end; k0 += KEY_BLOCK) {
         const int64_t n = last + 1 - k0 < KEY_BLOCK ? last + 1 - k0 : KEY_BLOCK;
-        const void *kblk = tiled ? (const void *)(keys + k0 * a->kb) : li_kv_block_keys(a->type_k, keys + k0 * a->kb, n, hd, kbuf);
+        const void *kblk = tiled ? (const void *)(keys + k0 * a->kb) : li_kv_block_keys(keys + k0 * a->kb, n, hd, kbuf);
         const void *vblk = half ? (const void *)(values + k0 * a->vb) : vbuf;
         if (!half) li_kv_block_values(a->type_v, values + k0 * a->vb, n, hd, vbuf);
         for (int64_t r = 0; r < rows; r++) {
@@ -386,7 +386,7 @@ static void attend_span(const struct attn_job *a, int64_t i0, int64_t rows, int6
             if (tiled)
                 li_kv_scores_tiles(a->type_k, qbuf + r * g * a->qstride, a->qstride, kblk, (nr + LI_KV_TILE - 1) / LI_KV_TILE, hd, g, a->scale, s, SCORE_ROW);
             for (int64_t h = 0, i = r * g; h < g; h++, i++) {
-                if (!tiled) li_kv_scores(a->type_k, qbuf + i * a->qstride, kblk, nr, hd, a->scale, s + h * SCORE_ROW);
+                if (!tiled) li_kv_scores(qbuf + i * a->qstride, kblk, nr, hd, a->scale, s + h * SCORE_ROW);
                 softmax_block(s + h * SCORE_ROW + j0, nr - j0, hd, mx + i, sum + i, o + i * hd);
             }
             const size_t v0 = (size_t)(j0 * hd) * (half ? 2 : 4);

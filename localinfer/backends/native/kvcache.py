@@ -174,9 +174,11 @@ class KVCache:
         """rows ([layers, heads, n, row bytes]) at positions lo on of `layers`; the other
         positions of the tiles they touch are kept."""
         hi = lo + rows.shape[2]
+        if not tiled:
+            array[layers, :, lo:hi] = rows
+            return
         t0, t1 = lo // KEY_TILE * KEY_TILE, -(-hi // KEY_TILE) * KEY_TILE
-        tiles = array[layers, :, t0:t1]
-        whole = kv_rows_of(tiles, kv_type, tiled).copy() if tiled else tiles
+        whole = kv_rows_of(array[layers, :, t0:t1], kv_type, tiled)  # a copy: tiles are rearranged
         whole[:, :, lo - t0 : hi - t0] = rows
         array[layers, :, t0:t1] = kv_tiles_of(whole, kv_type, tiled)
 
