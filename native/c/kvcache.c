@@ -118,9 +118,10 @@ static inline void block_ints(int type, const uint8_t *blk, int8_t *q) {
 /* The keys kept in rows, q4_0's (f16 and q8_0 ones are tiled), in the form li_kv_scores
  * reads: q8_0 blocks of the same integers (so the same dot products, without unpacking
  * nibbles for every query). buf: room for n rows of hd floats. */
-const void *li_kv_block_keys(const uint8_t *rows, int64_t n, int64_t hd, float *buf) {
+const void *li_kv_block_keys(const uint8_t *rows, int64_t n, int64_t hd, float *buf, int64_t ahead) {
     uint8_t *out = (uint8_t *)buf;
     for (int64_t b = 0; b < n * hd / QK; b++, out += 34, rows += 18) {
+        li_kv_prefetch(rows, ahead);
         memcpy(out, rows, 2);
         block_ints(LI_Q4_0, rows, (int8_t *)(out + 2));
     }
@@ -128,10 +129,11 @@ const void *li_kv_block_keys(const uint8_t *rows, int64_t n, int64_t hd, float *
 }
 
 /* n quantized value rows as floats (hd each) in buf, d*q (f16 rows are read in place) */
-void li_kv_block_values(int type, const uint8_t *rows, int64_t n, int64_t hd, float *buf) {
+void li_kv_block_values(int type, const uint8_t *rows, int64_t n, int64_t hd, float *buf, int64_t ahead) {
     const int64_t kb = q_block_bytes(type);
     int8_t q[QK];
     for (int64_t b = 0; b < n * hd / QK; b++, rows += kb, buf += QK) {
+        li_kv_prefetch(rows, ahead);
         const float d = load_half(rows);
         block_ints(type, rows, q);
 #if defined(__AVX2__)
@@ -243,7 +245,7 @@ int64_t li_kv_query_stride(int type, int64_t hd) { return type == LI_F16 ? 4 * h
 #if defined(__AVX512F__)
 /* heads [0, gh) of q (hd apart) against nt tiles: s[h * ss + key] */
 static inline __attribute__((always_inline)) void tile_heads16(const float *q, const uint16_t *t, int64_t hd, float scale, float *s,
-                                                               int64_t ss, const int gh, const int nt) {
+                                                               int64_t ss, const int gh, const int nt, int64_t ahead) {
     /* fewer than eight sums would wait on each other's latency: then even and odd elements
      * go to separate sums, added at the end (a fixed order for a given group size) */
     const int ways = gh * nt <= 8 ? 2 : 1, n_acc = gh * nt;
@@ -253,6 +255,8 @@ static inline __attribute__((always_inline)) void tile_heads16(const float *q, c
         for (int w = 0; w < ways; w++) {
             __m512 k[2];
             for (int i = 0; i < nt; i++) k[i] = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(t + (i * hd + e + w) * LI_KV_TILE)));
+            if ((e + w) % 2 == 0) /* a line holds two tile rows */
+                for (int i = 0; i < nt; i++) li_kv_prefetch(t + (i * hd + e + w) * LI_KV_TILE, ahead);
             for (int h = 0; h < gh; h++) {
                 const __m512 qv = _mm512_set1_ps(q[h * hd + e + w]);
                 for (int i = 0; i < nt; i++) acc[w * n_acc + h * nt + i] = _mm512_fmadd_ps(qv, k[i], acc[w * n_acc + h * nt + i]);
@@ -264,21 +268,22 @@ static inline __attribute__((always_inline)) void tile_heads16(const float *q, c
         for (int i = 0; i < nt; i++) _mm512_storeu_ps(s + h * ss + 16 * i, _mm512_mul_ps(acc[h * nt + i], _mm512_set1_ps(scale)));
 }
 #define TILE_GROUP 8
-static void tile_heads(const float *q, const uint16_t *t, int64_t hd, float scale, float *s, int64_t ss, int gh, int nt) {
+static void tile_heads(const float *q, const uint16_t *t, int64_t hd, float scale, float *s, int64_t ss, int gh, int nt, int64_t ahead) {
 #define TILE_HEADS(G) \
-    case G: nt == 2 ? tile_heads16(q, t, hd, scale, s, ss, G, 2) : tile_heads16(q, t, hd, scale, s, ss, G, 1); break;
+    case G: nt == 2 ? tile_heads16(q, t, hd, scale, s, ss, G, 2, ahead) : tile_heads16(q, t, hd, scale, s, ss, G, 1, ahead); break;
     switch (gh) { TILE_HEADS(1) TILE_HEADS(2) TILE_HEADS(3) TILE_HEADS(4) TILE_HEADS(5) TILE_HEADS(6) TILE_HEADS(7) TILE_HEADS(8) }
 #undef TILE_HEADS
 }
 #elif defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
 /* one tile (two vectors of eight) against heads [0, gh) */
 static inline __attribute__((always_inline)) void tile_heads8(const float *q, const uint16_t *t, int64_t hd, float scale, float *s,
-                                                              int64_t ss, const int gh) {
+                                                              int64_t ss, const int gh, int64_t ahead) {
     __m256 acc[12];
     for (int i = 0; i < 2 * gh; i++) acc[i] = _mm256_setzero_ps();
     for (int64_t e = 0; e < hd; e++) {
         const __m256 k0 = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(t + e * LI_KV_TILE)));
         const __m256 k1 = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(t + e * LI_KV_TILE + 8)));
+        if (e % 2 == 0) li_kv_prefetch(t + e * LI_KV_TILE, ahead); /* a line holds two tile rows */
         for (int h = 0; h < gh; h++) {
             const __m256 qv = _mm256_broadcast_ss(q + h * hd + e);
             acc[2 * h] = _mm256_fmadd_ps(qv, k0, acc[2 * h]);
@@ -291,17 +296,18 @@ static inline __attribute__((always_inline)) void tile_heads8(const float *q, co
     }
 }
 #define TILE_GROUP 6
-static void tile_heads(const float *q, const uint16_t *t, int64_t hd, float scale, float *s, int64_t ss, int gh, int nt) {
+static void tile_heads(const float *q, const uint16_t *t, int64_t hd, float scale, float *s, int64_t ss, int gh, int nt, int64_t ahead) {
     for (int i = 0; i < nt; i++, t += hd * LI_KV_TILE, s += LI_KV_TILE) {
 #define TILE_HEADS(G) \
-    case G: tile_heads8(q, t, hd, scale, s, ss, G); break;
+    case G: tile_heads8(q, t, hd, scale, s, ss, G, ahead); break;
         switch (gh) { TILE_HEADS(1) TILE_HEADS(2) TILE_HEADS(3) TILE_HEADS(4) TILE_HEADS(5) TILE_HEADS(6) }
 #undef TILE_HEADS
     }
 }
 #else
 #define TILE_GROUP 8
-static void tile_heads(const float *q, const uint16_t *t, int64_t hd, float scale, float *s, int64_t ss, int gh, int nt) {
+static void tile_heads(const float *q, const uint16_t *t, int64_t hd, float scale, float *s, int64_t ss, int gh, int nt, int64_t ahead) {
+    (void)ahead;
     for (int h = 0; h < gh; h++)
         for (int64_t j = 0; j < nt * LI_KV_TILE; j++) {
             const uint16_t *tile = t + j / LI_KV_TILE * hd * LI_KV_TILE;
@@ -322,15 +328,17 @@ static void tile_heads(const float *q, const uint16_t *t, int64_t hd, float scal
 #define Q8_GROUP 3
 #endif
 LP_INLINE void q8_tile_heads(const uint8_t *q, int64_t qs, const uint8_t *tile, int64_t nb, float scale, float *s, int64_t ss,
-                             const int gh) {
+                             const int gh, int64_t ahead) {
     vf acc[Q8_GROUP];
     for (int h = 0; h < gh; h++) acc[h] = vf_zero();
     for (int64_t b = 0; b < nb; b++) {
         const uint8_t *blk = tile + b * Q8_TILE_BLOCK, *ints = blk + 2 * LI_KV_TILE;
+        li_kv_prefetch(blk, ahead);
         vi isum[Q8_GROUP];
         for (int h = 0; h < gh; h++) isum[h] = vi_set1(0);
         for (int g = 0; g < QK / 4; g++) {
             const vi w = vi_load(ints + g * 4 * LI_KV_TILE);
+            li_kv_prefetch(ints + g * 4 * LI_KV_TILE, ahead);
 #if LP_XOR_Q8
 #ifdef LP_512
             const vi uw = _mm512_xor_si512(w, _mm512_set1_epi8((char)0x80));
@@ -361,9 +369,9 @@ LP_INLINE void q8_tile_heads(const uint8_t *q, int64_t qs, const uint8_t *tile, 
     for (int h = 0; h < gh; h++) vf_store(s + h * ss, vf_mul(acc[h], vf_set1(scale)));
 }
 
-static void q8_tile(const uint8_t *q, int64_t qs, const uint8_t *tile, int64_t nb, float scale, float *s, int64_t ss, int gh) {
+static void q8_tile(const uint8_t *q, int64_t qs, const uint8_t *tile, int64_t nb, float scale, float *s, int64_t ss, int gh, int64_t ahead) {
 #define Q8_HEADS(G) \
-    case G: q8_tile_heads(q, qs, tile, nb, scale, s, ss, G); break;
+    case G: q8_tile_heads(q, qs, tile, nb, scale, s, ss, G, ahead); break;
 #ifdef LP_512
     switch (gh) { Q8_HEADS(1) Q8_HEADS(2) Q8_HEADS(3) Q8_HEADS(4) Q8_HEADS(5) Q8_HEADS(6) Q8_HEADS(7) Q8_HEADS(8) }
 #else
@@ -373,8 +381,8 @@ static void q8_tile(const uint8_t *q, int64_t qs, const uint8_t *tile, int64_t n
 }
 #else
 #define Q8_GROUP 1
-static void q8_tile(const uint8_t *q, int64_t qs, const uint8_t *tile, int64_t nb, float scale, float *s, int64_t ss, int gh) {
-    (void)gh;
+static void q8_tile(const uint8_t *q, int64_t qs, const uint8_t *tile, int64_t nb, float scale, float *s, int64_t ss, int gh, int64_t ahead) {
+    (void)gh, (void)ahead;
     for (int64_t j = 0; j < LI_KV_TILE; j++) {
         float sum = 0.0f;
         for (int64_t b = 0; b < nb; b++) {
@@ -391,13 +399,13 @@ static void q8_tile(const uint8_t *q, int64_t qs, const uint8_t *tile, int64_t n
 
 /* The g query heads of a row (as li_kv_query wrote them, qs bytes apart) against nt (1 or
  * 2) consecutive tiles of keys of `type` (f16 or q8_0): head h's scores at s[h * ss + key],
- * for nt * LI_KV_TILE keys. */
+ * for nt * LI_KV_TILE keys; each line read asks for the one `ahead` bytes on (li_kv_prefetch). */
 void li_kv_scores_tiles(int type, const uint8_t *q, int64_t qs, const uint8_t *tiles, int64_t nt, int64_t hd, int64_t g, float scale,
-                        float *s, int64_t ss) {
+                        float *s, int64_t ss, int64_t ahead) {
     if (type == LI_F16) {
         for (int64_t h0 = 0; h0 < g; h0 += TILE_GROUP) {
             const int gh = g - h0 < TILE_GROUP ? (int)(g - h0) : TILE_GROUP;
-            tile_heads((const float *)q + h0 * hd, (const uint16_t *)tiles, hd, scale, s + h0 * ss, ss, gh, (int)nt);
+            tile_heads((const float *)q + h0 * hd, (const uint16_t *)tiles, hd, scale, s + h0 * ss, ss, gh, (int)nt, ahead);
         }
         return;
     }
@@ -405,7 +413,7 @@ void li_kv_scores_tiles(int type, const uint8_t *q, int64_t qs, const uint8_t *t
     for (int64_t t = 0; t < nt; t++)
         for (int64_t h0 = 0; h0 < g; h0 += Q8_GROUP) {
             const int gh = g - h0 < Q8_GROUP ? (int)(g - h0) : Q8_GROUP;
-            q8_tile(q + h0 * qs, qs, tiles + t * LI_KV_TILE * nb * 34, nb, scale, s + h0 * ss + t * LI_KV_TILE, ss, gh);
+            q8_tile(q + h0 * qs, qs, tiles + t * LI_KV_TILE * nb * 34, nb, scale, s + h0 * ss + t * LI_KV_TILE, ss, gh, ahead);
         }
 }
 

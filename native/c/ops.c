@@ -243,7 +243,7 @@ static void exp_shifted(float *s, int64_t n, float mx) {
 #ifdef LP_R
 /* heads [0, gh) of p (ps floats apart) into o (hd apart), values [c, c + 16w) of each row */
 LP_INLINE void heads_lanes(const float *p, int64_t ps, const void *v, int half, int64_t n, int64_t hd, int64_t c, float *o,
-                           const int gh, const int w) {
+                           const int gh, const int w, int64_t ahead) {
     vf acc[HEAD_GROUP * HEAD_WIDTH];
     for (int h = 0; h < gh; h++)
         for (int i = 0; i < w; i++) acc[h * w + i] = vf_f32((const uint8_t *)(o + h * hd + c + 16 * i));
@@ -253,6 +253,7 @@ LP_INLINE void heads_lanes(const float *p, int64_t ps, const void *v, int half, 
             const int64_t at = j * hd + c + 16 * i;
             vj[i] = half ? vf_f16((const uint8_t *)v + 2 * at) : vf_f32((const uint8_t *)v + 4 * at);
         }
+        li_kv_prefetch((const uint8_t *)v + 2 * (j * hd + c), ahead); /* a pass reads at most a line of a row */
         for (int h = 0; h < gh; h++) {
             const vf pj = vf_set1(p[h * ps + j]);
             for (int i = 0; i < w; i++) acc[h * w + i] = vf_fmadd(pj, vj[i], acc[h * w + i]);
@@ -262,9 +263,12 @@ LP_INLINE void heads_lanes(const float *p, int64_t ps, const void *v, int half, 
         for (int i = 0; i < w; i++) vf_store(o + h * hd + c + 16 * i, acc[h * w + i]);
 }
 
-static void heads(const float *p, int64_t ps, const void *v, int half, int64_t n, int64_t hd, int64_t c, float *o, int gh, int w) {
+static void heads(const float *p, int64_t ps, const void *v, int half, int64_t n, int64_t hd, int64_t c, float *o, int gh, int w,
+                  int64_t ahead) {
 #define HEADS(G) \
-    case G: w == HEAD_WIDTH ? heads_lanes(p, ps, v, half, n, hd, c, o, G, HEAD_WIDTH) : heads_lanes(p, ps, v, half, n, hd, c, o, G, 1); break;
+    case G: \
+        w == HEAD_WIDTH ? heads_lanes(p, ps, v, half, n, hd, c, o, G, HEAD_WIDTH, ahead) : heads_lanes(p, ps, v, half, n, hd, c, o, G, 1, ahead); \
+        break;
 #ifdef LP_512
     switch (gh) { HEADS(1) HEADS(2) HEADS(3) HEADS(4) HEADS(5) HEADS(6) HEADS(7) HEADS(8) }
 #else
@@ -275,19 +279,22 @@ static void heads(const float *p, int64_t ps, const void *v, int half, int64_t n
 #endif
 
 /* o_h += sum_{j < n} p_h[j] v_j for the g heads: p_h at p + h*ps, o_h at o + h*hd; v: n rows
- * of hd values, halves where `half` (the cache's f16 rows, read in place) or floats. */
-static void accumulate_heads(const float *p, int64_t ps, const void *v, int half, int64_t n, int64_t hd, float *o, int64_t g) {
+ * of hd values, halves where `half` (the cache's f16 rows, read in place, each line asking for
+ * the one `ahead` bytes on) or floats (ahead 0). */
+static void accumulate_heads(const float *p, int64_t ps, const void *v, int half, int64_t n, int64_t hd, float *o, int64_t g,
+                             int64_t ahead) {
 #ifdef LP_R
     if (hd % 16 == 0) {
         for (int64_t h0 = 0; h0 < g; h0 += HEAD_GROUP) {
             const int gh = g - h0 < HEAD_GROUP ? (int)(g - h0) : HEAD_GROUP;
             int64_t c = 0;
-            for (; c + 16 * HEAD_WIDTH <= hd; c += 16 * HEAD_WIDTH) heads(p + h0 * ps, ps, v, half, n, hd, c, o + h0 * hd, gh, HEAD_WIDTH);
-            if (c < hd) heads(p + h0 * ps, ps, v, half, n, hd, c, o + h0 * hd, gh, 1);
+            for (; c + 16 * HEAD_WIDTH <= hd; c += 16 * HEAD_WIDTH) heads(p + h0 * ps, ps, v, half, n, hd, c, o + h0 * hd, gh, HEAD_WIDTH, ahead);
+            if (c < hd) heads(p + h0 * ps, ps, v, half, n, hd, c, o + h0 * hd, gh, 1, ahead);
         }
         return;
     }
 #endif
+    (void)ahead;
     for (int64_t h = 0; h < g; h++)
         for (int64_t j = 0; j < n; j++)
             for (int64_t e = 0; e < hd; e++) {
@@ -369,28 +376,30 @@ static void attend_span(const struct attn_job *a, int64_t i0, int64_t rows, int6
     float *kbuf = blocks, *vbuf = kbuf + KEY_BLOCK * hd, *s = vbuf + KEY_BLOCK * hd; /* s: a row's g heads' scores */
     const int half = a->type_v == LI_F16; /* f16 values are read in place, widened as they are summed */
     const int tiled = li_kv_tiled(a->type_k); /* keys in tiles, scored in place for all g heads */
+    const int64_t k_ahead = KEY_BLOCK * a->kb, v_ahead = KEY_BLOCK * a->vb; /* the next block's lines, asked for as these are read */
     for (int64_t i = 0; i < nq; i++) mx[i] = -INFINITY, sum[i] = 0.0f;
     memset(o, 0, sizeof(float) * (size_t)(nq * hd));
     const uint8_t *keys = a->keys + kvh * a->n_ctx * a->kb, *values = a->values + kvh * a->n_ctx * a->vb;
     const int64_t k_end = last < k_lo + SPAN - 1 ? last : k_lo + SPAN - 1;
     for (int64_t k0 = first / KEY_BLOCK * KEY_BLOCK > k_lo ? first / KEY_BLOCK * KEY_BLOCK : k_lo; k0 <= k_end; k0 += KEY_BLOCK) {
         const int64_t n = last + 1 - k0 < KEY_BLOCK ? last + 1 - k0 : KEY_BLOCK;
-        const void *kblk = tiled ? (const void *)(keys + k0 * a->kb) : li_kv_block_keys(keys + k0 * a->kb, n, hd, kbuf);
+        const void *kblk = tiled ? (const void *)(keys + k0 * a->kb) : li_kv_block_keys(keys + k0 * a->kb, n, hd, kbuf, k_ahead);
         const void *vblk = half ? (const void *)(values + k0 * a->vb) : vbuf;
-        if (!half) li_kv_block_values(a->type_v, values + k0 * a->vb, n, hd, vbuf);
+        if (!half) li_kv_block_values(a->type_v, values + k0 * a->vb, n, hd, vbuf, v_ahead);
         for (int64_t r = 0; r < rows; r++) {
             const int64_t seen = a->pos[i0 + r] + 1 - k0; /* causal: positions up to the row's own */
             const int64_t skip = first_seen(a, a->pos[i0 + r]) - k0; /* a window: the block's positions before it */
             if (seen <= 0 || skip >= KEY_BLOCK) continue;
             const int64_t nr = seen < KEY_BLOCK ? seen : KEY_BLOCK, j0 = skip > 0 ? skip : 0;
             if (tiled)
-                li_kv_scores_tiles(a->type_k, qbuf + r * g * a->qstride, a->qstride, kblk, (nr + LI_KV_TILE - 1) / LI_KV_TILE, hd, g, a->scale, s, SCORE_ROW);
+                li_kv_scores_tiles(a->type_k, qbuf + r * g * a->qstride, a->qstride, kblk, (nr + LI_KV_TILE - 1) / LI_KV_TILE, hd, g, a->scale, s,
+                                   SCORE_ROW, r ? 0 : k_ahead);
             for (int64_t h = 0, i = r * g; h < g; h++, i++) {
                 if (!tiled) li_kv_scores(qbuf + i * a->qstride, kblk, nr, hd, a->scale, s + h * SCORE_ROW);
                 softmax_block(s + h * SCORE_ROW + j0, nr - j0, hd, mx + i, sum + i, o + i * hd);
             }
             const size_t v0 = (size_t)(j0 * hd) * (half ? 2 : 4);
-            accumulate_heads(s + j0, SCORE_ROW, (const uint8_t *)vblk + v0, half, nr - j0, hd, o + r * g * hd, g);
+            accumulate_heads(s + j0, SCORE_ROW, (const uint8_t *)vblk + v0, half, nr - j0, hd, o + r * g * hd, g, half && !r ? v_ahead : 0);
         }
     }
 }
