@@ -414,7 +414,7 @@ static inline __attribute__((always_inline)) void li_kv_prefetch(const void *p, 
     if (ahead) __builtin_prefetch((const uint8_t *)p + ahead, 0, 3);
 }
 const void *li_kv_block_keys(const uint8_t *rows, int64_t n, int64_t hd, float *buf, int64_t ahead); /* q4_0 keys */
-void li_kv_block_values(int type, const uint8_t *rows, int64_t n, int64_t hd, float *buf, int64_t ahead); /* q8_0, q4_0 */
+void li_kv_block_values(const uint8_t *rows, int64_t n, int64_t hd, float *buf, int64_t ahead); /* q4_0 values */
 void li_kv_scores(const void *query, const void *keys, int64_t n, int64_t hd, float scale, float *s);
 /* f16 and q8_0 keys are stored in tiles of LI_KV_TILE positions (the bytes of LI_KV_TILE
  * rows; kvcache.c has the layouts), so that scores are vector products over positions */

@@ -13,7 +13,7 @@
  *
  * Attention (ops.c) reads the cache a block of positions at a time, for a tile of queries:
  * tiled keys in place, the others and the values as li_kv_block_keys / li_kv_block_values
- * put them (f16 values are read in place too). Scores against quantized keys are integer
+ * put them (f16 and q8_0 values are read in place too). Scores against quantized keys are integer
  * dot products, as ggml's vec_dot: each query head is quantized once to q8_0 blocks, and a
  * block's score is d_k*d_q*sum(k*q). Values are widened to floats, d*q (exact in a float).
  *
@@ -128,14 +128,13 @@ const void *li_kv_block_keys(const uint8_t *rows, int64_t n, int64_t hd, float *
     return buf;
 }
 
-/* n quantized value rows as floats (hd each) in buf, d*q (f16 rows are read in place) */
-void li_kv_block_values(int type, const uint8_t *rows, int64_t n, int64_t hd, float *buf, int64_t ahead) {
-    const int64_t kb = q_block_bytes(type);
+/* n q4_0 value rows as floats (hd each) in buf, d*q (f16 and q8_0 rows are read in place) */
+void li_kv_block_values(const uint8_t *rows, int64_t n, int64_t hd, float *buf, int64_t ahead) {
     int8_t q[QK];
-    for (int64_t b = 0; b < n * hd / QK; b++, rows += kb, buf += QK) {
+    for (int64_t b = 0; b < n * hd / QK; b++, rows += 18, buf += QK) {
         li_kv_prefetch(rows, ahead);
         const float d = load_half(rows);
-        block_ints(type, rows, q);
+        block_ints(LI_Q4_0, rows, q);
 #if defined(__AVX2__)
         for (int i = 0; i < QK; i += 8) {
             const __m256i qi = _mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(q + i)));

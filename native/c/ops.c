@@ -228,9 +228,9 @@ static void exp_shifted(float *s, int64_t n, float mx) {
 }
 
 /* The values of one block met by a row's g query heads at once: o_h += sum_{j < n} p_h[j] v_j
- * for every head h. Each v_j is loaded (and widened, for f16 rows read in place) once for all
- * the heads, and the heads' sums are independent chains, so the adds overlap instead of
- * waiting on each other. Every output value gets one fused multiply-add per j, in j order,
+ * for every head h. Each v_j is loaded (and widened: f16 and q8_0 rows are read in place) once
+ * for all the heads, and the heads' sums are independent chains, so the adds overlap instead
+ * of waiting on each other. Every output value gets one fused multiply-add per j, in j order,
  * whatever the heads beside it: a head's result does not depend on its group. */
 #ifdef LP_512
 #define HEAD_GROUP 8 /* heads sharing one pass over the values: their sums stay in registers */
@@ -240,20 +240,52 @@ static void exp_shifted(float *s, int64_t n, float mx) {
 #define HEAD_WIDTH 1
 #endif
 
+/* How a block's value rows are read: floats (q4_0's, widened into a buffer first), or the
+ * cache's f16 or q8_0 rows in place (a q8_0 value: d*q, one float multiply, as widened ones). */
+enum value_form { V_FLOAT, V_F16, V_Q8 };
+
+/* The value rows of a block, vs bytes apart, each line read asking for the one `ahead` bytes on. */
+struct value_rows {
+    const uint8_t *v;
+    int64_t vs, ahead;
+    enum value_form form;
+};
+
+static inline float value_at(const struct value_rows *r, int64_t j, int64_t e) {
+    const uint8_t *row = r->v + j * r->vs;
+    if (r->form == V_F16) return li_fp16_to_fp32((uint16_t)(row[2 * e] | row[2 * e + 1] << 8));
+    if (r->form == V_Q8) {
+        const uint8_t *blk = row + e / 32 * 34;
+        return li_fp16_to_fp32((uint16_t)(blk[0] | blk[1] << 8)) * (float)(int8_t)blk[2 + e % 32];
+    }
+    float x;
+    memcpy(&x, row + 4 * e, 4);
+    return x;
+}
+
 #ifdef LP_R
+/* values [at, at + 16) of a row */
+LP_INLINE vf value_lanes(const uint8_t *row, const enum value_form form, int64_t at) {
+    if (form == V_F16) return vf_f16(row + 2 * at);
+    if (form == V_Q8) {
+        const uint8_t *blk = row + at / 32 * 34;
+        return vf_mul(vf_set1(li_fp16_to_fp32((uint16_t)(blk[0] | blk[1] << 8))), vf_cvt(vi_cvt_i8(blk + 2 + at % 32)));
+    }
+    return vf_f32(row + 4 * at);
+}
+
 /* heads [0, gh) of p (ps floats apart) into o (hd apart), values [c, c + 16w) of each row */
-LP_INLINE void heads_lanes(const float *p, int64_t ps, const void *v, int half, int64_t n, int64_t hd, int64_t c, float *o,
-                           const int gh, const int w, int64_t ahead) {
+LP_INLINE void heads_lanes(const float *p, int64_t ps, const struct value_rows *r, const enum value_form form, int64_t n, int64_t hd,
+                           int64_t c, float *o, const int gh, const int w) {
     vf acc[HEAD_GROUP * HEAD_WIDTH];
     for (int h = 0; h < gh; h++)
         for (int i = 0; i < w; i++) acc[h * w + i] = vf_f32((const uint8_t *)(o + h * hd + c + 16 * i));
+    const int64_t line = form == V_F16 ? 2 * c : form == V_Q8 ? c / 32 * 34 : 4 * c; /* where a pass starts in a row */
     for (int64_t j = 0; j < n; j++) {
+        const uint8_t *row = r->v + j * r->vs;
         vf vj[HEAD_WIDTH];
-        for (int i = 0; i < w; i++) {
-            const int64_t at = j * hd + c + 16 * i;
-            vj[i] = half ? vf_f16((const uint8_t *)v + 2 * at) : vf_f32((const uint8_t *)v + 4 * at);
-        }
-        li_kv_prefetch((const uint8_t *)v + 2 * (j * hd + c), ahead); /* a pass reads at most a line of a row */
+        for (int i = 0; i < w; i++) vj[i] = value_lanes(row, form, c + 16 * i);
+        li_kv_prefetch(row + line, r->ahead); /* a pass reads at most a line of a row */
         for (int h = 0; h < gh; h++) {
             const vf pj = vf_set1(p[h * ps + j]);
             for (int i = 0; i < w; i++) acc[h * w + i] = vf_fmadd(pj, vj[i], acc[h * w + i]);
@@ -263,44 +295,38 @@ LP_INLINE void heads_lanes(const float *p, int64_t ps, const void *v, int half, 
         for (int i = 0; i < w; i++) vf_store(o + h * hd + c + 16 * i, acc[h * w + i]);
 }
 
-static void heads(const float *p, int64_t ps, const void *v, int half, int64_t n, int64_t hd, int64_t c, float *o, int gh, int w,
-                  int64_t ahead) {
+static void heads(const float *p, int64_t ps, const struct value_rows *r, int64_t n, int64_t hd, int64_t c, float *o, int gh, int w) {
+#define HEADS_AS(G, F) \
+    w == HEAD_WIDTH ? heads_lanes(p, ps, r, F, n, hd, c, o, G, HEAD_WIDTH) : heads_lanes(p, ps, r, F, n, hd, c, o, G, 1)
 #define HEADS(G) \
-    case G: \
-        w == HEAD_WIDTH ? heads_lanes(p, ps, v, half, n, hd, c, o, G, HEAD_WIDTH, ahead) : heads_lanes(p, ps, v, half, n, hd, c, o, G, 1, ahead); \
-        break;
+    case G: r->form == V_F16 ? HEADS_AS(G, V_F16) : r->form == V_Q8 ? HEADS_AS(G, V_Q8) : HEADS_AS(G, V_FLOAT); break;
 #ifdef LP_512
     switch (gh) { HEADS(1) HEADS(2) HEADS(3) HEADS(4) HEADS(5) HEADS(6) HEADS(7) HEADS(8) }
 #else
     switch (gh) { HEADS(1) HEADS(2) HEADS(3) HEADS(4) }
 #endif
 #undef HEADS
+#undef HEADS_AS
 }
 #endif
 
-/* o_h += sum_{j < n} p_h[j] v_j for the g heads: p_h at p + h*ps, o_h at o + h*hd; v: n rows
- * of hd values, halves where `half` (the cache's f16 rows, read in place, each line asking for
- * the one `ahead` bytes on) or floats (ahead 0). */
-static void accumulate_heads(const float *p, int64_t ps, const void *v, int half, int64_t n, int64_t hd, float *o, int64_t g,
-                             int64_t ahead) {
+/* o_h += sum_{j < n} p_h[j] v_j for the g heads: p_h at p + h*ps, o_h at o + h*hd; v_j the
+ * rows of r. */
+static void accumulate_heads(const float *p, int64_t ps, const struct value_rows *r, int64_t n, int64_t hd, float *o, int64_t g) {
 #ifdef LP_R
     if (hd % 16 == 0) {
         for (int64_t h0 = 0; h0 < g; h0 += HEAD_GROUP) {
             const int gh = g - h0 < HEAD_GROUP ? (int)(g - h0) : HEAD_GROUP;
             int64_t c = 0;
-            for (; c + 16 * HEAD_WIDTH <= hd; c += 16 * HEAD_WIDTH) heads(p + h0 * ps, ps, v, half, n, hd, c, o + h0 * hd, gh, HEAD_WIDTH, ahead);
-            if (c < hd) heads(p + h0 * ps, ps, v, half, n, hd, c, o + h0 * hd, gh, 1, ahead);
+            for (; c + 16 * HEAD_WIDTH <= hd; c += 16 * HEAD_WIDTH) heads(p + h0 * ps, ps, r, n, hd, c, o + h0 * hd, gh, HEAD_WIDTH);
+            if (c < hd) heads(p + h0 * ps, ps, r, n, hd, c, o + h0 * hd, gh, 1);
         }
         return;
     }
 #endif
-    (void)ahead;
     for (int64_t h = 0; h < g; h++)
         for (int64_t j = 0; j < n; j++)
-            for (int64_t e = 0; e < hd; e++) {
-                const float vj = half ? li_fp16_to_fp32(((const uint16_t *)v)[j * hd + e]) : ((const float *)v)[j * hd + e];
-                o[h * hd + e] += p[h * ps + j] * vj;
-            }
+            for (int64_t e = 0; e < hd; e++) o[h * hd + e] += p[h * ps + j] * value_at(r, j, e);
 }
 
 /* One query head meets one block's scores: s holds its n scores (room for n rounded up to
@@ -374,7 +400,8 @@ static void attend_span(const struct attn_job *a, int64_t i0, int64_t rows, int6
     const int64_t g = a->group, hd = a->hd, nq = rows * g;
     float *o = p, *mx = p + nq * hd, *sum = mx + nq;
     float *kbuf = blocks, *vbuf = kbuf + KEY_BLOCK * hd, *s = vbuf + KEY_BLOCK * hd; /* s: a row's g heads' scores */
-    const int half = a->type_v == LI_F16; /* f16 values are read in place, widened as they are summed */
+    /* f16 and q8_0 values are read in place, widened as they are summed; q4_0's first widened */
+    const enum value_form form = a->type_v == LI_F16 ? V_F16 : a->type_v == LI_Q8_0 ? V_Q8 : V_FLOAT;
     const int tiled = li_kv_tiled(a->type_k); /* keys in tiles, scored in place for all g heads */
     const int64_t k_ahead = KEY_BLOCK * a->kb, v_ahead = KEY_BLOCK * a->vb; /* the next block's lines, asked for as these are read */
     for (int64_t i = 0; i < nq; i++) mx[i] = -INFINITY, sum[i] = 0.0f;
@@ -384,8 +411,9 @@ static void attend_span(const struct attn_job *a, int64_t i0, int64_t rows, int6
     for (int64_t k0 = first / KEY_BLOCK * KEY_BLOCK > k_lo ? first / KEY_BLOCK * KEY_BLOCK : k_lo; k0 <= k_end; k0 += KEY_BLOCK) {
         const int64_t n = last + 1 - k0 < KEY_BLOCK ? last + 1 - k0 : KEY_BLOCK;
         const void *kblk = tiled ? (const void *)(keys + k0 * a->kb) : li_kv_block_keys(keys + k0 * a->kb, n, hd, kbuf, k_ahead);
-        const void *vblk = half ? (const void *)(values + k0 * a->vb) : vbuf;
-        if (!half) li_kv_block_values(a->type_v, values + k0 * a->vb, n, hd, vbuf, v_ahead);
+        const uint8_t *vrows = form == V_FLOAT ? (const uint8_t *)vbuf : values + k0 * a->vb;
+        const int64_t vs = form == V_FLOAT ? 4 * hd : a->vb;
+        if (form == V_FLOAT) li_kv_block_values(values + k0 * a->vb, n, hd, vbuf, v_ahead);
         for (int64_t r = 0; r < rows; r++) {
             const int64_t seen = a->pos[i0 + r] + 1 - k0; /* causal: positions up to the row's own */
             const int64_t skip = first_seen(a, a->pos[i0 + r]) - k0; /* a window: the block's positions before it */
@@ -398,8 +426,8 @@ static void attend_span(const struct attn_job *a, int64_t i0, int64_t rows, int6
                 if (!tiled) li_kv_scores(qbuf + i * a->qstride, kblk, nr, hd, a->scale, s + h * SCORE_ROW);
                 softmax_block(s + h * SCORE_ROW + j0, nr - j0, hd, mx + i, sum + i, o + i * hd);
             }
-            const size_t v0 = (size_t)(j0 * hd) * (half ? 2 : 4);
-            accumulate_heads(s + j0, SCORE_ROW, (const uint8_t *)vblk + v0, half, nr - j0, hd, o + r * g * hd, g, half && !r ? v_ahead : 0);
+            const struct value_rows seen_rows = {vrows + j0 * vs, vs, form != V_FLOAT && !r ? v_ahead : 0, form};
+            accumulate_heads(s + j0, SCORE_ROW, &seen_rows, nr - j0, hd, o + r * g * hd, g);
         }
     }
 }
