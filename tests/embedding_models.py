@@ -1,0 +1,486 @@
+"""Tiny embedding and reranking GGUFs with random weights, in llama.cpp's exact tensor names
+and metadata, and what llama.cpp itself makes of them: the reference every embedding test
+holds our engine to.
+
+Writers (each file a few hundred KB, loaded in milliseconds, the same bytes for a seed):
+
+  bert          token, type and position embeddings, their LayerNorm, per layer q/k/v, the
+                attention output and the FFN (GELU) with biases, a LayerNorm after each
+                residual; a WordPiece vocabulary as convert_hf_to_gguf writes one
+  bert rerank   the same with rank pooling and RoBERTa's classification head: cls (dense,
+                tanh) then cls.output (one logit), both with biases
+  nomic-bert    fused attn_qkv, NeoX RoPE (base 1000), SwiGLU FFN, no biases but the norms'
+  jina-bert-v2  ALiBi (no position embeddings), GEGLU FFN with the gate fused into ffn_up
+  qwen3         a decoder with last-token pooling (Qwen3-Embedding): q/k RMSNorm, GQA,
+                a byte-level BPE vocabulary that appends <|endoftext|>
+
+The reference does what llama-server does, through llama-cpp-python's low-level API: each
+text its own sequence, tokenized with its special tokens, the pooled row read back with
+llama_get_embeddings_seq and L2-normalised as common_embd_normalize(embd_norm=2); a rerank
+prompt formatted as format_prompt_rerank formats it, its score the rank pooling's output.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+import numpy as np
+from gguf import GGUFWriter, PoolingType, TokenType
+
+from localinfer.backends.llamacpp import _init_once, last_error
+
+import llama_cpp as C  # noqa: E402  (after localinfer's import, which loads the shared library first)
+
+from .conftest import THREADS
+
+N_EMBD, N_HEAD, N_LAYER, N_FF, N_CTX = 64, 4, 2, 128, 128
+QWEN3_HEAD_DIM, QWEN3_HEAD_KV = 32, 2  # 4 x 32 = 128 query values from 64, as Qwen3's heads outgrow its width
+NORM_EPS = 1e-12  # BERT's LayerNorm epsilon
+POOLING = {p.name.lower(): p for p in PoolingType}  # none, mean, cls, last, rank (gguf's values: 0..4)
+
+# --- vocabularies ------------------------------------------------------------------------
+
+WORDS = """the of and to in is was for on that with as it at by from be this are or an not
+have has had were but which their they his her she he we you your our my me him them its all
+any some one two three first new more most many other such what when where who how why than
+then there here into over after before about up down out off so if no yes can will would could
+should may might must do does did done make made get got go going went come came see saw know
+known think take took give given find found tell told ask work call try use used need feel
+become leave put mean keep let begin seem help show hear play run move live believe bring
+happen write provide sit stand lose pay meet include continue set learn change lead understand
+watch follow stop create speak read allow add spend grow open walk win offer remember love
+consider appear buy wait serve die send expect build stay fall cut reach kill remain suggest
+raise pass sell require report decide pull time year people way day man woman child world life
+hand part place case week company system program question government number night point home
+water room mother area money story fact month lot right study book eye job word business issue
+side kind head house service friend father power hour game line end member law car city name
+president team minute idea kid body information back parent face others level office door
+health person art war history party result morning reason research girl guy moment air
+teacher force education good great little own old big high different small large next early
+young important few public bad same able best better sure free long last quick brown fox jumps
+lazy dog cat sat mat hello paris france capital london england rome italy weather rain sun sunny
+cloud cold hot warm snow today tomorrow computer code python model language text search query
+document answer sentence vector embedding retrieval data science learning machine neural
+network food apple banana fruit eat drink coffee tea music song movie film sport football
+""".split()
+
+SPECIALS = {"[PAD]": 0, "[UNK]": 100, "[CLS]": 101, "[SEP]": 102, "[MASK]": 103}  # bert-base-uncased's ids
+PUNCTUATION = list(".,!?;:'\"-()[]{}/\\&*@#$%^_+=<>|~`")
+SUFFIXES = ["s", "es", "ed", "ing", "ly", "er", "est", "tion", "ment", "ness"]
+
+
+def wordpiece_vocabulary() -> tuple[list[str], list[int]]:
+    """A BERT vocabulary as BertModel.set_vocab writes it: the specials (CONTROL) as they
+    are, at bert-base-uncased's ids with [unusedN] around them; every other word-start piece
+    behind U+2581 and every continuation ("##x") bare. Letters and digits both ways, so any
+    lowercase word or number tokenizes without [UNK]."""
+    by_id = {i: t for t, i in SPECIALS.items()}
+    tokens: list[str] = []
+    n_unused = 0
+    for i in range(max(SPECIALS.values()) + 1):
+        if i in by_id:
+            tokens.append(by_id[i])
+        else:
+            tokens.append(f"\u2581[unused{n_unused}]")
+            n_unused += 1
+    chars = list("abcdefghijklmnopqrstuvwxyz0123456789")
+    pieces = [*PUNCTUATION, *chars, *(w for w in WORDS if len(w) > 1)]
+    tokens += ["\u2581" + p for p in dict.fromkeys(pieces)]
+    tokens += [c for c in dict.fromkeys([*chars, *SUFFIXES])]  # continuations: "##x" written as "x"
+    types = [int(TokenType.CONTROL if t in SPECIALS else TokenType.NORMAL) for t in tokens]
+    return tokens, types
+
+
+def byte_to_unicode() -> dict[int, str]:
+    """GPT-2's printable stand-in for each byte (the alphabet of a byte-level BPE)."""
+    keep = [*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1), *range(ord("®"), ord("ÿ") + 1)]
+    mapping, extra = {}, 0
+    for b in range(256):
+        if b in keep:
+            mapping[b] = chr(b)
+        else:
+            mapping[b] = chr(256 + extra)
+            extra += 1
+    return mapping
+
+
+def bpe_vocabulary() -> tuple[list[str], list[int], list[str]]:
+    """A byte-level BPE as Qwen's: three control tokens (<|endoftext|> first), the 256 byte
+    symbols, then for each word the merges that build "Ġword" left to right, so that a word
+    after a space is one token and anything else falls back to bytes."""
+    tokens = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
+    types = [int(TokenType.CONTROL)] * len(tokens)
+    tokens += list(byte_to_unicode().values())
+    merges: dict[str, None] = {}
+    words: dict[str, None] = {}
+    for word in WORDS:
+        piece = "Ġ"
+        for ch in word:
+            merges[f"{piece} {ch}"] = None
+            piece += ch
+            words[piece] = None
+    tokens += list(words)
+    types += [int(TokenType.NORMAL)] * (len(tokens) - len(types))
+    return tokens, types, list(merges)
+
+
+# --- writers -------------------------------------------------------------------------------
+
+
+class RandomWeights:
+    """Weights drawn in call order from one seed: the file's bytes are the seed's."""
+
+    def __init__(self, seed: int) -> None:
+        self.rng = np.random.default_rng(seed)
+
+    def matrix(self, rows: int, cols: int) -> np.ndarray:
+        return (self.rng.standard_normal((rows, cols)) / np.sqrt(cols)).astype(np.float32)  # [rows (out), cols (in)]
+
+    def embedding(self, rows: int, scale: float = 1.0) -> np.ndarray:
+        return (scale * self.rng.standard_normal((rows, N_EMBD))).astype(np.float32)
+
+    def norm(self, n: int = N_EMBD) -> np.ndarray:
+        return (1.0 + 0.1 * self.rng.standard_normal(n)).astype(np.float32)
+
+    def bias(self, n: int = N_EMBD) -> np.ndarray:
+        return (0.1 * self.rng.standard_normal(n)).astype(np.float32)
+
+
+def pooling_of(name: str) -> PoolingType:
+    if name not in POOLING:
+        raise ValueError(f"unknown pooling {name!r}: one of {', '.join(POOLING)}")
+    return POOLING[name]
+
+
+def encoder_metadata(w: GGUFWriter, pooling: str) -> None:
+    """What TextModel and BertModel.set_gguf_parameters write for every BERT-family encoder."""
+    w.add_context_length(N_CTX)
+    w.add_embedding_length(N_EMBD)
+    w.add_feed_forward_length(N_FF)
+    w.add_block_count(N_LAYER)
+    w.add_head_count(N_HEAD)
+    w.add_layer_norm_eps(NORM_EPS)
+    w.add_causal_attention(False)
+    w.add_pooling_type(pooling_of(pooling))
+
+
+def wordpiece_metadata(w: GGUFWriter) -> None:
+    """BertModel.set_vocab with gguf's SpecialVocab over a bert-base tokenizer.json: [CLS] is
+    the BOS and [SEP] the EOS (there is no CLS key), both added ("[CLS] $A [SEP]"); the
+    pair template "[CLS] $A [SEP] $B [SEP]" gives add_sep false."""
+    tokens, types = wordpiece_vocabulary()
+    w.add_tokenizer_model("bert")
+    w.add_tokenizer_pre("default")
+    w.add_token_list(tokens)
+    w.add_token_types(types)
+    w.add_token_type_count(2)
+    w.add_bos_token_id(SPECIALS["[CLS]"])
+    w.add_eos_token_id(SPECIALS["[SEP]"])
+    w.add_unk_token_id(SPECIALS["[UNK]"])
+    w.add_sep_token_id(SPECIALS["[SEP]"])
+    w.add_pad_token_id(SPECIALS["[PAD]"])
+    w.add_mask_token_id(SPECIALS["[MASK]"])
+    w.add_add_bos_token(True)
+    w.add_add_eos_token(True)
+    w.add_add_sep_token(False)
+
+
+def finish(w: GGUFWriter) -> None:
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+
+
+def embeddings_and_norm(w: GGUFWriter, r: RandomWeights, positions: bool) -> None:
+    n_vocab = len(wordpiece_vocabulary()[0])
+    w.add_tensor("token_embd.weight", r.embedding(n_vocab))  # [n_vocab, n_embd]
+    w.add_tensor("token_types.weight", r.embedding(2, 0.5))  # [n_token_types, n_embd]; llama.cpp adds row 0
+    if positions:
+        w.add_tensor("position_embd.weight", r.embedding(N_CTX, 0.5))  # [n_ctx_train, n_embd]
+    w.add_tensor("token_embd_norm.weight", r.norm())
+    w.add_tensor("token_embd_norm.bias", r.bias())
+
+
+def post_norms(w: GGUFWriter, r: RandomWeights, p: str, name: str) -> None:
+    w.add_tensor(p + name + ".weight", r.norm())
+    w.add_tensor(p + name + ".bias", r.bias())
+
+
+def write_bert(path: Path, pooling: str = "mean", seed: int = 0) -> Path:
+    """A tiny BERT (arch "bert"), as convert_hf_to_gguf writes a sentence-transformers folder."""
+    return _write_bert(path, pooling, seed, head=False)
+
+
+def write_bert_reranker(path: Path, seed: int = 0) -> Path:
+    """A tiny BERT cross-encoder: rank pooling and the classification head llama.cpp's
+    build_pooling applies to the first token's state h: cls.output(tanh(cls(h))), one label."""
+    return _write_bert(path, "rank", seed, head=True)
+
+
+def _write_bert(path: Path, pooling: str, seed: int, head: bool) -> Path:
+    r = RandomWeights(seed)
+    w = GGUFWriter(str(path), "bert")
+    w.add_name("tiny-bert-reranker" if head else "tiny-bert")
+    encoder_metadata(w, pooling)
+    if head:
+        w.add_classifier_output_labels(["LABEL_0"])  # n_cls_out = 1
+    wordpiece_metadata(w)
+    embeddings_and_norm(w, r, positions=True)
+    for i in range(N_LAYER):
+        p = f"blk.{i}."
+        for kind in ("attn_q", "attn_k", "attn_v", "attn_output"):
+            w.add_tensor(p + kind + ".weight", r.matrix(N_EMBD, N_EMBD))
+            w.add_tensor(p + kind + ".bias", r.bias())
+        post_norms(w, r, p, "attn_output_norm")
+        w.add_tensor(p + "ffn_up.weight", r.matrix(N_FF, N_EMBD))
+        w.add_tensor(p + "ffn_up.bias", r.bias(N_FF))
+        w.add_tensor(p + "ffn_down.weight", r.matrix(N_EMBD, N_FF))
+        w.add_tensor(p + "ffn_down.bias", r.bias())
+        post_norms(w, r, p, "layer_output_norm")
+    if head:
+        w.add_tensor("cls.weight", r.matrix(N_EMBD, N_EMBD))  # RoBERTa's classifier.dense
+        w.add_tensor("cls.bias", r.bias())
+        w.add_tensor("cls.output.weight", 4 * r.matrix(1, N_EMBD))  # classifier.out_proj: [n_cls_out, n_embd]
+        w.add_tensor("cls.output.bias", r.bias(1))
+    finish(w)
+    return path
+
+
+def write_nomic_bert(path: Path, pooling: str = "mean", seed: int = 0) -> Path:
+    """A tiny nomic-embed-text (arch "nomic-bert"): rotary positions, one fused q/k/v
+    matrix, a SwiGLU FFN, and no biases but the LayerNorms' (NomicBertModel's asserts)."""
+    r = RandomWeights(seed)
+    w = GGUFWriter(str(path), "nomic-bert")
+    w.add_name("tiny-nomic-bert")
+    encoder_metadata(w, pooling)
+    w.add_rope_freq_base(1000.0)  # nomic's rotary_emb_base
+    wordpiece_metadata(w)
+    embeddings_and_norm(w, r, positions=False)
+    for i in range(N_LAYER):
+        p = f"blk.{i}."
+        w.add_tensor(p + "attn_qkv.weight", r.matrix(3 * N_EMBD, N_EMBD))  # q rows, then k, then v
+        w.add_tensor(p + "attn_output.weight", r.matrix(N_EMBD, N_EMBD))
+        post_norms(w, r, p, "attn_output_norm")
+        w.add_tensor(p + "ffn_gate.weight", r.matrix(N_FF, N_EMBD))  # silu(gate) * up
+        w.add_tensor(p + "ffn_up.weight", r.matrix(N_FF, N_EMBD))
+        w.add_tensor(p + "ffn_down.weight", r.matrix(N_EMBD, N_FF))
+        post_norms(w, r, p, "layer_output_norm")
+    finish(w)
+    return path
+
+
+def write_jina_bert_v2(path: Path, pooling: str = "mean", seed: int = 0) -> Path:
+    """A tiny jina-embeddings-v2 (arch "jina-bert-v2"): ALiBi instead of position embeddings
+    (llama.cpp sets its max bias, 8, itself), q/k/v and the attention output with biases,
+    and GEGLU with gate and up fused in one ffn_up of 2 x n_ff rows (mlp.gated_layers)."""
+    r = RandomWeights(seed)
+    w = GGUFWriter(str(path), "jina-bert-v2")
+    w.add_name("tiny-jina-bert-v2")
+    encoder_metadata(w, pooling)
+    wordpiece_metadata(w)
+    embeddings_and_norm(w, r, positions=False)
+    for i in range(N_LAYER):
+        p = f"blk.{i}."
+        for kind in ("attn_q", "attn_k", "attn_v", "attn_output"):
+            w.add_tensor(p + kind + ".weight", r.matrix(N_EMBD, N_EMBD))
+            w.add_tensor(p + kind + ".bias", r.bias())
+        post_norms(w, r, p, "attn_output_norm")
+        w.add_tensor(p + "ffn_up.weight", r.matrix(2 * N_FF, N_EMBD))  # GEGLU's two halves
+        w.add_tensor(p + "ffn_down.weight", r.matrix(N_EMBD, N_FF))
+        w.add_tensor(p + "ffn_down.bias", r.bias())
+        post_norms(w, r, p, "layer_output_norm")
+    finish(w)
+    return path
+
+
+def write_qwen3_embedding(path: Path, pooling: str = "last", seed: int = 0) -> Path:
+    """A tiny Qwen3-Embedding (arch "qwen3", causal): qwen3.pooling_type last, and the
+    tokenizer appends <|endoftext|> (its TemplateProcessing "$A <|endoftext|>"), whose
+    state is the embedding."""
+    r = RandomWeights(seed)
+    tokens, types, merges = bpe_vocabulary()
+    q_dim, kv_dim = N_HEAD * QWEN3_HEAD_DIM, QWEN3_HEAD_KV * QWEN3_HEAD_DIM
+    w = GGUFWriter(str(path), "qwen3")
+    w.add_name("tiny-qwen3-embedding")
+    w.add_context_length(N_CTX)
+    w.add_embedding_length(N_EMBD)
+    w.add_feed_forward_length(N_FF)
+    w.add_block_count(N_LAYER)
+    w.add_head_count(N_HEAD)
+    w.add_head_count_kv(QWEN3_HEAD_KV)
+    w.add_key_length(QWEN3_HEAD_DIM)
+    w.add_value_length(QWEN3_HEAD_DIM)
+    w.add_rope_freq_base(1e6)
+    w.add_layer_norm_rms_eps(1e-6)
+    w.add_pooling_type(pooling_of(pooling))
+    w.add_tokenizer_model("gpt2")
+    w.add_tokenizer_pre("qwen2")
+    w.add_token_list(tokens)
+    w.add_token_types(types)
+    w.add_token_merges(merges)
+    w.add_bos_token_id(0)
+    w.add_eos_token_id(0)
+    w.add_pad_token_id(0)
+    w.add_add_bos_token(False)
+    w.add_add_eos_token(True)
+    w.add_tensor("token_embd.weight", r.embedding(len(tokens)))
+    w.add_tensor("output_norm.weight", r.norm())
+    for i in range(N_LAYER):
+        p = f"blk.{i}."
+        w.add_tensor(p + "attn_norm.weight", r.norm())
+        w.add_tensor(p + "attn_q.weight", r.matrix(q_dim, N_EMBD))
+        w.add_tensor(p + "attn_k.weight", r.matrix(kv_dim, N_EMBD))
+        w.add_tensor(p + "attn_v.weight", r.matrix(kv_dim, N_EMBD))
+        w.add_tensor(p + "attn_q_norm.weight", r.norm(QWEN3_HEAD_DIM))
+        w.add_tensor(p + "attn_k_norm.weight", r.norm(QWEN3_HEAD_DIM))
+        w.add_tensor(p + "attn_output.weight", r.matrix(N_EMBD, q_dim))
+        w.add_tensor(p + "ffn_norm.weight", r.norm())
+        w.add_tensor(p + "ffn_gate.weight", r.matrix(N_FF, N_EMBD))
+        w.add_tensor(p + "ffn_up.weight", r.matrix(N_FF, N_EMBD))
+        w.add_tensor(p + "ffn_down.weight", r.matrix(N_EMBD, N_FF))
+    finish(w)
+    return path
+
+
+# --- the reference: llama.cpp as llama-server runs it ----------------------------------------
+
+
+@contextmanager
+def llama_context(path: Path, pooling: str | None) -> Iterator[tuple[C.llama_model_p, C.llama_context_p, C.llama_batch]]:
+    """The model, an embedding context of one sequence over the model's whole trained
+    context, and a batch that holds it; all freed on the way out. n_ubatch is the context:
+    an encoder sees a sequence in one ubatch (llama.cpp asserts n_ubatch >= n_tokens, an
+    abort, not an error code), so texts are measured against it before any call."""
+    _init_once(False)  # llamacpp.py's quiet log callback: a second one would take its error lines
+    model = ctx = batch = None
+    try:
+        model = C.llama_model_load_from_file(os.fsencode(path), C.llama_model_default_params())
+        if not model:
+            raise RuntimeError(f"llama.cpp could not load {path}: {last_error() or 'unknown error'}")
+        n_ctx = C.llama_model_n_ctx_train(model)
+        cparams = C.llama_context_default_params()
+        cparams.n_ctx = cparams.n_batch = cparams.n_ubatch = n_ctx
+        cparams.n_seq_max = 1
+        cparams.embeddings = True
+        cparams.pooling_type = C.LLAMA_POOLING_TYPE_UNSPECIFIED if pooling is None else int(pooling_of(pooling))
+        cparams.n_threads = cparams.n_threads_batch = THREADS
+        cparams.no_perf = True
+        ctx = C.llama_init_from_model(model, cparams)
+        if not ctx:
+            raise RuntimeError(f"llama.cpp could not make a context for {path}: {last_error() or 'unknown error'}")
+        batch = C.llama_batch_init(n_ctx, 0, 1)
+        yield model, ctx, batch
+    finally:
+        if batch is not None:
+            C.llama_batch_free(batch)
+        if ctx:
+            C.llama_free(ctx)
+        if model:
+            C.llama_model_free(model)
+
+
+def tokenize(vocab: C.llama_vocab_p, text: str, add_special: bool, parse_special: bool) -> list[int]:
+    data = text.encode("utf-8")
+    n = len(data) + 8
+    out = (C.llama_token * n)()
+    count = C.llama_tokenize(vocab, data, len(data), out, n, add_special, parse_special)
+    if count < 0:
+        raise RuntimeError(f"llama.cpp could not tokenize {text!r}")
+    return list(out[:count])
+
+
+def run_sequence(ctx: C.llama_context_p, batch: C.llama_batch, tokens: list[int]) -> None:
+    """One sequence (id 0) through llama_decode, every token an output, as llama-server
+    sends an embedding task. A context without memory (an encoder) runs it through
+    llama_encode inside; a decoder's cache is cleared first, so texts never see each other."""
+    n_ctx = C.llama_n_ctx(ctx)
+    if not tokens or len(tokens) > n_ctx:
+        raise ValueError(f"{len(tokens)} tokens: a sequence needs 1 to {n_ctx}")
+    memory = C.llama_get_memory(ctx)
+    if memory:
+        C.llama_memory_clear(memory, True)
+    for i, token in enumerate(tokens):
+        batch.token[i] = token
+        batch.pos[i] = i
+        batch.n_seq_id[i] = 1
+        batch.seq_id[i][0] = 0
+        batch.logits[i] = True
+    batch.n_tokens = len(tokens)
+    if (rc := C.llama_decode(ctx, batch)) != 0:
+        raise RuntimeError(f"llama_decode returned {rc}: {last_error()}")
+
+
+def common_embd_normalize(v: np.ndarray) -> np.ndarray:
+    """common.cpp's common_embd_normalize with embd_norm 2 (llama-server's default): the
+    Euclidean norm summed in double, and a zero vector left zero."""
+    norm = np.sqrt(np.sum(v.astype(np.float64) ** 2))
+    return (v * np.float32(1.0 / norm if norm > 0 else 0.0)).astype(np.float32)
+
+
+def pooled(ctx: C.llama_context_p, width: int) -> np.ndarray:
+    ptr = C.llama_get_embeddings_seq(ctx, 0)
+    if not ptr:
+        raise RuntimeError("llama.cpp pooled nothing: is the pooling 'none'?")
+    return np.ctypeslib.as_array(ptr, shape=(width,)).copy()
+
+
+def llamacpp_embeddings(path: Path, texts: list[str], pooling: str | None = None, normalize: bool = True) -> np.ndarray:
+    """[n_texts, n_embd]: each text alone, its special tokens added, pooled by `pooling`
+    (None: the GGUF's own), L2-normalised unless told not to, as llama-server's /embeddings."""
+    if pooling in ("none", "rank"):
+        raise ValueError(f"pooling {pooling!r} has no one vector per text: llamacpp_token_embeddings, llamacpp_rerank_scores")
+    with llama_context(path, pooling) as (model, ctx, batch):
+        vocab = C.llama_model_get_vocab(model)
+        width = C.llama_model_n_embd_out(model)
+        rows = []
+        for text in texts:
+            run_sequence(ctx, batch, tokenize(vocab, text, add_special=True, parse_special=True))
+            row = pooled(ctx, width)
+            rows.append(common_embd_normalize(row) if normalize else row)
+    return np.stack(rows)  # [n_texts, n_embd]
+
+
+def llamacpp_token_embeddings(path: Path, text: str) -> np.ndarray:
+    """[n_tokens, n_embd]: every token's last hidden state (pooling none), unnormalised as
+    llama-server returns them."""
+    with llama_context(path, "none") as (model, ctx, batch):
+        tokens = tokenize(C.llama_model_get_vocab(model), text, add_special=True, parse_special=True)
+        run_sequence(ctx, batch, tokens)
+        width = C.llama_model_n_embd_out(model)
+        return np.stack([np.ctypeslib.as_array(C.llama_get_embeddings_ith(ctx, i), shape=(width,)).copy() for i in range(len(tokens))])
+
+
+def rerank_tokens(model: C.llama_model_p, query: str, document: str) -> list[int]:
+    """llama-server's format_prompt_rerank: the GGUF's "rerank" chat template with {query}
+    and {document} filled in (tokenized without added specials, specials parsed), or else
+    [BOS] query [EOS] [SEP] document [EOS], each marker where the vocabulary adds it (EOS
+    falling back to SEP); query and document tokenized plain."""
+    vocab = C.llama_model_get_vocab(model)
+    template = C.llama_model_chat_template(model, b"rerank")
+    if template:
+        prompt = template.decode("utf-8").replace("{query}", query).replace("{document}", document)
+        return tokenize(vocab, prompt, add_special=False, parse_special=True)
+    eos = C.llama_vocab_eos(vocab)
+    eos = C.llama_vocab_sep(vocab) if eos == C.LLAMA_TOKEN_NULL else eos
+    bos = [C.llama_vocab_bos(vocab)] if C.llama_vocab_get_add_bos(vocab) else []
+    end = [eos] if C.llama_vocab_get_add_eos(vocab) else []
+    sep = [C.llama_vocab_sep(vocab)] if C.llama_vocab_get_add_sep(vocab) else []
+    query_tokens, document_tokens = (tokenize(vocab, text, add_special=False, parse_special=False) for text in (query, document))
+    return bos + query_tokens + end + sep + document_tokens + end
+
+
+def llamacpp_rerank_scores(path: Path, query: str, documents: list[str]) -> np.ndarray:
+    """[n_documents]: llama-server's /rerank relevance_score for each document, the first
+    value the rank pooling leaves (its classification head's logit), unnormalised."""
+    with llama_context(path, "rank") as (model, ctx, batch):
+        n_out = C.llama_model_n_cls_out(model)
+        scores = []
+        for document in documents:
+            run_sequence(ctx, batch, rerank_tokens(model, query, document))
+            scores.append(pooled(ctx, n_out)[0])
+    return np.array(scores, dtype=np.float32)
