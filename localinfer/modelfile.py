@@ -68,6 +68,15 @@ class GGUFInfo:
     n_expert_used: int = 0  # {arch}.expert_used_count: the experts a token runs through
     n_params_active: int = 0  # what one token computes with (inspect: n_params for a dense model)
     active_tensor_bytes: int = 0  # the weights one token reads (inspect: tensor_bytes for a dense model)
+    # how the model's outputs become one vector per input ({arch}.pooling_type, POOLINGS):
+    # "none" for a generative model; an embedding model's mean/cls/last, a reranker's rank
+    pooling: str = "none"
+    causal: bool = True  # {arch}.attention.causal: false for an encoder (BERT), whose tokens see each other
+
+    @property
+    def embeds(self) -> bool:
+        """An embedding or reranking model rather than a generative one."""
+        return self.pooling != "none"
 
     def as_dict(self) -> dict[str, object]:
         experts = {"experts": self.n_expert, "experts_used": self.n_expert_used, "active_parameters": self.n_params_active} if self.n_expert else {}
@@ -85,6 +94,7 @@ class GGUFInfo:
             "tensor_types": self.tensor_types,
             "chat_template": self.chat_template,
             "license": self.license,
+            **({"pooling": self.pooling} if self.embeds else {}),
         }
 
 
@@ -308,7 +318,22 @@ def _inspect(path: Path) -> GGUFInfo:
         n_expert_used=n_expert_used,
         n_params_active=n_params_active,
         active_tensor_bytes=active_bytes,
+        pooling=pooling_of(fields.get(f"{arch}.pooling_type"), fields.get(f"{arch}.attention.causal", True) is not False),
+        causal=fields.get(f"{arch}.attention.causal", True) is not False,
     )
+
+
+# llama.cpp's enum llama_pooling_type, by value
+POOLINGS = ("none", "mean", "cls", "last", "rank")
+
+
+def pooling_of(value: object, causal: bool) -> str:
+    """A GGUF's pooling_type as a POOLINGS name. An encoder that names none pools by the
+    mean, as sentence-transformers models mostly do (llama.cpp's converter writes mean where
+    a folder says nothing)."""
+    if type(value) is int and 0 <= value < len(POOLINGS) and (value or causal):
+        return POOLINGS[value]
+    return "none" if causal else "mean"
 
 
 def active_share(tensors: list[TensorInfo], n_expert: int, n_expert_used: int) -> tuple[int, int]:

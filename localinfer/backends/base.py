@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, ClassVar
 
 import numpy as np
 
+from localinfer.errors import BackendError
 from localinfer.kvtypes import position_bytes
 
 if TYPE_CHECKING:
@@ -39,6 +40,10 @@ class LoadParams:
     # a mixture of experts: the experts of the first n_cpu_moe layers stay in RAM beside a
     # GPU (llama.cpp's --n-cpu-moe); -1: every layer's (--cpu-moe)
     n_cpu_moe: int = 0
+    # an embedding model's pooling (modelfile.POOLINGS) where --pooling overrides the file's;
+    # None: the file's. Only "rank" changes what the backend computes (rank()); the others
+    # are applied above it to embed()'s rows
+    pooling: str | None = None
 
 
 @dataclass(frozen=True)
@@ -56,10 +61,13 @@ class Capabilities:
     # Architectures and tensor types it runs but where another engine measured faster
     # (docs/benchmarks.md): `--engine auto` passes it over for them.
     slower: frozenset[str] = frozenset()
+    ranks: bool = False  # runs a reranker's classifier head (rank pooling, Backend.rank)
 
-    def refusal(self, architecture: str, tensor_types: Iterable[str], auto: bool = False) -> str | None:
-        """Why this backend cannot run a model of this architecture and tensor types (one
-        line), or, for `auto`, should not be chosen for it; None if it can."""
+    def refusal(self, architecture: str, tensor_types: Iterable[str], auto: bool = False, pooling: str = "none") -> str | None:
+        """Why this backend cannot run a model of this architecture, tensor types and
+        pooling (one line), or, for `auto`, should not be chosen for it; None if it can."""
+        if pooling == "rank" and not self.ranks:
+            return "rerankers (rank pooling)"
         types = set(tensor_types)
         if self.architectures is not None and architecture not in self.architectures:
             return f"the '{architecture}' architecture (it runs {', '.join(sorted(self.architectures))})"
@@ -135,6 +143,11 @@ class VocabInfo:
     bos_text: str = ""
     eos_text: str = ""
     special: dict[int, bytes] = field(default_factory=dict)  # control tokens and their text: never output text
+    # what a reranker's pair of texts is joined with (llama-server's format_rerank): the
+    # separator token, and whether the vocabulary adds an EOS / a separator
+    sep_id: int | None = None
+    add_eos: bool = False
+    add_sep: bool = False
 
 
 @dataclass
@@ -151,6 +164,9 @@ class ModelFacts:
     n_embd: int
     chat_template: str | None
     extra: dict[str, str] = field(default_factory=dict)
+    pooling: str = "none"  # modelfile.POOLINGS: "none" for a generative model, else how its rows become one vector
+    n_batch: int = 512  # tokens a forward takes at once: an encoder's at most, each sequence whole in it
+    causal: bool = True  # False for an encoder: its forward cannot be cut into chunks, nor a sequence continued
 
 
 class Backend(ABC):
@@ -166,7 +182,9 @@ class Backend(ABC):
     @classmethod
     def kv_cache_bytes(cls, info: GGUFInfo, n_ctx: int, n_seq: int, cache_types: tuple[str, str]) -> int:
         """The most its KV cache takes for n_seq sequences of n_ctx tokens of this model (the
-        memory check before loading): here every layer's every position."""
+        memory check before loading): here every layer's every position; none for an encoder."""
+        if not info.causal:
+            return 0
         return int(info.n_layer * n_ctx * n_seq * position_bytes(info.n_head_kv, info.head_dim, cache_types))
 
     @classmethod
@@ -206,6 +224,11 @@ class Backend(ABC):
     def embed(self, batch: Batch) -> np.ndarray:
         """As forward, but returns the final-norm hidden states [n_wanted, n_embd] of the
         rows that want them, instead of logits (embeddings are pooled above the backend)."""
+
+    def rank(self, batch: Batch) -> np.ndarray:
+        """A reranker's (pooling "rank") score of each sequence of the batch, in the order
+        they first appear in it: [n_sequences] float32. Each sequence is whole in the batch."""
+        raise BackendError(f"the {self.name} engine cannot rank")
 
     # --- KV cache, per sequence -------------------------------------------------
     @abstractmethod

@@ -20,9 +20,11 @@ from localinfer.backends.base import Backend, Batch, Capabilities, LoadParams, M
 from localinfer.errors import BackendError, ContextOverflow
 from localinfer.experts import expert_patterns
 from localinfer.kvtypes import KV_TYPES, ggml_id
+from localinfer.modelfile import pooling_of
 
 import llama_cpp as C  # noqa: E402  (after our imports: its import loads the shared library)
 
+ENCODER_UBATCH = 2048  # most tokens an encoder's forward takes (context_params)
 _log_lines: list[str] = []
 _listeners: list[Callable[[str], None]] = []
 _verbose = False
@@ -185,6 +187,31 @@ class LlamaTokenized:
         return self._tokenizer().token_bytes(token)
 
 
+def context_params(params: LoadParams, causal: bool, pooling: str) -> C.llama_context_params:
+    """llama.cpp's context for a load: one shared cache of n_seq_max sequences, or for an
+    embedding model the rows' hidden states (or a reranker's scores) instead of logits."""
+    cparams = C.llama_context_default_params()
+    cparams.n_ctx = params.n_ctx * params.n_seq_max  # one shared pool: each sequence gets n_ctx of it
+    cparams.n_batch = params.n_batch
+    # An encoder attends over one ubatch, each sequence whole in it, and its attention scores
+    # take ubatch^2 floats a head (16 MiB at ENCODER_UBATCH)
+    cparams.n_ubatch = min(params.n_batch, 512 if causal else ENCODER_UBATCH)
+    if pooling != "none":
+        cparams.embeddings = True
+        cparams.pooling_type = C.LLAMA_POOLING_TYPE_RANK if pooling == "rank" else C.LLAMA_POOLING_TYPE_NONE
+    # One sequence id more than the slots, holding no cells of its own: kv_read and
+    # kv_write pass a range through it, since llama.cpp saves and restores whole sequences.
+    cparams.n_seq_max = params.n_seq_max + 1
+    cparams.kv_unified = True  # sequences share one cache, so kv_copy shares cells instead of copying
+    type_k, type_v = params.cache_types
+    cparams.type_k, cparams.type_v = ggml_id(type_k), ggml_id(type_v)
+    if type_v != "f16":
+        cparams.flash_attn_type = C.LLAMA_FLASH_ATTN_TYPE_ENABLED  # llama.cpp reads a quantized V only in flash attention
+    cparams.no_perf = True
+    cparams.n_threads = cparams.n_threads_batch = params.n_threads or default_threads()
+    return cparams
+
+
 class LlamaCppBackend(LlamaTokenized, Backend):
     name = "llama.cpp"
 
@@ -215,31 +242,21 @@ class LlamaCppBackend(LlamaTokenized, Backend):
         if not self._model:
             raise BackendError(f"llama.cpp could not load {path}: {last_error() or 'unknown error'}")
 
-        cparams = C.llama_context_default_params()
-        cparams.n_ctx = params.n_ctx * params.n_seq_max  # one shared pool: each sequence gets n_ctx of it
-        cparams.n_batch = params.n_batch
-        cparams.n_ubatch = min(params.n_batch, 512)
-        # One sequence id more than the slots, holding no cells of its own: kv_read and
-        # kv_write pass a range through it, since llama.cpp saves and restores whole sequences.
-        cparams.n_seq_max = params.n_seq_max + 1
-        self._scratch = params.n_seq_max
-        cparams.kv_unified = True  # sequences share one cache, so kv_copy shares cells instead of copying
-        type_k, type_v = params.cache_types
-        cparams.type_k, cparams.type_v = ggml_id(type_k), ggml_id(type_v)
-        if type_v != "f16":
-            cparams.flash_attn_type = C.LLAMA_FLASH_ATTN_TYPE_ENABLED  # llama.cpp reads a quantized V only in flash attention
-        cparams.no_perf = True
-        threads = params.n_threads or default_threads()
-        cparams.n_threads = threads
-        cparams.n_threads_batch = threads
+        arch = model_meta(self._model, "general.architecture") or "unknown"
+        causal = model_meta(self._model, f"{arch}.attention.causal") != "false"
+        pooling = params.pooling or pooling_of(int_or_none(model_meta(self._model, f"{arch}.pooling_type")), causal)
+        cparams = context_params(params, causal, pooling)
+        self._scratch = params.n_seq_max  # see context_params
+        threads = cparams.n_threads
+        type_v = params.cache_types[1]
         with _ctrl_c_after_the_call():
             self._ctx = C.llama_init_from_model(self._model, cparams)
         if not self._ctx:
             if type_v != "f16":
                 raise BackendError(f"llama.cpp could not create a context with a {type_v} V cache, which needs flash attention; this build or device cannot do it there: use --cache-type-v f16 ({last_error() or 'no detail'})")
             raise BackendError(f"llama.cpp could not create a context of {cparams.n_ctx} tokens: {last_error()}")
-        self._mem = C.llama_get_memory(self._ctx)
-        self._n_batch = C.llama_n_batch(self._ctx)  # llama.cpp clamps it to n_ctx
+        self._mem = C.llama_get_memory(self._ctx)  # None for an encoder: it keeps no cache
+        self._n_batch = C.llama_n_batch(self._ctx) if causal else C.llama_n_ubatch(self._ctx)  # llama.cpp clamps it to n_ctx
         self._batch = C.llama_batch_init(self._n_batch, 0, 1)
         self._view_token = np.ctypeslib.as_array(self._batch.token, shape=(self._n_batch,))
         self._view_pos = np.ctypeslib.as_array(self._batch.pos, shape=(self._n_batch,))
@@ -265,12 +282,15 @@ class LlamaCppBackend(LlamaTokenized, Backend):
             n_embd=C.llama_model_n_embd(self._model),
             chat_template=self._tok.chat_template,
             extra={"threads": str(threads), "gpu_layers": str(params.n_gpu_layers)},
+            pooling=pooling,
+            n_batch=self._n_batch,
+            causal=causal,
         )
 
     @classmethod
     def capabilities(cls) -> Capabilities:
         return Capabilities(architectures=None, weight_types=None, kv_types=tuple(KV_TYPES), gpu_offload=supports_gpu_offload(), kv_layout="shared",
-                            rpc=supports_rpc())  # fmt: skip
+                            rpc=supports_rpc(), ranks=True)  # fmt: skip
 
     @classmethod
     def load(cls, path: Path, params: LoadParams) -> LlamaCppBackend:
@@ -282,6 +302,8 @@ class LlamaCppBackend(LlamaTokenized, Backend):
             raise BackendError("the model is closed")
 
     def forward(self, batch: Batch) -> np.ndarray:
+        if self._facts.pooling != "none":  # its context gives no logits (the engine refuses it a prompt first)
+            raise BackendError("this is an embedding model: it gives vectors, not text")
         return self._decode(batch, self._n_vocab, lambda i: self._logits_view(C.llama_get_logits_ith(self._ctx, i)))
 
     def forward_transient(self, batch: Batch) -> np.ndarray:
@@ -299,14 +321,31 @@ class LlamaCppBackend(LlamaTokenized, Backend):
         return self._logits_view(C.llama_get_logits(self._ctx), n_out)
 
     def embed(self, batch: Batch) -> np.ndarray:
-        """llama.cpp's embeddings output of a generative model is the final-norm hidden
-        state of each wanted row (pooling 'none'); the context returns to logits after."""
-        n_embd = self._facts.n_embd
+        """llama.cpp's embeddings output with pooling 'none' is the final hidden state of
+        each wanted row. An embedding model's context gives them always; a generative
+        model's returns to logits after."""
+        n_embd, pooling = self._facts.n_embd, self._facts.pooling
+        if pooling == "rank":
+            raise BackendError("this is a reranking model: it scores pairs of texts, it gives no vectors")
+        read = lambda i: np.ctypeslib.as_array(C.llama_get_embeddings_ith(self._ctx, i), shape=(n_embd,))  # noqa: E731
+        if pooling != "none":
+            return self._decode(batch, n_embd, read)
         C.llama_set_embeddings(self._ctx, True)
         try:
-            return self._decode(batch, n_embd, lambda i: np.ctypeslib.as_array(C.llama_get_embeddings_ith(self._ctx, i), shape=(n_embd,)))
+            return self._decode(batch, n_embd, read)
         finally:
             C.llama_set_embeddings(self._ctx, False)
+
+    def rank(self, batch: Batch) -> np.ndarray:
+        """The classifier's first output for each sequence (llama.cpp's rank pooling)."""
+        if self._facts.pooling != "rank":
+            return super().rank(batch)
+        if len(batch) > self._n_batch:
+            raise BackendError(f"a rerank batch of {len(batch)} tokens is more than the {self._n_batch} one forward takes")
+        self._live()
+        self._decode_chunk(batch, 0, len(batch))
+        seqs = dict.fromkeys(batch.seq_ids.tolist())
+        return np.array([C.llama_get_embeddings_seq(self._ctx, seq)[0] for seq in seqs], dtype=np.float32)
 
     def _decode(self, batch: Batch, width: int, read: Callable[[int], np.ndarray]) -> np.ndarray:
         self._live()
@@ -350,10 +389,13 @@ class LlamaCppBackend(LlamaTokenized, Backend):
     # --- KV cache ----------------------------------------------------------------
     def kv_clear(self, seq_id: int) -> None:
         self._live()
-        C.llama_memory_seq_rm(self._mem, seq_id, -1, -1)
+        if self._mem:  # an encoder keeps nothing between calls
+            C.llama_memory_seq_rm(self._mem, seq_id, -1, -1)
 
     def kv_truncate(self, seq_id: int, n_keep: int) -> int:
         self._live()
+        if not self._mem:
+            return 0
         if C.llama_memory_seq_rm(self._mem, seq_id, n_keep, -1):
             return n_keep
         C.llama_memory_seq_rm(self._mem, seq_id, -1, -1)  # a cache that cannot cut a sequence short (recurrent state)
@@ -361,11 +403,15 @@ class LlamaCppBackend(LlamaTokenized, Backend):
 
     def kv_copy(self, src_seq: int, dst_seq: int, n_tokens: int) -> int:
         self._live()
+        if not self._mem:
+            return 0
         C.llama_memory_seq_cp(self._mem, src_seq, dst_seq, 0, n_tokens)
         return n_tokens
 
     def kv_read(self, seq_id: int, start: int, end: int) -> bytes:
         self._live()
+        if not self._mem:
+            return b""
         C.llama_memory_seq_rm(self._mem, self._scratch, -1, -1)
         C.llama_memory_seq_cp(self._mem, seq_id, self._scratch, start, end)  # the range's cells, shared, not copied
         try:
@@ -378,6 +424,8 @@ class LlamaCppBackend(LlamaTokenized, Backend):
 
     def kv_write(self, seq_id: int, start: int, data: bytes) -> int:
         self._live()
+        if not self._mem:
+            return start
         buf = (ctypes.c_uint8 * len(data)).from_buffer_copy(data)
         try:
             read = C.llama_state_seq_set_data(self._ctx, buf, len(data), self._scratch)
@@ -405,6 +453,20 @@ class LlamaCppBackend(LlamaTokenized, Backend):
         self.close()
 
 
+def model_meta(model: ctypes.c_void_p, key: str) -> str | None:
+    """A metadata value of a loaded model as llama.cpp prints it, or None where it has none."""
+    buf = ctypes.create_string_buffer(256)
+    n = C.llama_model_meta_val_str(model, key.encode(), buf, len(buf))
+    return buf.value.decode("utf-8", "replace") if n >= 0 else None
+
+
+def int_or_none(text: str | None) -> int | None:
+    try:
+        return int(text) if text is not None else None
+    except ValueError:
+        return None
+
+
 class Tokenizer:
     """llama.cpp's tokenizer over a loaded model; the native engine loads only the vocabulary."""
 
@@ -427,6 +489,9 @@ class Tokenizer:
             bos_text=self._piece(bos, special=True).decode("utf-8", "replace") if bos is not None else "",
             eos_text=self._piece(eos, special=True).decode("utf-8", "replace") if eos is not None else "",
             special={t: self._piece(t, special=True) for t in range(n_vocab) if self._is_special(t)},
+            sep_id=special_id(C.llama_vocab_sep(vocab)),
+            add_eos=bool(C.llama_vocab_get_add_eos(vocab)),
+            add_sep=bool(C.llama_vocab_get_add_sep(vocab)),
         )
         template = C.llama_model_chat_template(model, None)
         self.chat_template = template.decode("utf-8", "replace") if template else None
@@ -445,9 +510,7 @@ class Tokenizer:
         return cls(model, owned=True)
 
     def meta(self, key: str) -> str | None:
-        buf = ctypes.create_string_buffer(256)
-        n = C.llama_model_meta_val_str(self._model, key.encode(), buf, len(buf))
-        return buf.value.decode("utf-8", "replace") if n >= 0 else None
+        return model_meta(self._model, key)
 
     def tokenize(self, text: str, add_special: bool = True, parse_special: bool = True) -> list[int]:
         data = text.encode("utf-8", "replace")  # a lone surrogate (a JSON "\ud800") becomes '?', not a crash

@@ -32,9 +32,9 @@ def _register() -> None:
     """Add the verbs once (main() may run many times in one process: the tests do)."""
     if app.registered_commands:
         return
-    from localinfer.cli import bench, cache, chat, doctor, eval, list, pull, quantize, rm, run, serve, show, worker
+    from localinfer.cli import bench, cache, chat, doctor, embed, eval, list, pull, quantize, rm, run, serve, show, worker
 
-    for module in (run, chat, serve, worker, pull, list, show, rm, cache, quantize, eval, bench, doctor):
+    for module in (run, chat, serve, worker, embed, pull, list, show, rm, cache, quantize, eval, bench, doctor):
         module.register(app)
 
 

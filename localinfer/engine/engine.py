@@ -26,7 +26,7 @@ import threading
 import time
 from collections import deque
 from dataclasses import dataclass, field, replace
-from typing import Iterator
+from typing import Callable, Iterator
 
 import numpy as np
 
@@ -36,6 +36,7 @@ from localinfer.engine.constraints import GrammarVocab
 from localinfer.engine.detokenize import StreamDetokenizer
 from localinfer.engine.draft_model import DraftModel
 from localinfer.engine.drafting import Drafting
+from localinfer.engine.embedding import embed_inputs, fit_inputs, rank_inputs, rerank_tokens
 from localinfer.engine.filewatch import ModelFileWatch
 from localinfer.engine.prompt_cache import PromptCache
 from localinfer.engine.reasoning import Splitter, syntax_of
@@ -155,6 +156,15 @@ class Engine:
             prompt += syntax.prompt_suffix(prompt, on)
         return prompt
 
+    def tokenize_input(self, text: str) -> list[int]:
+        """Tokens of an input to embed, with the marks the model adds (BERT's [CLS] and [SEP]),
+        as llama-server tokenizes one."""
+        return self.backend.tokenize(text, add_special=True, parse_special=True)
+
+    def tokenize_pair(self, query: str, document: str) -> list[int]:
+        """A reranker's input: the query and one document, joined as llama-server joins them."""
+        return rerank_tokens(self.backend, query, document)
+
     def tokenize_prompt(self, text: str) -> list[int]:
         """Tokens for a prompt, with BOS where the model wants it but never twice."""
         v = self.backend.vocab
@@ -174,6 +184,9 @@ class Engine:
             params = replace(params, seed=secrets.randbits(32))
         if not prompt_tokens:
             raise UserError("the prompt is empty")
+        if self.backend.facts.pooling != "none":
+            uses = "scores documents against a query (/v1/rerank)" if self.pooling == "rank" else "gives vectors (/v1/embeddings, /api/embed, `localinfer embed`)"
+            raise UserError(f"{self.name} is an embedding model: it {uses}; it does not write text")
         if len(prompt_tokens) >= self.n_ctx:
             raise ContextOverflow(
                 f"the prompt is {len(prompt_tokens)} tokens but the context holds {self.n_ctx}; "
@@ -258,33 +271,60 @@ class Engine:
     def has_work(self) -> bool:
         return bool(self._waiting or self._running or self._inbox or self._calls)
 
-    def embed(self, tokens: list[int]) -> np.ndarray:
-        """One vector for a text: the mean of its tokens' final-norm hidden states,
-        L2-normalised, on any backend. Runs on the owner's thread, in a slot of its own,
-        so it never races a decode step; from another thread it blocks until done."""
-        if not tokens:
-            raise UserError("the input is empty")
-        if len(tokens) > self.n_ctx:
-            raise ContextOverflow(f"the input is {len(tokens)} tokens but the context holds {self.n_ctx}; raise --ctx")
+    @property
+    def kind(self) -> str:
+        """What the model answers: "chat" (text), "embedding" (vectors) or "rerank" (scores)."""
+        pooling = self.backend.facts.pooling
+        return "chat" if pooling == "none" else "rerank" if pooling == "rank" else "embedding"
+
+    @property
+    def pooling(self) -> str:
+        """How embed() makes one vector of an input's rows: the model's pooling, or for a
+        generative model their mean."""
+        pooling = self.backend.facts.pooling
+        return "mean" if pooling == "none" else pooling
+
+    def embed(self, inputs: list[list[int]], truncate: bool = False) -> np.ndarray:
+        """One pooled vector per input ([n, n_embd], not normalised: embedding.finish), many
+        inputs to a forward. Runs on the owner's thread with every free slot (a sequence id
+        each), so it never races a decode step; from another thread it blocks until done."""
+        if self.pooling == "rank":
+            raise UserError("this is a reranking model: it scores documents against a query (/v1/rerank), it gives no vectors")
+        fitted = fit_inputs(inputs, self.embed_limit, truncate)
+        return self._with_slots(lambda slots: embed_inputs(self.backend, fitted, slots, self.backend.facts.n_batch, self.pooling))
+
+    def rank(self, inputs: list[list[int]], truncate: bool = False) -> np.ndarray:
+        """A reranker's score of each input (embedding.rerank_tokens' query and document)."""
+        if self.pooling != "rank":
+            raise UserError("this model cannot rank documents: it is not a reranker (rank pooling)")
+        fitted = fit_inputs(inputs, self.embed_limit, truncate, what="document")
+        return self._with_slots(lambda slots: rank_inputs(self.backend, fitted, slots, self.backend.facts.n_batch))
+
+    @property
+    def embed_limit(self) -> int:
+        """The most tokens one embedding input takes: a sequence's context, and for an encoder
+        what one forward takes (a causal model's forward goes in chunks)."""
+        facts = self.backend.facts
+        return self.n_ctx if facts.causal else min(self.n_ctx, facts.n_batch)
+
+    def _with_slots(self, work: Callable[[list[int]], np.ndarray]) -> np.ndarray:
+        """work(slots) on the owner's thread, with the slots free when it runs (one at least), given back after."""
+
+        def run() -> np.ndarray:
+            slots = [self.slots.take_emptiest() for _ in list(self.slots.free)]
+            try:
+                return work(slots)
+            finally:
+                for slot in slots:
+                    self.slots.give_back(slot, keep_cache=False)
+
         future: concurrent.futures.Future = concurrent.futures.Future()
-        self._post(("call", (lambda: self._embed_now(tokens), future)))
+        self._post(("call", (run, future)))
         if self._thread is None:  # the caller is the owner
             self._apply_inbox()
             while not future.done():
                 self.step()
         return future.result()
-
-    def _embed_now(self, tokens: list[int]) -> np.ndarray:
-        slot = self.slots.take_emptiest()
-        total = np.zeros(self.backend.facts.n_embd, dtype=np.float64)
-        try:
-            for start in range(0, len(tokens), self.prefill_chunk):
-                part = tokens[start : start + self.prefill_chunk]
-                total += self.backend.embed(Batch.for_sequence(part, start, slot, all_logits=True)).sum(axis=0, dtype=np.float64)
-        finally:
-            self.slots.give_back(slot, keep_cache=False)
-        mean = total / len(tokens)
-        return (mean / (np.linalg.norm(mean) or 1.0)).astype(np.float32)
 
     def _run_calls(self) -> None:
         while self._calls and self.slots.free:

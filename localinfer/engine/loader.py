@@ -28,6 +28,8 @@ from localinfer.store.pull import Progress, ensure_local, local_path
 from localinfer.store.refs import ModelSource, resolve
 
 DEFAULT_CTX = 4096
+EMBED_SEQUENCES = 32  # inputs one forward of an embedding model may carry
+EMBED_BATCH = 2048  # and tokens
 SAMPLING_KEYS = {"temperature", "top_k", "top_p", "min_p", "repeat_penalty", "repeat_last_n"}
 
 
@@ -56,6 +58,7 @@ class LoadOptions:
     decode_slowdown: float = DEFAULT_SLOWDOWN  # how much longer than a decode step a prefilling step may take
     prompt_cache: CacheOptions = CacheOptions()  # KV blocks kept across requests and restarts
     rpc: tuple[str, ...] = ()  # RPC workers (HOST:PORT) to split the layers with (--rpc)
+    pooling: str | None = None  # an embedding model's pooling instead of its file's (--pooling); None: the file's
 
 
 def cache_types(asked: tuple[str | None, str | None] | str, defaults: dict[str, object]) -> tuple[str, str] | str:
@@ -98,7 +101,7 @@ def choose_engine(asked: str, info: GGUFInfo, gpu_layers: int | str, cache: tupl
         if isinstance(caps, BackendError):
             passed.append(f"{name} engine cannot start ({caps})")
             continue
-        why_not = caps.refusal(info.architecture, info.tensor_types, auto=True)
+        why_not = caps.refusal(info.architecture, info.tensor_types, auto=True, pooling=info.pooling)
         lacking = sorted(set(() if cache == "auto" else cache) - set(caps.kv_types))
         if why_not is None and lacking:
             why_not = f"a {'/'.join(lacking)} KV cache"
@@ -136,8 +139,10 @@ def open_engine(ref: str | None, options: LoadOptions | None = None, progress: P
     path = ensure_local(src, progress)
     t0 = time.perf_counter()
     info = inspect(path)
+    if (options.pooling or info.pooling) != "none":
+        options = for_embeddings(options, info, context_of(options, src, info))
     types = cache_types(options.cache, src.defaults)
-    choice = choose_engine(options.engine, info, options.gpu_layers, types, rpc=bool(options.rpc))
+    choice = choose_engine(options.engine, replace(info, pooling=options.pooling or info.pooling), options.gpu_layers, types, rpc=bool(options.rpc))
     backend_cls: type[Backend] = get_backend(choice.name)
     caps = backend_cls.capabilities()
     check_cache_types(choice.name, caps, types)
@@ -151,7 +156,8 @@ def open_engine(ref: str | None, options: LoadOptions | None = None, progress: P
     draft = plan_draft(options, src, choice.name, plan, n_ctx, warnings, progress) if options.draft is not None and options.draft_model else None
     params = LoadParams(n_ctx=n_ctx, n_threads=options.threads, n_gpu_layers=plan.n_gpu_layers, n_seq_max=options.n_seq_max,
                         kernels=options.kernels, verbose=options.verbose, cache_types=plan.cache_types, rpc_split=split,
-                        n_cpu_moe=-1 if plan.n_cpu_moe >= info.n_layer > 0 else plan.n_cpu_moe)  # fmt: skip
+                        n_cpu_moe=-1 if plan.n_cpu_moe >= info.n_layer > 0 else plan.n_cpu_moe, pooling=options.pooling,
+                        n_batch=EMBED_BATCH if (options.pooling or info.pooling) != "none" else LoadParams.n_batch)  # fmt: skip
     if split:  # llama.cpp ends its process when a worker goes: it runs in a child, so only the requests end
         backend: Backend = IsolatedBackend(choice.name, path, params, explain=lambda: workers_now(options.rpc))
     else:
@@ -165,6 +171,14 @@ def open_engine(ref: str | None, options: LoadOptions | None = None, progress: P
         draft=options.draft, drafter=drafter, name=src.name, info=info, memory=plan, choice=choice, warnings=warnings,
         prompt_cache=open_prompt_cache(options.prompt_cache, path, info.architecture, choice.name, params),
     )  # fmt: skip
+
+
+def for_embeddings(options: LoadOptions, info: GGUFInfo, n_ctx: int) -> LoadOptions:
+    """An embedding model's options: no drafting, and a sequence id for each of the many
+    inputs one forward carries: EMBED_SEQUENCES for an encoder, which keeps no cache, or
+    for a decoder as many as have n_ctx-token caches within EMBED_BATCH tokens."""
+    n_seq = EMBED_SEQUENCES if not info.causal else min(EMBED_SEQUENCES, max(1, EMBED_BATCH // n_ctx))
+    return replace(options, n_seq_max=max(options.n_seq_max, n_seq), draft=None, draft_model=None)
 
 
 def context_of(options: LoadOptions, src: ModelSource, info: GGUFInfo) -> int:

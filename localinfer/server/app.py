@@ -15,7 +15,7 @@ from localinfer.server.bridge import Bridge
 from localinfer.server.host import ModelHost
 from localinfer.server.metrics import Metrics
 from localinfer.server.middleware import BodyLimit
-from localinfer.server.routes import anthropic, health, ollama, ollama_models, openai, responses
+from localinfer.server.routes import anthropic, health, ollama, ollama_models, openai, rerank, responses
 
 
 def create_app(host: ModelHost, api_key: str | None = None, parallel: int = 4, max_queue: int = 32, reap_every: float = 5.0, allow_pull: bool = False) -> FastAPI:
@@ -40,7 +40,7 @@ def create_app(host: ModelHost, api_key: str | None = None, parallel: int = 4, m
     app.state.responses = responses.ResponseLog()  # for previous_response_id
     errors.install(app)
     app.add_middleware(BodyLimit)
-    for router in (health.router, openai.router, anthropic.router, responses.router, ollama.router, ollama_models.router):
+    for router in (health.router, openai.router, anthropic.router, responses.router, ollama.router, ollama_models.router, rerank.router):
         app.include_router(router)
     app.openapi = lambda: openapi(app)  # type: ignore[method-assign]
     return app

@@ -9,7 +9,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from contextlib import aclosing
 from dataclasses import dataclass
 
@@ -165,11 +165,18 @@ class Bridge:
         self.metrics.prompt_tokens.inc(tokens)
         self.metrics.requests.labels(route=route, status="embedding").inc()
 
-    async def embed(self, loaded: Loaded, tokens: list[int], field: str = "input") -> np.ndarray:
-        """One input's embedding, computed on a worker thread while it counts as in flight."""
+    async def embed(self, loaded: Loaded, inputs: list[list[int]], truncate: bool = False, field: str = "input") -> np.ndarray:
+        """The inputs' pooled vectors (Engine.embed), computed on a worker thread while they count as in flight."""
+        return await self._on_engine(loaded, field, lambda: loaded.engine.embed(inputs, truncate))
+
+    async def rank(self, loaded: Loaded, inputs: list[list[int]], truncate: bool = False) -> np.ndarray:
+        """A reranker's scores of query-document inputs (Engine.rank), as embed()."""
+        return await self._on_engine(loaded, "documents", lambda: loaded.engine.rank(inputs, truncate))
+
+    async def _on_engine(self, loaded: Loaded, field: str, work: Callable[[], np.ndarray]) -> np.ndarray:
         loaded.in_flight += 1
         try:
-            return await asyncio.to_thread(loaded.engine.embed, tokens)
+            return await asyncio.to_thread(work)
         except UserError as e:
             raise ApiError(400, str(e), param=field) from None
         finally:

@@ -14,7 +14,7 @@ def model_card(name: str, loaded: Loaded | None) -> p.ModelCard:
     if loaded is None:
         return p.ModelCard(id=name)
     choice = loaded.engine.choice
-    return p.ModelCard(id=name, engine=loaded.engine.backend.name, engine_reason=choice.reason if choice else None)
+    return p.ModelCard(id=name, engine=loaded.engine.backend.name, engine_reason=choice.reason if choice else None, kind=loaded.engine.kind)
 
 
 def wire_call(call: ToolCall) -> p.MessageToolCall:

@@ -348,6 +348,34 @@ class EmbeddingList(BaseModel):
     usage: EmbeddingUsage
 
 
+class RerankDocument(Lenient):
+    text: str
+
+
+class RerankRequest(Lenient):
+    """llama-server's, Jina's and Cohere's rerank request."""
+
+    model: str | None = None
+    query: str
+    documents: list[str | RerankDocument]
+    top_n: int | None = None  # the best n results only; None: all
+    return_documents: bool = False
+
+
+class RerankResult(BaseModel):
+    index: int  # the document's place in the request
+    relevance_score: float  # the reranker's score: higher is more relevant (its raw logit, as llama-server gives it)
+    document: RerankDocument | None = None
+
+
+class RerankList(BaseModel):
+    id: str
+    object: Literal["list"] = "list"
+    model: str
+    results: list[RerankResult]  # best first
+    usage: EmbeddingUsage
+
+
 class ModelCard(BaseModel):
     id: str
     object: Literal["model"] = "model"
@@ -355,6 +383,7 @@ class ModelCard(BaseModel):
     owned_by: str = "localinfer"
     engine: str | None = None  # a loaded model's engine (llama.cpp or native); None: not loaded
     engine_reason: str | None = None  # why --engine chose it
+    kind: Literal["chat", "embedding", "rerank"] | None = None  # what a loaded model answers; None: not loaded
 
 
 class ModelList(BaseModel):

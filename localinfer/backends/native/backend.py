@@ -51,6 +51,8 @@ class NativeBackend(LlamaTokenized, Backend):
     def __init__(self, path: Path, params: LoadParams) -> None:
         rss_before = anon_rss_bytes()
         info = inspect(path)
+        if (params.pooling or info.pooling) == "rank":
+            raise UserError("the native engine does not run rerankers (rank pooling); use --engine llama.cpp")
         self.config = config = ModelConfig.from_gguf(info)
         cache_types = native_cache_types(params.cache_types, config.head_dim)
         threads = params.n_threads or default_threads()
@@ -82,6 +84,8 @@ class NativeBackend(LlamaTokenized, Backend):
             n_embd=config.n_embd,
             chat_template=self._tok.chat_template,
             extra={"threads": str(threads), "kernels": self.kernels.describe()},
+            pooling=params.pooling or info.pooling,
+            n_batch=params.n_batch,
         )
 
     @classmethod

@@ -15,6 +15,7 @@ from fastapi import APIRouter, Depends, Request
 from fastapi.responses import StreamingResponse
 
 from localinfer import __version__
+from localinfer.engine.embedding import finish
 from localinfer.engine.engine import Engine
 from localinfer.engine.tools import ToolCall
 from localinfer.engine.types import CompletionOutput, SamplingParams
@@ -25,6 +26,7 @@ from localinfer.server.bridge import Bridge, Job, Route
 from localinfer.server.chat_prompt import ChatPrompt, chat_prompt
 from localinfer.server.errors import ApiError
 from localinfer.server.host import Loaded, seconds
+from localinfer.server.inputs import check_dimensions, input_tokens
 
 router = APIRouter(prefix="/api", dependencies=deps.AUTH)
 BridgeDep = Annotated[Bridge, Depends(deps.bridge)]
@@ -191,23 +193,22 @@ async def generate_lines(bridge: Bridge, job: Job, head: dict, started: float, l
 async def embed(body: o.EmbedRequest, request: Request, bridge: BridgeDep) -> dict:
     started = time.perf_counter()
     loaded, load_ns = await model_for(bridge, body.model, body.keep_alive)
-    inputs = [body.input] if isinstance(body.input, str) else body.input
-    vectors, used = [], 0
-    for text in inputs:
-        tokens = loaded.engine.tokenize_prompt(text)
-        vectors.append((await bridge.embed(loaded, tokens)).tolist())
-        used += len(tokens)
+    check_dimensions(loaded.engine, body.dimensions)
+    tokens = input_tokens(loaded.engine, [body.input] if isinstance(body.input, str) else list(body.input))
+    limit = loaded.engine.embed_limit
+    used = sum(min(len(t), limit) if body.truncate else len(t) for t in tokens)
+    vectors = finish(await bridge.embed(loaded, tokens, body.truncate), body.dimensions)
     bridge.count_embedding(request.url.path, used)
-    return {"model": body.model, "embeddings": vectors, "total_duration": int((time.perf_counter() - started) * 1e9), "load_duration": load_ns, "prompt_eval_count": used}
+    return {"model": body.model, "embeddings": vectors.tolist(), "total_duration": int((time.perf_counter() - started) * 1e9), "load_duration": load_ns, "prompt_eval_count": used}
 
 
 @router.post("/embeddings", responses=ERRORS)
 async def embeddings(body: o.EmbeddingsRequest, request: Request, bridge: BridgeDep) -> dict:
     loaded, _ = await model_for(bridge, body.model)
-    tokens = loaded.engine.tokenize_prompt(body.prompt)
-    vector = await bridge.embed(loaded, tokens, "prompt")
-    bridge.count_embedding(request.url.path, len(tokens))
-    return {"embedding": vector.tolist()}
+    tokens = input_tokens(loaded.engine, [body.prompt], "prompt")
+    vectors = await bridge.embed(loaded, tokens, field="prompt")  # not normalised: Ollama's older route never was
+    bridge.count_embedding(request.url.path, len(tokens[0]))
+    return {"embedding": vectors[0].tolist()}
 
 
 @router.get("/version", responses=ERRORS)

@@ -76,9 +76,13 @@ async def show(body: o.ModelRequest) -> dict:
     path = path_of(name)
     info = await asyncio.to_thread(inspect, path)
     template = info.chat_template or ""
-    capabilities = ["completion", *(["tools"] if "tools" in template else []), *(["thinking"] if "</think>" in template or HarmonySyntax.detect(template) else [])]
+    if info.embeds:  # Ollama's word for what its embed routes answer; a reranker's too
+        capabilities = ["embedding"]
+    else:
+        capabilities = ["completion", *(["tools"] if "tools" in template else []), *(["thinking"] if "</think>" in template or HarmonySyntax.detect(template) else [])]
     model_info = {"general.architecture": info.architecture, "general.parameter_count": info.n_params, f"{info.architecture}.context_length": info.context_length,
-                  f"{info.architecture}.embedding_length": info.n_embd, f"{info.architecture}.block_count": info.n_layer}  # fmt: skip
+                  f"{info.architecture}.embedding_length": info.n_embd, f"{info.architecture}.block_count": info.n_layer,
+                  **({f"{info.architecture}.pooling_type": info.pooling} if info.embeds else {})}  # fmt: skip
     modified = datetime.fromtimestamp(path.stat().st_mtime, timezone.utc).isoformat().replace("+00:00", "Z")
     return {"modelfile": f"FROM {path}\n", "parameters": "", "template": template, "license": info.license or "", "details": details(info),
             "model_info": model_info, "capabilities": capabilities, "modified_at": modified}  # fmt: skip

@@ -4,7 +4,6 @@ become chunks; templates, tools, constraints and reasoning are the engine's."""
 
 from __future__ import annotations
 
-import base64
 import json
 from collections.abc import AsyncIterator, Callable
 from contextlib import aclosing
@@ -14,6 +13,7 @@ from fastapi import APIRouter, Depends, Request
 from sse_starlette.sse import EventSourceResponse
 
 from localinfer.engine.constraints import Constraint
+from localinfer.engine.embedding import encode_base64, finish
 from localinfer.engine.engine import Engine
 from localinfer.engine.types import CompletionOutput, SamplingParams, TokenEvent
 from localinfer.errors import ConstraintError
@@ -23,6 +23,7 @@ from localinfer.server.bridge import Bridge, Job, Route
 from localinfer.server.chat_prompt import ChatPrompt, chat_prompt
 from localinfer.server.errors import SAMPLING_ERRORS, ApiError, errors
 from localinfer.server.host import ModelHost
+from localinfer.server.inputs import check_dimensions, input_tokens
 from localinfer.server.openai_wire import chat_logprobs, completion_logprobs, model_card, usage, wire_call
 from localinfer.store.inventory import local_names
 
@@ -90,21 +91,15 @@ async def embeddings(body: p.EmbeddingRequest, request: Request, bridge: BridgeD
     loaded = await bridge.model(body.model)
     engine = loaded.engine
     inputs: list = [body.input] if isinstance(body.input, str) or (body.input and isinstance(body.input[0], int)) else list(body.input)
-    if not inputs:
-        raise ApiError(400, "input is empty", param="input")
-    if body.dimensions is not None and body.dimensions != engine.backend.facts.n_embd:
-        raise ApiError(400, f"this model's embeddings have {engine.backend.facts.n_embd} dimensions; dimensions cannot change that", param="dimensions")
-    data, used = [], 0
-    for index, item in enumerate(inputs):
-        tokens = engine.tokenize_prompt(item) if isinstance(item, str) else list(item)
-        if any(not 0 <= t < engine.backend.vocab.n_vocab for t in tokens):
-            raise ApiError(400, f"input {index} has a token id outside this model's vocabulary", param="input")
-        vector = await bridge.embed(loaded, tokens)
-        used += len(tokens)
-        encoded = base64.b64encode(vector.astype("<f4").tobytes()).decode() if body.encoding_format == "base64" else vector.tolist()
-        data.append(p.Embedding(index=index, embedding=encoded))
+    check_dimensions(engine, body.dimensions)
+    tokens = input_tokens(engine, inputs)
+    vectors = finish(await bridge.embed(loaded, tokens), body.dimensions)
+    used = sum(len(t) for t in tokens)
     bridge.count_embedding(request.url.path, used)
+    data = [p.Embedding(index=i, embedding=encode_base64(v) if body.encoding_format == "base64" else v.tolist()) for i, v in enumerate(vectors)]
     return p.EmbeddingList(data=data, model=engine.name, usage=p.EmbeddingUsage(prompt_tokens=used, total_tokens=used))
+
+
 
 
 def sampling(engine: Engine, body: p.SamplingFields, tool_constraint: Constraint | None = None) -> tuple[list[SamplingParams], str | None]:
