@@ -18,11 +18,13 @@ The reference does what llama-server does, through llama-cpp-python's low-level 
 text its own sequence, tokenized with its special tokens, the pooled row read back with
 llama_get_embeddings_seq and L2-normalised as common_embd_normalize(embd_norm=2); a rerank
 prompt formatted as format_prompt_rerank formats it, its score the rank pooling's output.
+Flash attention is llama.cpp's "auto", as llama-server's: on for a CPU, where it rounds K
+and V to f16 (1e-4 from the same model with it off). A sequence longer than the ubatch is
+refused here, since llama.cpp's encoder aborts the process on one (GGML_ASSERT).
 """
 
 from __future__ import annotations
 
-import ctypes
 import os
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -245,7 +247,7 @@ def _write_bert(path: Path, pooling: str, seed: int, head: bool) -> Path:
     if head:
         w.add_tensor("cls.weight", r.matrix(N_EMBD, N_EMBD))  # RoBERTa's classifier.dense
         w.add_tensor("cls.bias", r.bias())
-        w.add_tensor("cls.output.weight", 4 * r.matrix(1, N_EMBD))  # classifier.out_proj: [n_cls_out, n_embd]
+        w.add_tensor("cls.output.weight", 4 * r.matrix(1, N_EMBD))  # classifier.out_proj [n_cls_out, n_embd]; x4: scores spread
         w.add_tensor("cls.output.bias", r.bias(1))
     finish(w)
     return path
@@ -369,6 +371,7 @@ def llama_context(path: Path, pooling: str | None) -> Iterator[tuple[C.llama_mod
         cparams.embeddings = True
         cparams.pooling_type = C.LLAMA_POOLING_TYPE_UNSPECIFIED if pooling is None else int(pooling_of(pooling))
         cparams.n_threads = cparams.n_threads_batch = THREADS
+        cparams.flash_attn_type = C.LLAMA_FLASH_ATTN_TYPE_AUTO  # llama-server's -fa auto: on for a CPU, K and V rounded to f16
         cparams.no_perf = True
         ctx = C.llama_init_from_model(model, cparams)
         if not ctx:
@@ -385,12 +388,15 @@ def llama_context(path: Path, pooling: str | None) -> Iterator[tuple[C.llama_mod
 
 
 def tokenize(vocab: C.llama_vocab_p, text: str, add_special: bool, parse_special: bool) -> list[int]:
+    """llama_tokenize, asked again with the room it says it needs."""
     data = text.encode("utf-8")
     n = len(data) + 8
     out = (C.llama_token * n)()
     count = C.llama_tokenize(vocab, data, len(data), out, n, add_special, parse_special)
     if count < 0:
-        raise RuntimeError(f"llama.cpp could not tokenize {text!r}")
+        n = -count
+        out = (C.llama_token * n)()
+        count = C.llama_tokenize(vocab, data, len(data), out, n, add_special, parse_special)
     return list(out[:count])
 
 
@@ -398,9 +404,9 @@ def run_sequence(ctx: C.llama_context_p, batch: C.llama_batch, tokens: list[int]
     """One sequence (id 0) through llama_decode, every token an output, as llama-server
     sends an embedding task. A context without memory (an encoder) runs it through
     llama_encode inside; a decoder's cache is cleared first, so texts never see each other."""
-    n_ctx = C.llama_n_ctx(ctx)
-    if not tokens or len(tokens) > n_ctx:
-        raise ValueError(f"{len(tokens)} tokens: a sequence needs 1 to {n_ctx}")
+    limit = min(C.llama_n_ubatch(ctx), C.llama_model_n_ctx_train(C.llama_get_model(ctx)))  # n_ctx is padded to 256
+    if not tokens or len(tokens) > limit:
+        raise ValueError(f"{len(tokens)} tokens: a sequence here takes 1 to {limit}")
     memory = C.llama_get_memory(ctx)
     if memory:
         C.llama_memory_clear(memory, True)
