@@ -303,9 +303,10 @@ class Engine:
     @property
     def embed_limit(self) -> int:
         """The most tokens one embedding input takes: a sequence's context, and for an encoder
-        what one forward takes (a causal model's forward goes in chunks)."""
+        what one forward takes and its position table holds (a causal model's forward goes in
+        chunks; llama.cpp aborts on an encoder's batch past its ubatch)."""
         facts = self.backend.facts
-        return self.n_ctx if facts.causal else min(self.n_ctx, facts.n_batch)
+        return self.n_ctx if facts.causal else min(self.n_ctx, facts.n_batch, facts.n_ctx_train or facts.n_batch)
 
     def _with_slots(self, work: Callable[[list[int]], np.ndarray]) -> np.ndarray:
         """work(slots) on the owner's thread, with the slots free when it runs (one at least), given back after."""

@@ -131,7 +131,7 @@ class EmbedRequest(Lenient):
     model: str = Field(min_length=1)
     input: str | list[str] = Field(min_length=1)
     truncate: bool = True  # cut an input longer than the model takes, instead of a 400
-    dimensions: int | None = Field(default=None, ge=1)  # a Matryoshka model's vectors cut shorter
+    dimensions: int | None = count(low=1)  # a Matryoshka model's vectors cut shorter
     keep_alive: float | str | None = None
 
 

@@ -358,7 +358,7 @@ class RerankRequest(Lenient):
     model: str | None = None
     query: str
     documents: list[str | RerankDocument]
-    top_n: int | None = None  # the best n results only; None: all
+    top_n: int | None = count()  # the best n results only; None: all (0 or past the documents: a 400 that says so)
     return_documents: bool = False
 
 
