@@ -29,7 +29,7 @@ def pooling_choice(value: str | None) -> str | None:
 
 
 def embed(
-    model: Annotated[str, typer.Argument(help="An embedding model: catalog alias (nomic-embed-text, all-minilm, bge-m3, qwen3-embedding:0.6b), path to a .gguf, or Hugging Face owner/repo[:QUANT]. A chat model gives the mean of its hidden states.", show_default=False)],
+    model: Annotated[str, typer.Argument(help="An embedding model (a BERT-family encoder, Qwen3-Embedding, ...): path to a .gguf, catalog alias, or Hugging Face owner/repo[:QUANT]. A chat model gives the mean of its hidden states.", show_default=False)],
     texts: Annotated[Optional[list[str]], typer.Argument(help="Texts to embed. Without any: one a line from --file, else from stdin.", show_default=False)] = None,
     file: Annotated[Optional[Path], typer.Option("--file", "-f", help="Read the texts from this file, one a line (blank lines skipped).", show_default=False)] = None,
     json_out: Annotated[bool, typer.Option("--json", help="JSON lines: index, text, tokens and embedding of each text.")] = False,
