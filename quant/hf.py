@@ -1,4 +1,5 @@
-"""GGUF <-> Hugging Face checkpoint folders, for the llama family (llama, mistral, qwen2).
+"""GGUF <-> Hugging Face checkpoint folders, for the llama family (llama, mistral, qwen2,
+qwen3); BERT encoders are imported by bert.py, which `import_hf` hands them to.
 
 The quantization toolkit starts from a high-precision source, and real sources are HF
 folders (config.json, tokenizer files, safetensors). Without network the only real model
@@ -8,7 +9,8 @@ is a GGUF, so we go both ways: `export_hf` writes a GGUF as a true HF checkpoint
 Two details make the folders real rather than look-alikes:
 - llama.cpp's converter permutes the rows of q_proj/k_proj for llama/mistral (each
   head's rotary pairs made adjacent, for its interleaved RoPE); export undoes it, import
-  redoes it. qwen2 keeps HF order (llama.cpp runs it with NeoX RoPE) and has q/k/v biases.
+  redoes it. qwen2 keeps HF order (llama.cpp runs it with NeoX RoPE) and has q/k/v biases;
+  qwen3 keeps HF order too, without biases, with a per-head RMSNorm of q and k.
 - The tokenizer is byte-level BPE; its pre-tokenizer has no name in tokenizer.json, so
   the known ones are recognised by their structure (`PRE_TOKENIZERS`).
 
@@ -22,7 +24,7 @@ import json
 import re
 import struct
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any, Callable, Iterable
 
 import gguf
 import numpy as np
@@ -43,8 +45,13 @@ FAMILIES: dict[str, tuple[str, str, bool]] = {
     "llama": ("llama", "LlamaForCausalLM", True),
     "mistral": ("llama", "MistralForCausalLM", True),
     "qwen2": ("qwen2", "Qwen2ForCausalLM", False),
+    "qwen3": ("qwen3", "Qwen3ForCausalLM", False),
 }
+# HF model_type -> the architectures classes bert.py converts (llama.cpp's BertModel)
+ENCODERS: dict[str, tuple[str, ...]] = {"bert": ("BertModel", "BertForMaskedLM")}
+SUPPORTED = ", ".join([*FAMILIES, *ENCODERS])
 GGUF_TO_MODEL_TYPE = {"llama": "llama", "qwen2": "qwen2"}
+POOLED_DECODERS = ("qwen2", "qwen3")  # GGUF architectures whose folders may carry sentence-transformers' pooling
 
 # --- tensor names ------------------------------------------------------------------------
 GLOBAL_NAMES = {
@@ -59,6 +66,8 @@ BLOCK_NAMES = {
     "attn_k": "self_attn.k_proj",
     "attn_v": "self_attn.v_proj",
     "attn_output": "self_attn.o_proj",
+    "attn_q_norm": "self_attn.q_norm",
+    "attn_k_norm": "self_attn.k_norm",
     "ffn_gate": "mlp.gate_proj",
     "ffn_up": "mlp.up_proj",
     "ffn_down": "mlp.down_proj",
@@ -81,7 +90,11 @@ def hf_name(gguf_name: str) -> str:
 
 
 def gguf_name(hf: str) -> str:
-    """HF tensor name -> GGUF name; the inverse of `hf_name`."""
+    """HF tensor name -> GGUF name; the inverse of `hf_name`. A checkpoint saved from the
+    bare model (sentence-transformers' Qwen3-Embedding: layers.0..., embed_tokens) has no
+    `model.` prefix; it is read as if it had, as llama.cpp's converter maps both."""
+    if not hf.startswith("model.") and hf != "lm_head.weight":
+        hf = "model." + hf
     if hf in HF_GLOBAL_NAMES:
         return HF_GLOBAL_NAMES[hf]
     m = HF_BLOCK.match(hf)
@@ -420,31 +433,56 @@ def _write_json(path: Path, data: Any) -> None:
 def import_hf(folder: Path, dst: Path, name: str | None = None) -> Path:
     """Write the HF checkpoint in `folder` as an F16 GGUF at `dst`; returns `dst`.
 
-    Raises UnsupportedSource for a model_type/architecture outside the llama family, a
-    tokenizer that is not byte-level BPE, or tensors a llama-family model does not have.
+    Raises UnsupportedSource for a model_type/architecture this converter does not know, a
+    tokenizer it cannot read, or tensors the model's family does not have.
     """
     config = read_config(folder)
     model_type = config["model_type"]
+    if model_type in ENCODERS:
+        from localinfer_quant.bert import import_bert
+
+        return import_bert(folder, dst, config, name)
+    from localinfer_quant.pooling import sentence_pooling
+
     arch, _, permuted = FAMILIES[model_type]
     tensors = read_checkpoint(folder)
     plans = import_plans(tensors, config, permuted)
     n_vocab = next((p.shape[0] for p in plans if p.name == "token_embd.weight"), 0)
     if not n_vocab:
         raise UnsupportedSource(f"{folder} has no model.embed_tokens.weight")
+    # an embedding model saved by sentence-transformers (Qwen3-Embedding); llama.cpp's
+    # converter reads its pooling for the qwen families only, and so do we
+    pooling = sentence_pooling(folder) if arch in POOLED_DECODERS else None
+
+    def metadata(writer: gguf.GGUFWriter) -> None:
+        add_hparams(writer, arch, config, n_vocab)
+        if pooling is not None:
+            writer.add_pooling_type(pooling)
+        add_tokenizer(writer, folder, n_vocab)
+
+    return write_model(dst, arch, name or folder.name, metadata, plans)
+
+
+def write_model(dst: Path, arch: str, name: str, metadata: Callable[[gguf.GGUFWriter], None], plans: list[TensorPlan]) -> Path:
+    """A GGUF at `dst`, written beside it as .partial and renamed when whole: a failure
+    (a damaged tokenizer or weights file, Ctrl-C) leaves nothing that looks like a model."""
     dst.parent.mkdir(parents=True, exist_ok=True)
     tmp = dst.with_name(dst.name + ".partial")
-    writer = gguf.GGUFWriter(tmp, arch)
-    writer.add_type("model")
-    writer.add_name(name or folder.name)
-    add_hparams(writer, arch, config, n_vocab)
-    add_tokenizer(writer, folder, n_vocab)
-    write_gguf(writer, plans)
-    tmp.replace(dst)
+    try:
+        writer = gguf.GGUFWriter(tmp, arch)
+        writer.add_type("model")
+        writer.add_name(name)
+        metadata(writer)
+        write_gguf(writer, plans)
+        tmp.replace(dst)
+    finally:
+        tmp.unlink(missing_ok=True)
     return dst
 
 
 def read_config(folder: Path) -> dict[str, Any]:
-    """config.json, checked to be a llama-family causal LM."""
+    """config.json, checked to be a model this converter knows (a llama-family causal LM
+    or a BERT encoder)."""
     path = folder / "config.json"
     if not path.is_file():
         raise UnsupportedSource(f"{folder} has no config.json; not a Hugging Face checkpoint folder")
@@ -458,9 +496,9 @@ def read_config(folder: Path) -> dict[str, Any]:
         raise UnsupportedSource(f"{path} is not a model configuration (a JSON object)")
     check_config_types(config, path)
     model_type = config.get("model_type")
-    if model_type not in FAMILIES:
-        raise UnsupportedSource(f"unsupported model_type '{model_type}' in {path}; supported: {', '.join(FAMILIES)}")
-    known = {family[1] for family in FAMILIES.values()}
+    if model_type not in FAMILIES and model_type not in ENCODERS:
+        raise UnsupportedSource(f"unsupported model_type '{model_type}' in {path}; supported: {SUPPORTED}")
+    known = {family[1] for family in FAMILIES.values()} | {c for classes in ENCODERS.values() for c in classes}
     for entry in config.get("architectures") or []:
         if entry not in known:
             raise UnsupportedSource(f"unsupported architecture '{entry}' in {path}; supported: {', '.join(sorted(known))}")
@@ -477,6 +515,7 @@ REQUIRED_INTS = ("hidden_size", "num_attention_heads", "num_hidden_layers", "int
 OPTIONAL_TYPES: dict[str, tuple[type, ...]] = {
     "num_key_value_heads": (int,), "head_dim": (int,), "rms_norm_eps": (int, float), "rope_theta": (int, float),
     "tie_word_embeddings": (bool,), "rope_scaling": (dict,), "architectures": (list,), "model_type": (str,),
+    "layer_norm_eps": (int, float), "type_vocab_size": (int,), "vocab_size": (int,),
 }  # fmt: skip
 
 
@@ -484,7 +523,7 @@ def check_config_types(config: dict[str, Any], path: Path) -> None:
     for key in REQUIRED_INTS:
         value = config.get(key)
         if value is None:
-            raise UnsupportedSource(f"{path} lacks '{key}', which a llama-family model needs")
+            raise UnsupportedSource(f"{path} lacks '{key}', which the conversion needs")
         if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
             raise UnsupportedSource(f"{path}: '{key}' is {value!r}, not a positive whole number")
     for key, kinds in OPTIONAL_TYPES.items():
@@ -507,7 +546,7 @@ def add_hparams(writer: gguf.GGUFWriter, arch: str, config: dict[str, Any], n_vo
     writer.add_layer_norm_rms_eps(config.get("rms_norm_eps", 1e-6))
     writer.add_rope_freq_base(config.get("rope_theta", 10000.0))
     writer.add_rope_dimension_count(head_dim)
-    if head_dim != n_embd // n_head:
+    if head_dim != n_embd // n_head or arch == "qwen3":  # llama.cpp's Qwen3Model writes config's head_dim
         writer.add_key_length(head_dim)
         writer.add_value_length(head_dim)
     scaling = config.get("rope_scaling") or {}
