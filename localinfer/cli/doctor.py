@@ -7,7 +7,7 @@ import platform
 import shutil
 import subprocess
 from pathlib import Path
-from typing import Annotated, Optional
+from typing import TYPE_CHECKING, Annotated, Optional
 
 import typer
 from rich.console import Console
@@ -15,6 +15,9 @@ from rich.table import Table
 
 from localinfer.cli import options as opt
 from localinfer.paths import data_dir, models_dir
+
+if TYPE_CHECKING:
+    from localinfer.modelfile import GGUFInfo
 
 
 def _system_gpus() -> list[str]:
@@ -123,7 +126,8 @@ def model_report(ref: str, ctx: int | None = None, cache: tuple[str | None, str 
     options = LoadOptions(ctx=ctx, cache=cache)
     types = cache_types(options.cache, src.defaults)
     choice = choose_engine("auto", info, "auto", types)
-    report: dict[str, object] = {"path": str(path), "architecture": info.architecture, "tensor_types": sorted(info.tensor_types), "engine": choice.name, "reason": choice.reason}
+    report: dict[str, object] = {"path": str(path), "architecture": info.architecture, "tensor_types": sorted(info.tensor_types), **model_kind(info),
+                                 "engine": choice.name, "reason": choice.reason}  # fmt: skip
     n_ctx = context_of(options, src, info)
     try:
         plan, _ = plan_memory(info, n_ctx, options, get_backend(choice.name), types)
@@ -134,6 +138,26 @@ def model_report(ref: str, ctx: int | None = None, cache: tuple[str | None, str 
               "cache_types": list(plan.cache_types), "compute_bytes": plan.compute, "total": plan.describe(),
               "placement": plan.placement, "split": plan.split, "warnings": plan.warnings}  # fmt: skip
     return report | {"memory": memory}
+
+
+def model_kind(info: GGUFInfo) -> dict[str, object]:
+    """What the model answers, in /v1/models' words (chat, embedding, rerank); for an
+    embedding model its pooling and the length of its vectors, for a reranker its pooling."""
+    if not info.embeds:
+        return {"kind": "chat"}
+    if info.pooling == "rank":
+        return {"kind": "rerank", "pooling": "rank"}
+    return {"kind": "embedding", "pooling": info.pooling, "dimensions": info.n_embd}
+
+
+def kind_text(model: dict[str, object]) -> str | None:
+    """'embedding model, pooling: mean, dimensions: 768', 'reranking model, pooling: rank',
+    or None for a chat model."""
+    if model["kind"] == "embedding":
+        return f"embedding model, pooling: {model['pooling']}, dimensions: {model['dimensions']}"
+    if model["kind"] == "rerank":
+        return f"reranking model, pooling: {model['pooling']}"
+    return None
 
 
 def workers_report(endpoints: tuple[str, ...]) -> list[dict[str, object]]:
@@ -240,6 +264,8 @@ def print_report(report: dict[str, object]) -> None:
     if "model" in report:
         m = report["model"]
         t.add_row("model", f"{m['path']} ({m['architecture']}): engine {m['engine']}, because {m['reason']}")  # type: ignore[index]
+        if kind := kind_text(m):  # type: ignore[arg-type]
+            t.add_row("", kind)
         mem = m["memory"]  # type: ignore[index]
         if mem["fits"]:
             t.add_row("", f"memory at {mem['ctx']} tokens of context: {mem['total']}")

@@ -21,7 +21,7 @@ def show(
     json_out: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False,
     template: Annotated[bool, typer.Option("--template", help="Print only the chat template.")] = False,
 ) -> None:
-    """Show a model's architecture, size (a mixture of experts: its experts and active parameters), tensor types, context length, chat template and license."""
+    """Show a model's architecture, size (a mixture of experts: its experts and active parameters), pooling (an embedding or reranking model), tensor types, context length, chat template and license."""
     src = resolve(model)
     path = local_path(src)
     if path is None:
@@ -44,6 +44,7 @@ def show(
         ("context length", str(info.context_length)),
         ("layers", str(info.n_layer)),
         ("embedding length", str(info.n_embd)),
+        *([("pooling", f"{info.pooling} ({'reranking' if info.pooling == 'rank' else 'embedding'} model)")] if info.embeds else []),
         ("vocabulary", str(info.n_vocab)),
         ("file size", f"{info.file_size / 1e6:.1f} MB"),
         ("tensor types", ", ".join(f"{t} × {n}" for t, n in info.tensor_types.items())),
