@@ -24,6 +24,12 @@ real files' block types only, Q4_K_M and MXFP4_MOE (MXFP4 experts, Q8_0 attentio
 straight from pools of real blocks with no F16 source (bench/synthetic_moe.py says how);
 --types does not apply to them. Whole, they take 18.6 and 12.1 GB.
 
+Encoders: bert-base (BERT-base's shape: 12 layers, 768 wide, 3,072 FFN, 12 heads, 30,522
+tokens, 512 positions, mean pooling; 109 M parameters, 0.22 GB at F16) for the embedding
+benchmark, bench/embeddings.py. bench/synthetic_bert.py gives its tensors and keys (llama.cpp's
+converter's for a BERT) and its own WordPiece vocabulary, on which English text tokenizes;
+--tokenizer does not apply to it. Its F16 source is quantized as every other shape's.
+
 --layers N makes the first N layers of each shape instead (each layer its real size, the
 embedding and the output matrix whole), NAME-LN-TYPE.gguf, for a disk or RAM too small for
 the whole. Tokens per second then scale with the layer count: a token reads N layers' bytes
@@ -42,6 +48,7 @@ disk (Llama-3.2-3B: a 6.4 GB source, 2.0 GB at Q4_K_M).
     .venv/bin/python bench/synthetic.py --list
     .venv/bin/python bench/synthetic.py qwen2.5-1.5b llama-3.2-3b [--types Q4_K_M,Q4_0,Q8_0] [--out DIR] [--keep-source] [--threads N] [--seed 0]
     .venv/bin/python bench/synthetic.py qwen3-30b-a3b gpt-oss-20b [--layers 12]
+    .venv/bin/python bench/synthetic.py bert-base --types F16,Q8_0
     .venv/bin/localinfer bench model ~/.cache/localinfer/bench-models/qwen2.5-1.5b-Q4_K_M.gguf -p 512 -n 128 --engine llama.cpp,native -t 1,2
 """
 
@@ -68,7 +75,9 @@ sys.path.insert(0, str(ROOT / "bench"))
 from localinfer.errors import UserError  # noqa: E402
 from localinfer_quant.source import embedded_model_path  # noqa: E402
 
+import synthetic_bert  # noqa: E402
 import synthetic_moe  # noqa: E402
+from synthetic_bert import BERT_SHAPES, BertShape  # noqa: E402
 from synthetic_moe import MOE_SHAPES, MoeShape  # noqa: E402
 
 DEFAULT_TYPES = "Q4_K_M,Q4_0,Q8_0"
@@ -130,7 +139,7 @@ SHAPES = {s.name: s for s in [
 class TensorSpec:
     name: str
     shape: tuple[int, ...]  # numpy order: [rows, cols] for a matrix (GGUF lists it reversed)
-    kind: str  # matrix (F16) | norm | bias | rope_freqs | rope_long | rope_short (F32)
+    kind: str  # matrix (F16) | norm | bias | table (a BERT's position and token-type rows) | rope_freqs | rope_long | rope_short (F32)
 
     @property
     def dtype(self) -> type:
@@ -180,8 +189,13 @@ def layer_plan(s: Shape, p: str, q: int, kv: int) -> list[TensorSpec]:
     return plan
 
 
-def n_params(s: Shape) -> int:
-    return sum(math.prod(t.shape) for t in tensor_plan(s) if not t.kind.startswith("rope_"))
+def plan_of(s: Shape | BertShape) -> list[TensorSpec]:
+    """Every tensor of a decoder's shape or an encoder's (bench/synthetic_bert.py)."""
+    return [TensorSpec(*t) for t in synthetic_bert.tensor_plan(s)] if isinstance(s, BertShape) else tensor_plan(s)
+
+
+def n_params(s: Shape | BertShape) -> int:
+    return sum(math.prod(t.shape) for t in plan_of(s) if not t.kind.startswith("rope_"))
 
 
 def llama3_rope_factors(head_dim: int, base: float, scaling: tuple[float, float, float, int]) -> np.ndarray:
@@ -196,7 +210,7 @@ def llama3_rope_factors(head_dim: int, base: float, scaling: tuple[float, float,
     return out.astype(np.float32)
 
 
-def tensor_values(s: Shape, spec: TensorSpec, rng: np.random.Generator) -> np.ndarray:
+def tensor_values(s: Shape | BertShape, spec: TensorSpec, rng: np.random.Generator) -> np.ndarray:
     """One tensor's random values; a matrix is drawn in chunks straight into its F16 array."""
     if spec.kind == "rope_freqs":
         return llama3_rope_factors(s.head_dim, s.rope_base, s.llama3_rope)
@@ -205,7 +219,7 @@ def tensor_values(s: Shape, spec: TensorSpec, rng: np.random.Generator) -> np.nd
         return np.geomspace(1.0, top, spec.shape[0]).astype(np.float32)
     if spec.kind == "norm":
         return (1.0 + WEIGHT_STD * rng.standard_normal(spec.shape, dtype=np.float32)).astype(np.float32)
-    if spec.kind == "bias":
+    if spec.kind in ("bias", "table"):
         return WEIGHT_STD * rng.standard_normal(spec.shape, dtype=np.float32)
     out = np.empty(math.prod(spec.shape), dtype=np.float16)
     for start in range(0, out.size, CHUNK):
@@ -302,15 +316,19 @@ def add_vocabulary(w, n_vocab: int, tokenizer: dict[str, tuple[object, list]]) -
             w.add_key_value(key, value, vtypes[0])
 
 
-def write_source(s: Shape, path: Path, seed: int, progress: Callable[[int, int, str], None], tokenizer: Path) -> None:
-    """The F16 GGUF, streamed: tensor infos first, then each tensor's data as it is drawn."""
+def write_source(s: Shape | BertShape, path: Path, seed: int, progress: Callable[[int, int, str], None], tokenizer: Path) -> None:
+    """The F16 GGUF, streamed: tensor infos first, then each tensor's data as it is drawn.
+    An encoder brings its own WordPiece vocabulary; a decoder gets the tokenizer's."""
     from gguf import GGUFWriter
 
-    plan = tensor_plan(s)
+    plan = plan_of(s)
     tmp = path.with_name(f".{path.name}.partial")
     try:
         w = GGUFWriter(str(tmp), s.arch)
-        add_metadata(w, s, gguf_tokenizer(tokenizer))
+        if isinstance(s, BertShape):
+            synthetic_bert.add_metadata(w, s)
+        else:
+            add_metadata(w, s, gguf_tokenizer(tokenizer))
         for spec in plan:
             w.add_tensor_info(spec.name, spec.shape, np.dtype(spec.dtype), spec.nbytes)
         w.write_header_to_file()
@@ -345,7 +363,7 @@ def check_disk(folder: Path, need: float, what: str) -> None:
         raise UserError(f"{folder} has {free / 1e9:.1f} GB free; {what} needs about {need / 1e9:.1f} GB")
 
 
-def make(s: Shape, types: list[str], out: Path, *, seed: int, threads: int | None, keep_source: bool, log: Callable[[str], None],
+def make(s: Shape | BertShape, types: list[str], out: Path, *, seed: int, threads: int | None, keep_source: bool, log: Callable[[str], None],
          tokenizer: Path) -> list[Path]:  # fmt: skip
     """The shape's file of each type in `out`, made from one F16 source; returns their paths."""
     from localinfer.cli.progress import work_bar
@@ -408,10 +426,10 @@ def parse_types(text: str) -> list[str]:
     return types
 
 
-def shapes_asked(names: list[str], layers: int | None, vocab: int | None, types: list[str] | None) -> list[Shape | MoeShape]:
+def shapes_asked(names: list[str], layers: int | None, vocab: int | None, types: list[str] | None) -> list[Shape | MoeShape | BertShape]:
     """The named shapes, cut to `layers` layers and a `vocab`-token vocabulary where asked;
     every name and option checked before anything is written."""
-    known = {**SHAPES, **MOE_SHAPES}
+    known = {**SHAPES, **MOE_SHAPES, **BERT_SHAPES}
     unknown = [name for name in names if name not in known]
     if unknown:
         raise UserError(f"unknown shape {', '.join(unknown)}; choose from: {', '.join(known)}")
@@ -426,9 +444,14 @@ def shapes_asked(names: list[str], layers: int | None, vocab: int | None, types:
     return [s.cut(layers, vocab) for s in shapes]
 
 
-def check_vocab(vocab: int | None, tokenizer: Path) -> None:
-    """--vocab holds at least the tokenizer's tokens (checked before anything is written)."""
+def check_vocab(vocab: int | None, tokenizer: Path, shapes: list[Shape | MoeShape | BertShape]) -> None:
+    """--vocab holds at least the tokenizer's tokens, or for an encoder its WordPiece
+    vocabulary's base (checked before anything is written)."""
     if vocab is None:
+        return
+    if any(isinstance(s, BertShape) for s in shapes) and vocab < synthetic_bert.MIN_VOCAB:
+        raise UserError(f"--vocab {vocab} is fewer than a synthetic BERT's {synthetic_bert.MIN_VOCAB:,} base WordPiece tokens")
+    if all(isinstance(s, BertShape) for s in shapes):
         return
     n_tokens = len(gguf_tokenizer(tokenizer)["tokenizer.ggml.tokens"][0])
     if vocab < n_tokens:
@@ -452,6 +475,12 @@ def listing() -> Iterator[str]:
         yield (f"{s.name:14} {s.arch:8} {s.ftype:9} {s.n_layer:6} {s.n_embd:5} {s.n_expert_used:>3} of {s.n_expert:<3} {s.n_ff_exp:6}"
                f" {s.n_head:>3}/{s.n_head_kv:<2} {s.head_dim:4} {s.n_vocab:8,} {total / 1e9:7.2f}B {active / 1e9:6.2f}B {size / 1e9:6.2f}GB")  # fmt: skip
     yield ""
+    yield "encoders (embedding models; their own WordPiece vocabulary, --tokenizer does not apply)"
+    yield f"{'shape':14} {'arch':6} {'layers':>6} {'embd':>5} {'ffn':>6} {'heads':>6} {'vocab':>8} {'ctx':>5} {'pooling':>7} {'params':>8} {'F16':>8}"
+    for s in BERT_SHAPES.values():
+        p = n_params(s)
+        yield f"{s.name:14} {s.arch:6} {s.n_layer:6} {s.n_embd:5} {s.n_ff:6} {s.n_head:6} {s.n_vocab:8,} {s.n_ctx:5} {s.pooling:>7} {p / 1e6:7,.0f}M {p * 2 / 1e9:6.2f}GB"
+    yield ""
     yield "types (llama.cpp's quantizer, by llama-quantize's names): " + ", ".join(ftypes())
 
 
@@ -470,7 +499,7 @@ LAYERS_HELP = ("make only the first N layers of each shape, each its real size (
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("shapes", nargs="*", help=f"shapes to make: {', '.join([*SHAPES, *MOE_SHAPES])}")
+    ap.add_argument("shapes", nargs="*", help=f"shapes to make: {', '.join([*SHAPES, *MOE_SHAPES, *BERT_SHAPES])}")
     ap.add_argument("--types", default=None, help=f"comma-separated llama ftypes (default {DEFAULT_TYPES}); F16 keeps the source; a mixture of experts is made in its own")
     ap.add_argument("--layers", type=int, default=None, metavar="N", help=LAYERS_HELP)
     ap.add_argument("--vocab", type=int, default=None, metavar="N", help=VOCAB_HELP)
@@ -485,7 +514,7 @@ def main() -> None:
         print("\n".join(listing()))
         return
     if not args.shapes:
-        ap.error(f"name at least one shape ({', '.join([*SHAPES, *MOE_SHAPES])}), or pass --list")
+        ap.error(f"name at least one shape ({', '.join([*SHAPES, *MOE_SHAPES, *BERT_SHAPES])}), or pass --list")
     log = lambda line: print(line, file=sys.stderr, flush=True)  # noqa: E731
     try:
         if args.threads is not None and args.threads < 1:
@@ -495,7 +524,7 @@ def main() -> None:
         tokenizer = args.tokenizer or embedded_model_path()
         if not tokenizer.is_file():
             raise UserError(f"--tokenizer {tokenizer}: no such file")
-        check_vocab(args.vocab, tokenizer)
+        check_vocab(args.vocab, tokenizer, shapes)
         from localinfer.paths import ensure_dir
 
         out = ensure_dir((args.out or default_out()).expanduser())

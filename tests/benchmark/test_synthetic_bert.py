@@ -1,0 +1,109 @@
+"""bench/synthetic.py's encoders, on tiny-bert (bert-base's code path and vocabulary with
+smaller numbers): the script is run as a user runs it; its files hold the tensors and keys of
+tests/embedding_models.py's BERT (llama.cpp's converter's), in the types asked for;
+llama.cpp tokenizes English text with their WordPiece vocabulary without [UNK], and our
+Engine's vectors of them are llama.cpp's own (the fixture's reference).
+
+Tolerance: our Engine carries the texts in one forward and llama.cpp's reference one at a
+time, and ggml picks its matrix product by the number of rows (tests/engine/test_embeddings.py
+measured 2e-4 apart): 1e-3 on unit vectors."""
+
+from __future__ import annotations
+
+import importlib.util
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+from gguf import GGMLQuantizationType as T
+
+from localinfer.engine.embedding import finish
+from localinfer.engine.loader import LoadOptions, open_engine
+from localinfer.modelfile import inspect
+from tests.embedding_models import SPECIALS, llamacpp_embeddings, write_bert
+
+from ..cli.test_errors import assert_one_line_error
+from ..conftest import THREADS, read_gguf
+
+ROOT = Path(__file__).resolve().parents[2]
+SCRIPT = ROOT / "bench" / "synthetic.py"
+TEXTS = ["The quick brown fox jumps over the lazy dog.", "Retrieval-augmented generation embeds documents, then searches them!",
+         "Paris is the capital of France; its weather changes quickly."]  # fmt: skip
+SHAPE_KEYS = {"context_length": "n_ctx", "embedding_length": "n_embd", "feed_forward_length": "n_ff", "block_count": "n_layer", "attention.head_count": "n_head"}
+
+
+@pytest.fixture(scope="module")
+def synthetic():
+    spec = importlib.util.spec_from_file_location("bench_synthetic", SCRIPT)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # its dataclasses look their module up while being made
+    spec.loader.exec_module(module)
+    return module
+
+
+def make(out: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, str(SCRIPT), *args, "--out", str(out), "--threads", str(THREADS)], capture_output=True, text=True, timeout=600)
+
+
+@pytest.fixture(scope="module")
+def made(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    out = tmp_path_factory.mktemp("synthetic-bert")
+    r = make(out, "tiny-bert", "--types", "F16,Q8_0")
+    assert r.returncode == 0, r.stderr
+    printed = [Path(line) for line in r.stdout.splitlines()]
+    assert printed == [out / "tiny-bert-F16.gguf", out / "tiny-bert-Q8_0.gguf"] and sorted(out.iterdir()) == sorted(printed)
+    return {"F16": printed[0], "Q8_0": printed[1]}
+
+
+@pytest.fixture(scope="module")
+def fixture_bert(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return write_bert(tmp_path_factory.mktemp("fixture") / "bert.gguf")
+
+
+@pytest.mark.parametrize("type_name", ["F16", "Q8_0"])
+def test_tensors_and_keys_are_the_fixtures(made, synthetic, fixture_bert: Path, type_name: str) -> None:
+    s = synthetic.BERT_SHAPES["tiny-bert"]
+    ours, theirs = read_gguf(made[type_name]), read_gguf(fixture_bert)
+    assert s.n_layer == 2 == inspect(fixture_bert).n_layer  # the fixture's depth: the same tensor names
+    assert sorted(t.name for t in ours.tensors) == sorted(t.name for t in theirs.tensors)
+    plan = {spec.name: spec for spec in synthetic.plan_of(s)}
+    for t in ours.tensors:
+        assert tuple(int(n) for n in reversed(t.shape)) == plan[t.name].shape, t.name
+        if len(plan[t.name].shape) == 1 or t.name in ("position_embd.weight", "token_types.weight"):
+            assert T(t.tensor_type).name == "F32", t.name  # norms, biases and the converter's F32 tables
+        elif t.name.split(".")[-2] in ("attn_q", "attn_output", "ffn_up", "ffn_down"):
+            assert T(t.tensor_type).name == type_name, t.name
+    extra = {"general.file_type", "general.quantization_version"}  # the converter's and the quantizer's
+    assert set(theirs.fields) - {"general.quantization_version"} <= set(ours.fields) <= set(theirs.fields) | extra
+    for key, attr in SHAPE_KEYS.items():
+        assert ours.fields[f"bert.{key}"].contents() == getattr(s, attr), key
+    same = [k for k in theirs.fields if not k.startswith("GGUF.") and k.split(".")[-1] not in ("tokens", "token_type", "name") and k.removeprefix("bert.") not in SHAPE_KEYS]
+    assert len(same) > 15 and all(ours.fields[k].contents() == theirs.fields[k].contents() for k in same), same
+    assert len(ours.fields["tokenizer.ggml.tokens"].contents()) == s.n_vocab == 30_522
+
+
+@pytest.mark.parametrize("type_name", ["F16", "Q8_0"])
+def test_english_tokenizes_and_embeds_as_llama_cpp_does(made, type_name: str) -> None:
+    path = made[type_name]
+    want = llamacpp_embeddings(path, TEXTS)
+    engine = open_engine(str(path), LoadOptions(engine="llama.cpp", threads=THREADS))
+    try:
+        tokens = [engine.tokenize_input(t) for t in TEXTS]
+        got = finish(engine.embed(tokens))
+        pieces = [engine.backend.token_bytes(t) for t in tokens[0]]
+    finally:
+        engine.close()
+    for text, ids in zip(TEXTS, tokens):
+        assert ids[0] == SPECIALS["[CLS]"] and ids[-1] == SPECIALS["[SEP]"] and SPECIALS["[UNK]"] not in ids, text
+        assert len(text.split()) < len(ids) - 2 < 3 * len(text.split())  # whole words and a few pieces, not letter by letter
+    assert b"".join(pieces).decode().replace(" ", "") == TEXTS[0].lower().replace(" ", "")  # the pieces spell the text
+    assert np.isfinite(got).all() and np.abs(got - want).max() < 1e-3
+    assert len({tuple(np.round(v, 3)) for v in got}) == len(TEXTS)
+
+
+def test_a_vocabulary_below_the_base_is_one_line(synthetic, tmp_path: Path) -> None:
+    assert_one_line_error(make(tmp_path, "tiny-bert", "--vocab", "500"), "base WordPiece tokens")
+    assert not list(tmp_path.iterdir())
+    assert synthetic.synthetic_bert.MIN_VOCAB > 500
