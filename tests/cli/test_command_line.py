@@ -85,7 +85,7 @@ HUGE = ["99999999999999999999999", "-99999999999999999999999"]
 # so a check that is missing shows as a wrong error, never as a model loaded or a port held.
 POISON = {"run": ["--engine", "vllm", "Hi"], "chat": ["--engine", "vllm"], "serve": ["--engine", "vllm"], "eval": ["--engine", "vllm", "nope"],
           "worker": ["--host", "not a host"], "quantize": ["nope", "Q8_0"], "bench model": ["nope"], "bench serve": ["--url", "ftp://nowhere"],
-          "doctor": ["nope"]}  # fmt: skip
+          "doctor": ["nope"], "embed": ["--engine", "vllm", "nope"]}  # fmt: skip
 # Numbers written as text, read by their callbacks or the command: (commands, option, bad values).
 TEXT_NUMBERS = [
     (("run", "chat", "serve", "eval"), "-ngl", ["-1", "99999999999", "1.5", "inf"]),
@@ -137,7 +137,7 @@ def test_every_numeric_option_of_every_command_refuses_what_is_not_a_finite_numb
             for value in values:
                 failures.append(refuses([*words.split(), option, value, *POISON[words]], (option,)))
     failures.append(refuses(["chat", "--export", HUGE[0], "out.md"], ("--export",)))
-    assert swept == {"run", "chat", "serve", "worker", "quantize", "eval", "bench model", "bench serve", "doctor"}
+    assert swept == {"run", "chat", "serve", "worker", "quantize", "eval", "bench model", "bench serve", "doctor", "embed"}
     assert not [f for f in failures if f], "\n".join(f for f in failures if f)
 
 
