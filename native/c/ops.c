@@ -509,8 +509,9 @@ static void attend_tile_span(const struct attn_job *a, int64_t i0, int64_t rows,
 }
 
 /* Every span of every (row tile, kv head) as a task of its own, into parts; then each
- * tile's parts folded in position order and finished. */
-static int attend_spans(const struct attn_job *a, int64_t m, int64_t rows, int64_t n_kv, int64_t n_span, float *scratch,
+ * tile's parts folded in position order and finished. Spans [span0, span0 + n_span): those
+ * any row sees (a sliding window sees only the last few). */
+static int attend_spans(const struct attn_job *a, int64_t m, int64_t rows, int64_t n_kv, int64_t span0, int64_t n_span, float *scratch,
                         size_t per_thread, int nthreads) {
     const int64_t tiles = (m + rows - 1) / rows, pf = part_floats(rows * a->group, a->hd);
     float *parts = malloc(sizeof(float) * (size_t)(tiles * n_kv * n_span * pf));
@@ -522,10 +523,13 @@ static int attend_spans(const struct attn_job *a, int64_t m, int64_t rows, int64
         thread = omp_get_thread_num();
 #endif
         float *mine = scratch + (size_t)thread * per_thread;
-#pragma omp for schedule(dynamic, 1)
+        /* static: each thread a run of neighbouring spans, whose bytes follow each other, so
+         * the prefetch a block ahead carries on from one span into the next (dynamic handed
+         * them out alternately: 5-7 % slower at 16k) */
+#pragma omp for schedule(static)
         for (int64_t t = 0; t < tiles * n_kv * n_span; t++) {
             const int64_t tk = t / n_span, i0 = tk / n_kv * rows, kvh = tk % n_kv;
-            attend_tile_span(a, i0, i0 + rows <= m ? rows : m - i0, kvh, t % n_span * SPAN, parts + t * pf, mine);
+            attend_tile_span(a, i0, i0 + rows <= m ? rows : m - i0, kvh, (span0 + t % n_span) * SPAN, parts + t * pf, mine);
         }
 #pragma omp for schedule(static)
         for (int64_t tk = 0; tk < tiles * n_kv; tk++) {
@@ -584,9 +588,11 @@ int li_attention(const float *q, const float *k_new, const float *v_new, uint8_t
     if (!scratch) return 4;
     const struct attn_job job = {q, keys, values, pos, out, type_k, type_v, rot_k, rot_v, n_head, group, hd, n_ctx, kb, vb,
                                  li_kv_query_stride(type_k, hd), window, scale, sinks};
-    const int64_t n_span = (longest + SPAN - 1) / SPAN;
+    int64_t earliest = INT64_MAX; /* the positions any row sees: [earliest, longest) */
+    for (int64_t i = 0; i < m; i++) earliest = first_seen(&job, pos[i]) < earliest ? first_seen(&job, pos[i]) : earliest;
+    const int64_t span0 = earliest / SPAN, n_span = (longest - 1) / SPAN - span0 + 1;
     if (n_span > 1 && tasks < 2 * nthreads) { /* decode deep in a context: the threads split its spans */
-        const int rc = attend_spans(&job, m, rows, n_head_kv, n_span, scratch, per_thread, nthreads);
+        const int rc = attend_spans(&job, m, rows, n_head_kv, span0, n_span, scratch, per_thread, nthreads);
         free(scratch);
         return rc;
     }
