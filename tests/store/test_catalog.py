@@ -10,6 +10,14 @@ from localinfer.store.catalog import load_catalog
 from localinfer.store.refs import resolve
 
 MOE = {"qwen3:30b-a3b": "Qwen/Qwen3-30B-A3B-GGUF", "qwen3-coder:30b-a3b": "unsloth/Qwen3-Coder-30B-A3B-Instruct-GGUF", "gpt-oss:20b": "ggml-org/gpt-oss-20b-GGUF"}
+# issue 49's embedding and reranking models, by the names Ollama's clients use
+EMBEDDERS = {
+    "nomic-embed-text": "nomic-ai/nomic-embed-text-v1.5-GGUF",
+    "all-minilm": "leliuga/all-MiniLM-L6-v2-GGUF",
+    "bge-m3": "gpustack/bge-m3-GGUF",
+    "qwen3-embedding:0.6b": "Qwen/Qwen3-Embedding-0.6B-GGUF",
+    "bge-reranker-v2-m3": "gpustack/bge-reranker-v2-m3-GGUF",
+}
 
 
 def test_every_entry_is_well_formed() -> None:
@@ -19,11 +27,11 @@ def test_every_entry_is_well_formed() -> None:
         assert e.revision == "main" or re.fullmatch(r"[0-9a-f]{40}", e.revision), alias
 
 
-def test_the_mixtures_of_experts_are_pinned_and_hashed() -> None:
-    """Issue 47's entries: each at a commit of its repo (their publishers have replaced files
-    under one name), with the sha256 pull checks (docs/models.md has the evidence)."""
+def test_the_newer_hub_entries_are_pinned_and_hashed() -> None:
+    """Issue 47's and 49's entries: each at a commit of its repo (issue 47's publishers have
+    replaced files under one name), with the sha256 pull checks (docs/models.md has the evidence)."""
     catalog = load_catalog()
-    for alias, repo in MOE.items():
+    for alias, repo in (MOE | EMBEDDERS).items():
         src = resolve(alias)
         assert (src.repo, src.revision, src.sha256) == (repo, catalog.entries[alias].revision, catalog.entries[alias].sha256), alias
         assert src.revision != "main" and src.sha256, alias
@@ -33,3 +41,14 @@ def test_a_family_name_is_its_first_model() -> None:
     catalog = load_catalog()
     assert catalog.get("qwen3").alias == "qwen3:0.6b"  # not the 18.6 GB mixture of experts listed after it
     assert catalog.get("gpt-oss").alias == "gpt-oss:20b" and catalog.get("qwen3-coder").alias == "qwen3-coder:30b-a3b"
+
+
+def test_an_embedding_model_says_what_it_is_and_its_context() -> None:
+    """`list --all` shows the description: an embedder or reranker says which, and each
+    names the context one input takes (not a chat model's 4096 default)."""
+    catalog = load_catalog()
+    for alias in EMBEDDERS:
+        entry = catalog.entries[alias]
+        assert ("reranking model" if "rerank" in alias else "embedding model") in entry.description, alias
+        assert entry.defaults.get("ctx") in (512, 2048, 8192) and not entry.draft, alias
+    assert catalog.get("qwen3-embedding").alias == "qwen3-embedding:0.6b" and catalog.get("qwen3").alias == "qwen3:0.6b"
