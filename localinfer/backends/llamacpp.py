@@ -24,7 +24,6 @@ from localinfer.modelfile import pooling_of
 
 import llama_cpp as C  # noqa: E402  (after our imports: its import loads the shared library)
 
-ENCODER_UBATCH = 2048  # most tokens an encoder's forward takes (context_params)
 _log_lines: list[str] = []
 _listeners: list[Callable[[str], None]] = []
 _verbose = False
@@ -193,9 +192,8 @@ def context_params(params: LoadParams, causal: bool, pooling: str) -> C.llama_co
     cparams = C.llama_context_default_params()
     cparams.n_ctx = params.n_ctx * params.n_seq_max  # one shared pool: each sequence gets n_ctx of it
     cparams.n_batch = params.n_batch
-    # An encoder attends over one ubatch, each sequence whole in it, and its attention scores
-    # take ubatch^2 floats a head (16 MiB at ENCODER_UBATCH)
-    cparams.n_ubatch = min(params.n_batch, 512 if causal else ENCODER_UBATCH)
+    # An encoder attends over one ubatch, each sequence whole in it: one of its context at least
+    cparams.n_ubatch = min(params.n_batch, 512 if causal else params.n_ctx)
     if pooling != "none":
         cparams.embeddings = True
         cparams.pooling_type = C.LLAMA_POOLING_TYPE_RANK if pooling == "rank" else C.LLAMA_POOLING_TYPE_NONE

@@ -29,7 +29,7 @@ from localinfer.store.refs import ModelSource, resolve
 
 DEFAULT_CTX = 4096
 EMBED_SEQUENCES = 32  # inputs one forward of an embedding model may carry
-EMBED_BATCH = 2048  # and tokens
+EMBED_BATCH = 2048  # and tokens (an encoder's forward: one whole input of its context, at least)
 SAMPLING_KEYS = {"temperature", "top_k", "top_p", "min_p", "repeat_penalty", "repeat_last_n"}
 
 
@@ -139,6 +139,8 @@ def open_engine(ref: str | None, options: LoadOptions | None = None, progress: P
     path = ensure_local(src, progress)
     t0 = time.perf_counter()
     info = inspect(path)
+    if options.pooling is None and src.defaults.get("pooling"):  # the catalog's (a file that names none), unless --pooling
+        options = replace(options, pooling=str(src.defaults["pooling"]))
     if (options.pooling or info.pooling) != "none":
         options = for_embeddings(options, info, context_of(options, src, info))
     types = cache_types(options.cache, src.defaults)
@@ -157,7 +159,7 @@ def open_engine(ref: str | None, options: LoadOptions | None = None, progress: P
     params = LoadParams(n_ctx=n_ctx, n_threads=options.threads, n_gpu_layers=plan.n_gpu_layers, n_seq_max=options.n_seq_max,
                         kernels=options.kernels, verbose=options.verbose, cache_types=plan.cache_types, rpc_split=split,
                         n_cpu_moe=-1 if plan.n_cpu_moe >= info.n_layer > 0 else plan.n_cpu_moe, pooling=options.pooling,
-                        n_batch=EMBED_BATCH if (options.pooling or info.pooling) != "none" else LoadParams.n_batch)  # fmt: skip
+                        n_batch=max(EMBED_BATCH, n_ctx) if (options.pooling or info.pooling) != "none" else LoadParams.n_batch)  # fmt: skip
     if split:  # llama.cpp ends its process when a worker goes: it runs in a child, so only the requests end
         backend: Backend = IsolatedBackend(choice.name, path, params, explain=lambda: workers_now(options.rpc))
     else:

@@ -13,6 +13,9 @@ from tests.embedding_models import llamacpp_embeddings, write_bert
 
 from ..conftest import run_cli
 
+# llama.cpp's vectors move by up to 1e-4 with how many rows a forward carries (see
+# tests/engine/test_embeddings.py); the reference runs one text a forward
+TOLERANCE = 2e-4
 TEXTS = ["the quick brown fox jumps over the lazy dog", "a cat sat on the mat", "paris is the capital of france"]
 
 
@@ -26,7 +29,7 @@ def test_json_lines_are_llama_cpps_vectors(bert: Path) -> None:
     assert done.returncode == 0, done.stderr
     lines = [json.loads(line) for line in done.stdout.splitlines()]
     assert [(d["index"], d["text"]) for d in lines] == list(enumerate(TEXTS))
-    assert np.allclose([d["embedding"] for d in lines], llamacpp_embeddings(bert, TEXTS), atol=2e-5)
+    assert np.allclose([d["embedding"] for d in lines], llamacpp_embeddings(bert, TEXTS), atol=TOLERANCE)
 
 
 def test_texts_from_a_file_or_stdin_give_the_same_vectors(bert: Path, tmp_path: Path) -> None:
@@ -36,7 +39,7 @@ def test_texts_from_a_file_or_stdin_give_the_same_vectors(bert: Path, tmp_path: 
     from_stdin = run_cli("embed", str(bert), "--threads", "2", input="\n".join(TEXTS[:2]))
     assert from_file.returncode == 0 and from_stdin.returncode == 0, from_file.stderr + from_stdin.stderr
     assert from_file.stdout == from_stdin.stdout and len(from_file.stdout.splitlines()) == 2
-    assert np.allclose([json.loads(line) for line in from_file.stdout.splitlines()], llamacpp_embeddings(bert, TEXTS[:2]), atol=2e-5)
+    assert np.allclose([json.loads(line) for line in from_file.stdout.splitlines()], llamacpp_embeddings(bert, TEXTS[:2]), atol=TOLERANCE)
 
 
 def test_similarity_prints_the_cosine_matrix(bert: Path) -> None:

@@ -19,6 +19,10 @@ from .test_serve import Server
 
 TEXTS = ["the quick brown fox jumps over the lazy dog", "a cat sat on the mat", "paris is the capital of france"]
 QUERY = "what is the capital of france"
+# llama.cpp's own vectors move by up to 1e-4 with how many rows a forward carries (ggml picks
+# its products by the row count; tests/engine/test_embeddings.py): the server groups inputs
+# as its load asks, the reference one text a forward
+TOLERANCE = 2e-4
 
 
 @pytest.fixture(scope="module")
@@ -43,12 +47,12 @@ def test_the_openai_sdks_embeddings_are_llama_cpps(server: Server, models: tuple
     want = llamacpp_embeddings(models[0], TEXTS)
     got = server.client().embeddings.create(model=server.model, input=TEXTS)  # the SDK asks for base64
     assert [d.index for d in got.data] == [0, 1, 2] and got.usage.prompt_tokens > 3 * 5
-    assert np.allclose([d.embedding for d in got.data], want, atol=2e-5)
+    assert np.allclose([d.embedding for d in got.data], want, atol=TOLERANCE)
     short = server.client().embeddings.create(model=server.model, input=TEXTS[0], dimensions=16).data[0].embedding
     cut = want[0][:16] / np.linalg.norm(want[0][:16])
-    assert len(short) == 16 and np.allclose(short, cut, atol=2e-5)
+    assert len(short) == 16 and np.allclose(short, cut, atol=TOLERANCE)
     as_float = post(server, "/v1/embeddings", {"model": server.model, "input": TEXTS[:1], "encoding_format": "float"}).json()
-    assert np.allclose(as_float["data"][0]["embedding"], want[0], atol=2e-5)
+    assert np.allclose(as_float["data"][0]["embedding"], want[0], atol=TOLERANCE)
     models_listed = {m["id"]: m for m in httpx.get(server.url + "/v1/models", timeout=30).json()["data"]}
     assert models_listed[server.model]["kind"] == "embedding"
 
@@ -57,10 +61,10 @@ def test_the_ollama_clients_embed(server: Server, models: tuple[Path, Path]) -> 
     want = llamacpp_embeddings(models[0], TEXTS)
     client = ollama.Client(host=server.url, timeout=120)
     got = client.embed(model=server.model, input=TEXTS)
-    assert np.allclose(got.embeddings, want, atol=2e-5) and got.prompt_eval_count > 3 * 5
+    assert np.allclose(got.embeddings, want, atol=TOLERANCE) and got.prompt_eval_count > 3 * 5
     older = post(server, "/api/embeddings", {"model": server.model, "prompt": TEXTS[1]}).json()["embedding"]
     raw = llamacpp_embeddings(models[0], TEXTS[1:2], normalize=False)[0]
-    assert np.allclose(older, raw, atol=1e-4)  # the older route was never normalised
+    assert np.allclose(older, raw, rtol=1e-3, atol=1e-3)  # the older route was never normalised (values of about 1: TOLERANCE's scale)
     shown = client.show(server.model)
     assert shown.capabilities == ["embedding"]
 
