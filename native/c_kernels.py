@@ -23,7 +23,7 @@ import numpy as np
 from localinfer_native import KernelsUnavailable, c_decode, c_moe, c_ops
 from localinfer_native.types import C_TYPES, DecodePlan, DecodeStep, MatmulOp, MoeFFN, MoeOp, QMatrix
 
-ABI_VERSION = 7
+ABI_VERSION = 8
 MAX_MATS = 3
 _F32 = np.dtype(np.float32)
 _ERRORS = {1: "unsupported block type", 2: "row length not a multiple of the block size", 3: "bad arguments", 4: "out of memory"}

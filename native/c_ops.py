@@ -1,5 +1,6 @@
 """The per-token layer operations of the C set (native/c/ops.c): RMSNorm, RoPE,
-attention over the KV cache, SwiGLU. One ctypes call each, arguments checked by numpy's
+attention over the KV cache, SwiGLU; and an encoder's (native/c/encoder.c): LayerNorm,
+GELU. One ctypes call each, arguments checked by numpy's
 own asserts being cheap: shapes come from the forward pass, which owns every buffer.
 """
 
@@ -24,7 +25,13 @@ def bind(lib: ctypes.CDLL) -> None:
         glu.restype = None
         glu.argtypes = [_P, _P, _I64, ctypes.c_int]
     lib.li_attention.restype = ctypes.c_int
-    lib.li_attention.argtypes = [_P, _P, _P, _P, _P, _INT, _INT, _I64, _I64, _P, _P, _I64, _I64, _I64, _I64, _I64, _F, _I64, _P, _INT]
+    lib.li_attention.argtypes = [_P, _P, _P, _P, _P, _INT, _INT, _I64, _I64, _P, _P, _I64, _I64, _I64, _I64, _I64, _F, _I64, _P, _INT, _INT]
+    lib.li_layer_norm.restype = None
+    lib.li_layer_norm.argtypes = [_P, _P, _P, _P, _I64, _I64, _F, _INT]
+    lib.li_add_layer_norm.restype = None
+    lib.li_add_layer_norm.argtypes = [_P, _P, _P, _P, _P, _I64, _I64, _F, _INT]
+    lib.li_gelu.restype = None
+    lib.li_gelu.argtypes = [_P, _P, _I64, _I64, _INT]
 
 
 _view = {
@@ -92,13 +99,29 @@ class COps:
         assert gate.shape == up.shape
         self._lib.li_geglu(_pinned_ptr(gate), _pinned_ptr(up), gate.size, self._threads.value)
 
+    def layer_norm(self, x: np.ndarray, weight: np.ndarray, bias: np.ndarray, eps: float, out: np.ndarray) -> None:
+        n, d = x.shape
+        assert out.shape == x.shape and weight.shape == bias.shape == (d,)
+        self._lib.li_layer_norm(_ptr(x), _pinned_ptr(weight), _pinned_ptr(bias), _ptr(out), n, d, eps, self._threads.value)
+
+    def add_layer_norm(self, x: np.ndarray, y: np.ndarray, y_bias: np.ndarray, weight: np.ndarray, bias: np.ndarray, eps: float) -> None:
+        n, d = x.shape
+        assert y.shape == x.shape and y_bias.shape == weight.shape == bias.shape == (d,)
+        self._lib.li_add_layer_norm(_ptr(x), _ptr(y), _pinned_ptr(y_bias), _pinned_ptr(weight), _pinned_ptr(bias), n, d, eps, self._threads.value)
+
+    def gelu(self, x: np.ndarray, bias: np.ndarray | None = None) -> None:
+        n, d = x.shape
+        assert bias is None or bias.shape == (d,)
+        self._lib.li_gelu(_ptr(x), None if bias is None else _pinned_ptr(bias), n, d, self._threads.value)
+
     def attention(
         self, q: np.ndarray, k_new: np.ndarray, v_new: np.ndarray, keys: np.ndarray, values: np.ndarray,
         positions: np.ndarray, out: np.ndarray, scale: float, kv_types: tuple[str, str] = ("f16", "f16"), window: int = 0,
-        sinks: np.ndarray | None = None,
+        sinks: np.ndarray | None = None, causal: bool = True,
     ) -> None:  # fmt: skip
         m, n_head, head_dim = q.shape
         assert sinks is None or sinks.shape == (n_head,)
+        assert causal or not window
         n_head_kv, n_ctx, _ = keys.shape
         type_k, type_v = KV_TYPES[kv_types[0]], KV_TYPES[kv_types[1]]
         assert keys.shape[2] == kv_row_bytes(kv_types[0], head_dim) and values.shape == (n_head_kv, n_ctx, kv_row_bytes(kv_types[1], head_dim))
@@ -108,7 +131,7 @@ class COps:
             _pinned_ptr(q), _pinned_ptr(k_new), _pinned_ptr(v_new), _pinned_ptr(keys, np.uint8), _pinned_ptr(values, np.uint8),
             int(type_k), int(type_v), kv_rotation(kv_types[0], head_dim, True), kv_rotation(kv_types[1], head_dim, False),
             _ptr(positions, np.int32), _pinned_ptr(out),
-            m, n_head, n_head_kv, head_dim, n_ctx, scale, window, None if sinks is None else _pinned_ptr(sinks), self._threads.value,
+            m, n_head, n_head_kv, head_dim, n_ctx, scale, window, None if sinks is None else _pinned_ptr(sinks), int(causal), self._threads.value,
         )  # fmt: skip
         if rc:
             raise RuntimeError(f"C attention failed with code {rc} (position outside the cache?)")

@@ -1,5 +1,6 @@
 """The per-token layer operations of the Numba set: RMSNorm, RoPE, attention over the
-KV cache, SwiGLU. The same loops as native/c/ops.c, compiled by Numba (cached on disk)."""
+KV cache, SwiGLU, and an encoder's LayerNorm and GELU. The same loops as native/c/ops.c
+and encoder.c, compiled by Numba (cached on disk)."""
 
 from __future__ import annotations
 
@@ -23,6 +24,38 @@ def _rms_norm(x, w, eps, out):
         scale = np.float32(1.0 / math.sqrt(ss / d + eps))
         for j in range(d):
             out[i, j] = x[i, j] * scale * w[j]
+
+
+@njit(cache=True, inline="always")
+def _layer_norm_row(x, w, b, out, eps):
+    """ggml_norm, then times w and plus b (native/c/encoder.c's layer_norm_row); out may be x."""
+    d = x.shape[0]
+    s = 0.0
+    for j in range(d):
+        s += np.float64(x[j])
+    mean = np.float32(s) / np.float32(d)
+    v = 0.0
+    for j in range(d):
+        c = x[j] - mean
+        out[j] = c
+        v += np.float64(c * c)
+    scale = np.float32(1.0) / np.sqrt(np.float32(v / d) + eps)
+    for j in range(d):
+        out[j] = out[j] * scale * w[j] + b[j]
+
+
+@njit(cache=True, parallel=True)
+def _layer_norm(x, w, b, eps, out):
+    for i in prange(x.shape[0]):
+        _layer_norm_row(x[i], w, b, out[i], eps)
+
+
+@njit(cache=True, parallel=True)
+def _add_layer_norm(x, y, y_bias, w, b, eps):
+    for i in prange(x.shape[0]):
+        for j in range(x.shape[1]):
+            x[i, j] += y[i, j] + y_bias[j]
+        _layer_norm_row(x[i], w, b, x[i], eps)
 
 
 @njit(cache=True)
@@ -233,14 +266,25 @@ _HALF = np.arange(1 << 16, dtype=np.uint32).astype(np.uint16).view(np.float16).a
 
 
 def _gelu_table() -> np.ndarray:
-    """GELU (tanh approximation) of every float16 value, rounded to float16, as float32: ggml's table."""
+    """GELU (tanh approximation) of every float16 value, rounded to float16, as float32: ggml's
+    table. Its tanhf is libm's, which rounds about correctly: tanh in float64 rounded to
+    float32 stands for it (numpy's own float32 tanh put 0.6 % of the entries a float16 step
+    off, where 1 + tanh cancels)."""
+    f32 = np.float32
     with np.errstate(all="ignore"):  # NaN and infinity patterns: never looked up (|x| < 10 only)
         h = _HALF
-        g = np.float32(0.5) * h * (np.float32(1) + np.tanh(np.float32(0.7978845608028654) * h * (np.float32(1) + np.float32(0.044715) * h * h)))
+        t = np.tanh((f32(0.7978845608028654) * h * (f32(1) + f32(0.044715) * h * h)).astype(np.float64)).astype(f32)
+        g = f32(0.5) * h * (f32(1) + t)
     return g.astype(np.float16).astype(np.float32)
 
 
 _GELU = _gelu_table()
+
+
+def _gelu(x: np.ndarray) -> np.ndarray:
+    """ggml_vec_gelu_f32: 0 at or below -10, x from 10 up, else ggml's table at x rounded to float16."""
+    g = _GELU[x.astype(np.float16).view(np.uint16)]
+    return np.where(x <= -10.0, np.float32(0), np.where(x >= 10.0, x, g))
 
 
 class NumbaOps:
@@ -277,21 +321,34 @@ class NumbaOps:
     def swiglu(self, gate: np.ndarray, up: np.ndarray) -> None:
         _swiglu(gate, up)
 
+    def layer_norm(self, x: np.ndarray, weight: np.ndarray, bias: np.ndarray, eps: float, out: np.ndarray) -> None:
+        _layer_norm(x, weight, bias, np.float32(eps), out)
+
+    def add_layer_norm(self, x: np.ndarray, y: np.ndarray, y_bias: np.ndarray, weight: np.ndarray, bias: np.ndarray, eps: float) -> None:
+        _add_layer_norm(x, y, y_bias, weight, bias, np.float32(eps))
+
+    def gelu(self, x: np.ndarray, bias: np.ndarray | None = None) -> None:
+        if bias is not None:
+            x += bias
+        x[...] = _gelu(x)
+
     def geglu(self, gate: np.ndarray, up: np.ndarray) -> None:
-        g = _GELU[gate.astype(np.float16).view(np.uint16)]  # ggml's table lookup
-        gate[...] = np.where(gate <= -10.0, np.float32(0), np.where(gate >= 10.0, gate, g)) * up
+        gate[...] = _gelu(gate) * up
 
     def attention(
         self, q: np.ndarray, k_new: np.ndarray, v_new: np.ndarray, keys: np.ndarray, values: np.ndarray,
         positions: np.ndarray, out: np.ndarray, scale: float, kv_types: tuple[str, str] = ("f16", "f16"), window: int = 0,
-        sinks: np.ndarray | None = None,
+        sinks: np.ndarray | None = None, causal: bool = True,
     ) -> None:  # fmt: skip
         if int(positions.max()) >= keys.shape[1] or int(positions.min()) < 0:
             raise ValueError("position outside the KV cache")
+        assert causal or not window
         group = q.shape[1] // keys.shape[0]
         sinks = no_sinks(q.shape[1]) if sinks is None else sinks
+        # the last position each row sees: its own, or (not causal) the call's last
+        seen = positions if causal else np.full(len(positions), positions.max(), np.int32)
         if kv_types != ("f16", "f16") or q.shape[2] % 8:
-            self._attention_typed(q, k_new, v_new, keys, values, positions, out, scale, kv_types, window, sinks)
+            self._attention_typed(q, k_new, v_new, keys, values, positions, seen, out, scale, kv_types, window, sinks)
             return
         # The cache holds float16; queries are rounded to float16 too, as llama.cpp's flash
         # attention takes them.
@@ -300,11 +357,11 @@ class NumbaOps:
         _store(k_new.astype(np.float16).view(np.uint16), v_new.astype(np.float16).view(np.uint16), keys, values, positions)
         work = q.shape[0] * q.shape[1] * (int(positions.max()) + 1) * q.shape[2]
         attend = attention_f16_parallel if work >= 1 << 18 else attention_f16_serial  # decode: no thread wake-up
-        attend(q, keys, values, positions, out, np.float32(scale), group, window, sinks)
+        attend(q, keys, values, seen, out, np.float32(scale), group, window, sinks)
 
     def _attention_typed(
         self, q: np.ndarray, k_new: np.ndarray, v_new: np.ndarray, keys: np.ndarray, values: np.ndarray,
-        positions: np.ndarray, out: np.ndarray, scale: float, kv_types: tuple[str, str], window: int, sinks: np.ndarray,
+        positions: np.ndarray, seen: np.ndarray, out: np.ndarray, scale: float, kv_types: tuple[str, str], window: int, sinks: np.ndarray,
     ) -> None:  # fmt: skip
         """A quantized K or V: rows stored rotated (kv_rotation) as ggml's blocks, q rotated
         likewise and quantized to q8_0 for quantized K, the output rotated back."""
@@ -323,6 +380,6 @@ class NumbaOps:
             _quantize_q8_0(qf.reshape(-1, hd), qs, qd)
             qs, qd = qs.reshape(m, n_head, hd), qd.astype(np.float16).astype(np.float32).reshape(m, n_head, -1)
         kt, vt = int(KV_TYPES[kv_types[0]]), int(KV_TYPES[kv_types[1]])
-        _attention_typed(qf, qs, qd, keys, values, kt, vt, _HALF, positions, out, np.float32(scale), q.shape[1] // keys.shape[0], window, sinks)
+        _attention_typed(qf, qs, qd, keys, values, kt, vt, _HALF, seen, out, np.float32(scale), q.shape[1] // keys.shape[0], window, sinks)
         if rot_v:
             out[...] = _rotated(out, rot_v)

@@ -270,7 +270,7 @@ class Kernels(Protocol):
     def attention(
         self, q: np.ndarray, k_new: np.ndarray, v_new: np.ndarray, keys: np.ndarray, values: np.ndarray,
         positions: np.ndarray, out: np.ndarray, scale: float, kv_types: tuple[str, str] = ("f16", "f16"), window: int = 0,
-        sinks: np.ndarray | None = None,
+        sinks: np.ndarray | None = None, causal: bool = True,
     ) -> None:  # fmt: skip
         """Store k_new/v_new [m, n_head_kv, hd] at `positions` of one sequence's layer cache
         keys/values (uint8 [n_head_kv, n_ctx, kv_row_bytes]: rows of kv_types, KV_TYPES, the
@@ -282,7 +282,24 @@ class Kernels(Protocol):
         rotated as llama.cpp's does (kv_rotation), and the rotation is undone in `out`.
         Query head h reads kv head h // (n_head / n_head_kv). With `sinks` (float32 [n_head],
         gpt-oss), head h's softmax also meets the logit sinks[h], unscaled and with no value
-        row, as ggml's flash attention adds it after every position."""
+        row, as ggml's flash attention adds it after every position. Not `causal` (an
+        encoder's whole sequence in one call; no window): every row attends over positions
+        [0, the largest of `positions`], so all of the call's rows see each other."""
+        ...
+
+    def layer_norm(self, x: np.ndarray, weight: np.ndarray, bias: np.ndarray, eps: float, out: np.ndarray) -> None:
+        """out[i] = (x[i] - mean) / sqrt(variance + eps) * weight + bias, for x [n, d] (out may
+        be x), as ggml_norm, ggml_mul and ggml_add: the mean's sum and the variance's in double."""
+        ...
+
+    def add_layer_norm(self, x: np.ndarray, y: np.ndarray, y_bias: np.ndarray, weight: np.ndarray, bias: np.ndarray, eps: float) -> None:
+        """x = layer_norm(x + (y + y_bias)) in place: a post-norm residual (BERT's), y a
+        product's output [n, d] and y_bias its bias."""
+        ...
+
+    def gelu(self, x: np.ndarray, bias: np.ndarray | None = None) -> None:
+        """x = gelu(x + bias) in place, x [n, d], bias [d] or None: GELU's tanh
+        approximation as ggml's CPU build evaluates it for floats (geglu's, ungated)."""
         ...
 
     def swiglu(self, gate: np.ndarray, up: np.ndarray) -> None:

@@ -76,7 +76,7 @@ int li_decode(const li_decoder *d, float *x, int64_t n, const int32_t *pos, uint
         li_rope(d->k, n, d->n_head_kv, d->hd, pos, cos_t, sin_t, d->rope_dims, d->neox);
         rc = li_attention(d->q, d->k, d->v, keys + l * d->n_head_kv * d->n_ctx * kb,
                           values + l * d->n_head_kv * d->n_ctx * vb, d->type_k, d->type_v, d->rot_k, d->rot_v, pos,
-                          d->attn, n, d->n_head, d->n_head_kv, d->hd, d->n_ctx, d->scale, w->window, w->sinks, threads);
+                          d->attn, n, d->n_head, d->n_head_kv, d->hd, d->n_ctx, d->scale, w->window, w->sinks, 1, threads);
         if (rc) return rc;
         if ((rc = li_matmul_op(w->o, d->attn, n, d->o, 0, 0, 0))) return rc;
         if (w->o_bias)

@@ -391,7 +391,13 @@ void li_geglu(float *gate, const float *up, int64_t n, int nthreads);
 int li_attention(const float *q, const float *k_new, const float *v_new, uint8_t *keys, uint8_t *values, int type_k,
                  int type_v, int64_t rot_k, int64_t rot_v, const int32_t *pos, float *out, int64_t m, int64_t n_head,
                  int64_t n_head_kv, int64_t hd, int64_t n_ctx, float scale, int64_t window, const float *sinks,
-                 int nthreads);
+                 int causal, int nthreads);
+
+/* encoder.c: an encoder's LayerNorm (after a residual add) and GELU (after a bias) */
+void li_layer_norm(const float *x, const float *w, const float *b, float *out, int64_t n, int64_t d, float eps, int nthreads);
+void li_add_layer_norm(float *x, const float *y, const float *y_bias, const float *w, const float *b, int64_t n, int64_t d, float eps,
+                       int nthreads);
+void li_gelu(float *x, const float *bias, int64_t n, int64_t d, int nthreads);
 
 /* kvcache.c: the KV cache's rows in f16, q8_0 or q4_0 (LI_F16, LI_Q8_0, LI_Q4_0) */
 #define LI_KV_MAX_HD 512

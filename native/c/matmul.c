@@ -18,7 +18,7 @@
 #include <omp.h>
 #endif
 
-#define LI_ABI_VERSION 7
+#define LI_ABI_VERSION 8
 
 /* ---- legacy.c --------------------------------------------------------------------- */
 typedef struct {

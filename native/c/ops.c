@@ -358,6 +358,7 @@ struct attn_job {
     int64_t rot_k, rot_v, n_head, group, hd, n_ctx, kb, vb;
     int64_t qstride;               /* bytes of one query head as li_kv_query writes it */
     int64_t window;                /* a row at p sees positions (p - window, p]; 0: all up to p */
+    int64_t see_to;                /* -1: causal; else every row sees up to this position (an encoder) */
     float scale;
     const float *sinks;            /* [n_head]: each head's sink logit (gpt-oss), or 0 */
 };
@@ -378,6 +379,10 @@ static size_t tile_scratch(int64_t nq, int64_t g, int64_t hd) {
 /* The first position a row at `pos` sees. */
 static inline int64_t first_seen(const struct attn_job *a, int64_t pos) { return a->window > 0 && pos >= a->window ? pos - a->window + 1 : 0; }
 
+/* The last position row i sees: its own (causal), or the call's last (non-causal: every row
+ * of an encoder's sequence sees the whole sequence). */
+static inline int64_t last_seen(const struct attn_job *a, int64_t i) { return a->see_to >= 0 ? a->see_to : a->pos[i]; }
+
 /* The query heads of rows [i0, i0 + rows) of kv head kvh as the scores read them, into
  * qbuf; the first and last positions any of them sees. */
 static void prepare_queries(const struct attn_job *a, int64_t i0, int64_t rows, int64_t kvh, uint8_t *qbuf, int64_t *first,
@@ -386,8 +391,8 @@ static void prepare_queries(const struct attn_job *a, int64_t i0, int64_t rows, 
     *last = 0, *first = INT64_MAX;
     for (int64_t r = 0; r < rows; r++) {
         li_kv_query(a->type_k, a->q + ((i0 + r) * a->n_head + kvh * g) * a->hd, g, a->hd, a->rot_k, qbuf + r * g * a->qstride);
-        *last = a->pos[i0 + r] > *last ? a->pos[i0 + r] : *last;
-        const int64_t f = first_seen(a, a->pos[i0 + r]);
+        const int64_t l = last_seen(a, i0 + r), f = first_seen(a, l);
+        *last = l > *last ? l : *last;
         *first = f < *first ? f : *first;
     }
 }
@@ -415,8 +420,8 @@ static void attend_span(const struct attn_job *a, int64_t i0, int64_t rows, int6
         const int64_t vs = form == V_FLOAT ? 4 * hd : a->vb;
         if (form == V_FLOAT) li_kv_block_values(values + k0 * a->vb, n, hd, vbuf, v_ahead);
         for (int64_t r = 0; r < rows; r++) {
-            const int64_t seen = a->pos[i0 + r] + 1 - k0; /* causal: positions up to the row's own */
-            const int64_t skip = first_seen(a, a->pos[i0 + r]) - k0; /* a window: the block's positions before it */
+            const int64_t seen = last_seen(a, i0 + r) + 1 - k0; /* causal: positions up to the row's own */
+            const int64_t skip = first_seen(a, last_seen(a, i0 + r)) - k0; /* a window: the block's positions before it */
             if (seen <= 0 || skip >= KEY_BLOCK) continue;
             const int64_t nr = seen < KEY_BLOCK ? seen : KEY_BLOCK, j0 = skip > 0 ? skip : 0;
             if (tiled)
@@ -548,17 +553,20 @@ static int attend_spans(const struct attn_job *a, int64_t m, int64_t rows, int64
  * sequence's cache ([n_head_kv, n_ctx] rows per layer), then causal
  * grouped-query attention of the m queries ([m, n_head, hd]) into out ([m, n_head*hd]):
  * each over every position up to its own, or with a window only over the last `window`.
+ * Not `causal` (an encoder; no window): every row over every position up to the largest of
+ * the call's rows, so the rows of one whole sequence all see each other.
  * Query head h reads kv head h / (n_head / n_head_kv), as llama.cpp broadcasts. With
  * `sinks` ([n_head], or 0), head h's softmax also meets the logit sinks[h] (unscaled, no
  * value row): attention that can go nowhere. */
 int li_attention(const float *q, const float *k_new, const float *v_new, uint8_t *keys, uint8_t *values,
                  int type_k, int type_v, int64_t rot_k, int64_t rot_v, const int32_t *pos, float *out, int64_t m,
                  int64_t n_head, int64_t n_head_kv, int64_t hd, int64_t n_ctx, float scale, int64_t window,
-                 const float *sinks, int nthreads) {
+                 const float *sinks, int causal, int nthreads) {
     const int64_t kb = li_kv_row_bytes(type_k, hd), vb = li_kv_row_bytes(type_v, hd);
     if (kb < 0 || vb < 0 || hd > LI_KV_MAX_HD) return 2;
     if ((rot_k && (hd % rot_k || (rot_k & (rot_k - 1)))) || (rot_v && (hd % rot_v || (rot_v & (rot_v - 1))))) return 2;
     if (li_kv_tiled(type_k) && n_ctx % LI_KV_TILE) return 2; /* tiled keys: whole tiles */
+    if (!causal && window) return 2;
     for (int64_t i = 0; i < m; i++) {
         if (pos[i] < 0 || pos[i] >= n_ctx) return 3;
         for (int64_t h = 0; h < n_head_kv; h++) {
@@ -587,9 +595,12 @@ int li_attention(const float *q, const float *k_new, const float *v_new, uint8_t
     float *scratch = malloc(sizeof(float) * per_thread * (size_t)nthreads);
     if (!scratch) return 4;
     const struct attn_job job = {q, keys, values, pos, out, type_k, type_v, rot_k, rot_v, n_head, group, hd, n_ctx, kb, vb,
-                                 li_kv_query_stride(type_k, hd), window, scale, sinks};
+                                 li_kv_query_stride(type_k, hd), window, causal ? -1 : longest - 1, scale, sinks};
     int64_t earliest = INT64_MAX; /* the positions any row sees: [earliest, longest) */
-    for (int64_t i = 0; i < m; i++) earliest = first_seen(&job, pos[i]) < earliest ? first_seen(&job, pos[i]) : earliest;
+    for (int64_t i = 0; i < m; i++) {
+        const int64_t f = first_seen(&job, last_seen(&job, i));
+        earliest = f < earliest ? f : earliest;
+    }
     const int64_t span0 = earliest / SPAN, n_span = (longest - 1) / SPAN - span0 + 1;
     if (n_span > 1 && tasks < 2 * nthreads) { /* decode deep in a context: the threads split its spans */
         const int rc = attend_spans(&job, m, rows, n_head_kv, span0, n_span, scratch, per_thread, nthreads);

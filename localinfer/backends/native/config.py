@@ -37,9 +37,15 @@ class Architecture:
     router: str | None = None
     attn_sinks: bool = False  # a learned sink logit per head joins each softmax (attn_sinks)
     ffn_norm: str = "ffn_norm"  # the FFN's input norm's tensor (gpt-oss calls it post_attention_norm)
+    # An encoder (BERT) in place of the decoder layer (native/encoder.py): token, position and
+    # token-type embeddings and their LayerNorm; per layer q/k/v and the output with biases,
+    # attention over the whole sequence (non-causal, no RoPE), a LayerNorm with a bias after
+    # each residual add (post-norm), a plain GELU FFN with biases; no final norm, no logits.
+    encoder: bool = False
 
 
 # What the native engine runs. SmolLM, SmolLM2 and Mistral GGUFs are all written as "llama".
+# BERT's relatives (nomic-bert: RoPE and SwiGLU; jina-bert-v2: ALiBi) stay on llama.cpp.
 ARCHITECTURES = {
     "llama": Architecture("normal"),
     "qwen2": Architecture("neox"),
@@ -49,6 +55,7 @@ ARCHITECTURES = {
     "qwen3moe": Architecture("neox", qk_norm=True, router="softmax_norm"),
     "gpt-oss": Architecture("neox", activation="swiglu_oai", sliding_window=True, swa_period=2, swa_same_rope=True,
                             router="topk_softmax", attn_sinks=True, ffn_norm="post_attention_norm"),
+    "bert": Architecture("none", activation="gelu", encoder=True),
 }
 
 
@@ -120,7 +127,7 @@ class ModelConfig:
                 f"{info.path.name} has inconsistent sizes (heads {info.n_head}/{info.n_head_kv}, head size {head_dim}, "
                 f"rotated dims {rope.dims}, feed-forward {n_ff}, vocabulary {info.n_vocab})"
             )
-        norm_eps, softcap = meta.get("attention.layer_norm_rms_epsilon", 1e-5), meta.get("final_logit_softcapping", 0.0)
+        norm_eps, softcap = meta.norm_eps(kind), meta.get("final_logit_softcapping", 0.0)
         if not (math.isfinite(norm_eps) and norm_eps >= 0 and math.isfinite(softcap) and softcap >= 0):
             raise InvalidModelFile(f"{info.path.name} has unusable numbers (RMS epsilon {norm_eps}, logit softcap {softcap})")
         window, local = meta.sliding_window(info.n_layer, kind.swa_period) if kind.sliding_window else (0, (False,) * info.n_layer)
@@ -160,6 +167,17 @@ class Metadata:
         if isinstance(value, bool) or not isinstance(value, (int, float)) or (kind is int and not (isinstance(value, int) or (math.isfinite(value) and value.is_integer()))):
             raise InvalidModelFile(f"{self.info.path.name} has {self.arch}.{key} = {value!r}, not a number")
         return kind(value)
+
+    def norm_eps(self, kind: Architecture) -> float:
+        """The norms' epsilon: RMSNorm's, or an encoder's LayerNorm's (which it must be: a
+        causal BERT or one with mixture-of-experts layers is not the encoder we run)."""
+        if not kind.encoder:
+            return self.get("attention.layer_norm_rms_epsilon", 1e-5)
+        if self.raw("attention.causal") is not False:
+            raise UnsupportedModel(f"the native engine runs {self.arch} as an encoder (attention.causal false); use --engine llama.cpp")
+        if self.get("moe_every_n_layers", 0, int) > 0:
+            raise UnsupportedModel(f"the native engine does not run {self.arch} with mixture-of-experts layers; use --engine llama.cpp")
+        return self.get("attention.layer_norm_epsilon")
 
     def positive(self, key: str, default: float) -> float:
         value = self.get(key, default)
