@@ -25,6 +25,9 @@ from pathlib import Path
 import llama_cpp
 import numpy as np
 import pytest
+from gguf import GGUFWriter
+
+import tests.embedding_models
 
 from localinfer.backends.base import Batch, LoadParams
 from localinfer.backends.native import NativeBackend
@@ -134,3 +137,33 @@ def test_an_encoder_refuses_what_it_cannot_do(berts, tmp_path: Path) -> None:
     nomic = write_nomic_bert(tmp_path / "nomic.gguf")
     with pytest.raises(UnsupportedModel, match="'nomic-bert' architecture"):
         NativeBackend.load(nomic, LoadParams(n_threads=2))
+
+
+class FusedQKVWriter(GGUFWriter):
+    """GGUFWriter that writes each layer's q, k and v (weights and biases, as write_bert adds
+    them) as one attn_qkv of their rows in that order, as llama.cpp's create_tensor_qkv
+    also loads a BERT; the weights are drawn as before, so the model is the same."""
+
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self.held: dict[tuple[str, str], np.ndarray] = {}  # a layer's q/k/v tensors until its v bias
+
+    def add_tensor(self, name: str, tensor: np.ndarray, *args, **kwargs) -> None:
+        layer, _, part = name.partition(".attn_")
+        kind, _, what = part.partition(".")
+        if kind not in ("q", "k", "v"):
+            return super().add_tensor(name, tensor, *args, **kwargs)
+        self.held[(kind, what)] = tensor
+        if (kind, what) == ("v", "bias"):
+            for what in ("weight", "bias"):
+                super().add_tensor(f"{layer}.attn_qkv.{what}", np.concatenate([self.held.pop((x, what)) for x in "qkv"]))
+
+
+def test_a_fused_qkv_is_the_same_model(monkeypatch: pytest.MonkeyPatch, berts, tmp_path: Path) -> None:
+    """The same BERT with attn_qkv: llama.cpp's vectors, and ours bit for bit as from separate q/k/v."""
+    monkeypatch.setattr(tests.embedding_models, "GGUFWriter", FusedQKVWriter)
+    fused = write_bert(tmp_path / "fused.gguf")
+    assert "blk.0.attn_qkv.weight" in {t.name for t in inspect(fused).tensors}
+    got = engine_vectors(fused, "c", TEXTS, normalize=False)
+    np.testing.assert_array_equal(got, engine_vectors(berts[("mean", "f32")], "c", TEXTS, normalize=False))
+    assert np.abs(finish(got) - llamacpp_embeddings(fused, TEXTS)).max() < TOL["f32"]
