@@ -3,11 +3,12 @@ llama-cpp-python's `Llama.embed` on the same file, the same texts and the same t
 inputs of exactly 128 and 512 tokens ([CLS] and [SEP] included) at 1, 8 and 32 inputs a
 request. The issue's goal: at least as fast at 1, and 1.5x or more at 32.
 
-Ours: `open_engine(path, LoadOptions(engine="llama.cpp", threads=2))`, then per request
+Ours: `open_engine(path, LoadOptions(engine=ENGINE, threads=2))` (--engine: auto, native or
+llama.cpp), then per request
 `finish(engine.embed([engine.tokenize_input(t) for t in texts]))` (tokens, the forward,
 pooling and L2, as `localinfer embed` and /v1/embeddings do). The Engine gives an encoder
-32 sequences and one ubatch of up to 2,048 tokens: a request of 32 128-token inputs is two
-forwards, of 32 512-token inputs eight.
+32 sequences and forwards of 512 tokens of short inputs (embedding.GROUP_TOKENS): a request
+of 32 128-token inputs is eight forwards, of 32 512-token inputs 32.
 
 Theirs: `Llama(path, embedding=True, n_ctx=512, n_threads=2, n_threads_batch=2, verbose=False)`
 with every other setting its default, then `llm.embed(texts)`, as a user calls it (verbose
@@ -80,6 +81,7 @@ class Row:
     """One (model, chunk, batch): both engines' embeddings per second over the rounds."""
 
     model: str
+    engine: str  # ours: auto, native or llama.cpp, as --engine asked
     chunk: int  # tokens per input, [CLS] and [SEP] included
     batch: int  # inputs per request
     inputs_per_timing: int
@@ -151,11 +153,12 @@ def unit(vectors: np.ndarray) -> np.ndarray:
     return vectors / np.linalg.norm(vectors.astype(np.float64), axis=1, keepdims=True)
 
 
-def measure(path: Path, chunks: list[int], batches: list[int], rounds: int, threads: int, min_inputs: int, seed: int, log: Callable[[str], None]) -> list[Row]:
-    """Every (chunk, batch) on both engines, alternating, for one model file."""
+def measure(path: Path, chunks: list[int], batches: list[int], rounds: int, threads: int, min_inputs: int, seed: int, log: Callable[[str], None],
+            engine_name: str = "auto") -> list[Row]:  # fmt: skip
+    """Every (chunk, batch) on both sides, alternating, for one model file; ours on `engine_name`."""
     from llama_cpp import Llama
 
-    engine = open_engine(str(path), LoadOptions(engine="llama.cpp", threads=threads))
+    engine = open_engine(str(path), LoadOptions(engine=engine_name, threads=threads))
     llm = None
     try:
         too_long = [c for c in chunks if c > min(engine.embed_limit, LLAMA_N_CTX)]
@@ -186,14 +189,14 @@ def measure(path: Path, chunks: list[int], batches: list[int], rounds: int, thre
     for (chunk, batch), got in rates.items():
         a, b = statistics.median(got["ours"]), statistics.median(got["llama_cpp_python"])
         diff = float(np.abs(unit(firsts[chunk, batch]["ours"]) - unit(firsts[chunk, batch]["llama_cpp_python"])).max())
-        rows.append(Row(path.name, chunk, batch, sum(map(len, plans[chunk, batch])), threads, cpu_name(), a, b, a / b, got["ours"], got["llama_cpp_python"], diff))
+        rows.append(Row(path.name, engine_name, chunk, batch, sum(map(len, plans[chunk, batch])), threads, cpu_name(), a, b, a / b, got["ours"], got["llama_cpp_python"], diff))
     return rows
 
 
 def table(rows: list[Row]) -> str:
-    lines = [f"{'model':28} {'chunk':>5} {'batch':>5} {'ours emb/s':>11} {'llama-cpp-python emb/s':>23} {'ratio':>6} {'max diff':>9}"]
+    lines = [f"{'model':28} {'engine':9} {'chunk':>5} {'batch':>5} {'ours emb/s':>11} {'llama-cpp-python emb/s':>23} {'ratio':>6} {'max diff':>9}"]
     for r in rows:
-        lines.append(f"{r.model:28} {r.chunk:5} {r.batch:5} {r.ours:11.1f} {r.llama_cpp_python:23.1f} {r.ratio:5.2f}x {r.max_diff:9.1e}")
+        lines.append(f"{r.model:28} {r.engine:9} {r.chunk:5} {r.batch:5} {r.ours:11.1f} {r.llama_cpp_python:23.1f} {r.ratio:5.2f}x {r.max_diff:9.1e}")
     return "\n".join(lines)
 
 
@@ -213,6 +216,7 @@ def main(argv: list[str] | None = None) -> list[Row]:
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--min-inputs", type=int, default=8, help="inputs one timing embeds at least: smaller batches repeat (default 8)")
     ap.add_argument("--seed", type=int, default=0, help="the texts' shuffles")
+    ap.add_argument("--engine", default="auto", choices=["auto", "native", "llama.cpp"], help="our engine (default auto: native where it runs the encoder)")
     args = ap.parse_args(argv)
     log = lambda line: print(line, file=sys.stderr, flush=True)  # noqa: E731
     rows: list[Row] = []
@@ -222,7 +226,7 @@ def main(argv: list[str] | None = None) -> list[Row]:
         for path in args.models:
             if not path.is_file():
                 raise UserError(f"{path}: no such file")
-            for row in measure(path, args.chunks, args.batches, args.rounds, args.threads, args.min_inputs, args.seed, log):
+            for row in measure(path, args.chunks, args.batches, args.rounds, args.threads, args.min_inputs, args.seed, log, args.engine):
                 print(json.dumps(asdict(row)), flush=True)
                 rows.append(row)
     except UserError as e:
