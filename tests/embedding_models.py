@@ -13,11 +13,17 @@ Writers (each file a few hundred KB, loaded in milliseconds, the same bytes for 
   jina-bert-v2  ALiBi (no position embeddings), GEGLU FFN with the gate fused into ffn_up
   qwen3         a decoder with last-token pooling (Qwen3-Embedding): q/k RMSNorm, GQA,
                 a byte-level BPE vocabulary that appends <|endoftext|>
+  qwen3 rerank  Qwen3-Reranker twice, the same weights (tied embeddings, as the 0.6B's):
+                as llama.cpp's converter writes it (rank pooling, cls.output = the LM
+                head's "yes" and "no" rows, a "rerank" chat template) and as a plain
+                causal LM (an older conversion: no pooling, no head, no template)
 
 The reference does what llama-server does, through llama-cpp-python's low-level API: each
 text its own sequence, tokenized with its special tokens, the pooled row read back with
 llama_get_embeddings_seq and L2-normalised as common_embd_normalize(embd_norm=2); a rerank
 prompt formatted as format_prompt_rerank formats it, its score the rank pooling's output.
+A plain causal LM's yes/no score is Qwen's model card's: P(yes) = the softmax of the "yes"
+and "no" logits at the prompt's last position, from llama.cpp's own logits.
 Flash attention is llama.cpp's "auto", as llama-server's: on for a CPU, where it rounds K
 and V to f16 (1e-4 from the same model with it off). A sequence longer than the ubatch is
 refused here, since llama.cpp's encoder aborts the process on one (GGML_ASSERT).
@@ -26,7 +32,8 @@ refused here, since llama.cpp's encoder aborts the process on one (GGML_ASSERT).
 from __future__ import annotations
 
 import os
-from collections.abc import Iterator
+import re
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -110,24 +117,35 @@ def byte_to_unicode() -> dict[int, str]:
     return mapping
 
 
-def bpe_vocabulary() -> tuple[list[str], list[int], list[str]]:
+def bpe_vocabulary(more: Sequence[str] = (), bare: Sequence[str] = (), added: Sequence[str] = ()) -> tuple[list[str], list[int], list[str]]:
     """A byte-level BPE as Qwen's: three control tokens (<|endoftext|> first), the 256 byte
-    symbols, then for each word the merges that build "Ġword" left to right, so that a word
-    after a space is one token and anything else falls back to bytes."""
+    symbols, then for each word (WORDS, then `more`) the merges that build "Ġword" left to
+    right, so that a word after a space is one token and anything else falls back to bytes;
+    then the `bare` words without the space (Qwen's "yes" and "no"), their merges ranked after
+    every "Ġ" one, so that they never cut into a word after a space; then `added` tokens
+    (USER_DEFINED, as the converter writes an added token that is not special: <think>)."""
     tokens = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
     types = [int(TokenType.CONTROL)] * len(tokens)
     tokens += list(byte_to_unicode().values())
     merges: dict[str, None] = {}
     words: dict[str, None] = {}
-    for word in WORDS:
-        piece = "Ġ"
-        for ch in word:
-            merges[f"{piece} {ch}"] = None
-            piece += ch
-            words[piece] = None
-    tokens += list(words)
+    for word in [*WORDS, *more]:
+        add_chain("Ġ", word, merges, words)
+    for word in bare:
+        add_chain(word[0], word[1:], merges, words)
+    tokens += [w for w in words if w not in tokens]
     types += [int(TokenType.NORMAL)] * (len(tokens) - len(types))
+    tokens += list(added)
+    types += [int(TokenType.USER_DEFINED)] * len(added)
     return tokens, types, list(merges)
+
+
+def add_chain(piece: str, rest: str, merges: dict[str, None], words: dict[str, None]) -> None:
+    """The merges that build piece + rest one character at a time, and every piece between."""
+    for ch in rest:
+        merges[f"{piece} {ch}"] = None
+        piece += ch
+        words[piece] = None
 
 
 # --- writers -------------------------------------------------------------------------------
@@ -306,10 +324,66 @@ def write_qwen3_embedding(path: Path, pooling: str = "last", seed: int = 0) -> P
     state is the embedding."""
     r = RandomWeights(seed)
     tokens, types, merges = bpe_vocabulary()
-    q_dim, kv_dim = N_HEAD * QWEN3_HEAD_DIM, QWEN3_HEAD_KV * QWEN3_HEAD_DIM
     w = GGUFWriter(str(path), "qwen3")
     w.add_name("tiny-qwen3-embedding")
-    w.add_context_length(N_CTX)
+    qwen3_metadata(w, N_CTX)
+    w.add_pooling_type(pooling_of(pooling))
+    bpe_metadata(w, tokens, types, merges, eos=0, add_eos=True)
+    w.add_tensor("token_embd.weight", r.embedding(len(tokens)))
+    qwen3_layers(w, r)
+    finish(w)
+    return path
+
+
+# What convert_hf_to_gguf's Qwen3Model writes as a Qwen3-Reranker's "rerank" chat template
+# (llama.cpp's conversion/qwen.py): Qwen's model card's prompt, its default instruction.
+QWEN3_RERANK_TEMPLATE = (
+    '<|im_start|>system\nJudge whether the Document meets the requirements based on the Query and the Instruct provided. Note that the answer can only be "yes" or "no".<|im_end|>\n'
+    "<|im_start|>user\n<Instruct>: Given a web search query, retrieve relevant passages that answer the query\n<Query>: {query}\n<Document>: {document}<|im_end|>\n"
+    "<|im_start|>assistant\n<think>\n\n</think>\n\n"
+)
+RERANK_CTX = 512  # the prompt alone is about 100 tokens here
+
+
+def reranker_vocabulary() -> tuple[list[str], list[int], list[str]]:
+    """The BPE above with the prompt's words (after a space and bare), Qwen's bare "yes" and
+    "no" (one token each, as convert_tokens_to_ids finds them) and <think>, </think>."""
+    words = list(dict.fromkeys(re.findall(r"[A-Za-z]+", QWEN3_RERANK_TEMPLATE)))
+    return bpe_vocabulary(more=words, bare=[*words, "yes", "no"], added=["<think>", "</think>"])
+
+
+def write_qwen3_reranker(path: Path, converted: bool = True, seed: int = 0) -> Path:
+    """A tiny Qwen3-Reranker (arch "qwen3", causal, tied embeddings as the 0.6B's). Converted
+    (llama.cpp's Qwen3Model with is_rerank): pooling rank, classifier labels ["yes", "no"],
+    the "rerank" chat template, and cls.output = the LM head's rows for "yes" then "no"
+    (_get_cls_out_tensor's [true_row, false_row]); token_embd stays, the tied head. Else
+    the same weights as a plain causal LM, as an older conversion left it. The "yes" and
+    "no" rows are a tenth of the others, so that the scores sit inside (0, 1) (about 0.35
+    here) rather than at its ends, where a float32 keeps few of their digits."""
+    r = RandomWeights(seed)
+    tokens, types, merges = reranker_vocabulary()
+    yes_no = [tokens.index("yes"), tokens.index("no")]
+    w = GGUFWriter(str(path), "qwen3")
+    w.add_name("tiny-qwen3-reranker")
+    qwen3_metadata(w, RERANK_CTX)
+    if converted:
+        w.add_pooling_type(PoolingType.RANK)
+        w.add_classifier_output_labels(["yes", "no"])
+        w.add_chat_template([{"name": "rerank", "template": QWEN3_RERANK_TEMPLATE}])
+    bpe_metadata(w, tokens, types, merges, eos=tokens.index("<|im_end|>"), add_eos=False)
+    embedding = r.embedding(len(tokens))  # [n_vocab, n_embd], also the output head (tied)
+    embedding[yes_no] *= 0.1
+    if converted:
+        w.add_tensor("cls.output.weight", embedding[yes_no])  # [n_cls_out = 2, n_embd]
+    w.add_tensor("token_embd.weight", embedding)
+    qwen3_layers(w, r)
+    finish(w)
+    return path
+
+
+def qwen3_metadata(w: GGUFWriter, n_ctx: int) -> None:
+    """Qwen3's hyperparameters as TextModel writes them."""
+    w.add_context_length(n_ctx)
     w.add_embedding_length(N_EMBD)
     w.add_feed_forward_length(N_FF)
     w.add_block_count(N_LAYER)
@@ -319,18 +393,25 @@ def write_qwen3_embedding(path: Path, pooling: str = "last", seed: int = 0) -> P
     w.add_value_length(QWEN3_HEAD_DIM)
     w.add_rope_freq_base(1e6)
     w.add_layer_norm_rms_eps(1e-6)
-    w.add_pooling_type(pooling_of(pooling))
+
+
+def bpe_metadata(w: GGUFWriter, tokens: list[str], types: list[int], merges: list[str], eos: int, add_eos: bool) -> None:
+    """A Qwen2-style byte-level BPE: <|endoftext|> (id 0) the BOS and padding, never added."""
     w.add_tokenizer_model("gpt2")
     w.add_tokenizer_pre("qwen2")
     w.add_token_list(tokens)
     w.add_token_types(types)
     w.add_token_merges(merges)
     w.add_bos_token_id(0)
-    w.add_eos_token_id(0)
+    w.add_eos_token_id(eos)
     w.add_pad_token_id(0)
     w.add_add_bos_token(False)
-    w.add_add_eos_token(True)
-    w.add_tensor("token_embd.weight", r.embedding(len(tokens)))
+    w.add_add_eos_token(add_eos)
+
+
+def qwen3_layers(w: GGUFWriter, r: RandomWeights) -> None:
+    """The final norm and every layer: q/k RMSNorm per head, GQA, SwiGLU."""
+    q_dim, kv_dim = N_HEAD * QWEN3_HEAD_DIM, QWEN3_HEAD_KV * QWEN3_HEAD_DIM
     w.add_tensor("output_norm.weight", r.norm())
     for i in range(N_LAYER):
         p = f"blk.{i}."
@@ -345,17 +426,16 @@ def write_qwen3_embedding(path: Path, pooling: str = "last", seed: int = 0) -> P
         w.add_tensor(p + "ffn_gate.weight", r.matrix(N_FF, N_EMBD))
         w.add_tensor(p + "ffn_up.weight", r.matrix(N_FF, N_EMBD))
         w.add_tensor(p + "ffn_down.weight", r.matrix(N_EMBD, N_FF))
-    finish(w)
-    return path
 
 
 # --- the reference: llama.cpp as llama-server runs it ----------------------------------------
 
 
 @contextmanager
-def llama_context(path: Path, pooling: str | None) -> Iterator[tuple[C.llama_model_p, C.llama_context_p, C.llama_batch]]:
-    """The model, an embedding context of one sequence over the model's whole trained
-    context, and a batch that holds it; all freed on the way out. n_ubatch is the context:
+def llama_context(path: Path, pooling: str | None, logits: bool = False) -> Iterator[tuple[C.llama_model_p, C.llama_context_p, C.llama_batch]]:
+    """The model, an embedding context (or with `logits` a generative one) of one sequence
+    over the model's whole trained context, and a batch that holds it; all freed on the way
+    out. n_ubatch is the context:
     an encoder sees a sequence in one ubatch (llama.cpp asserts n_ubatch >= n_tokens, an
     abort, not an error code), so texts are measured against it before any call."""
     _init_once(False)  # llamacpp.py's quiet log callback: a second one would take its error lines
@@ -368,7 +448,7 @@ def llama_context(path: Path, pooling: str | None) -> Iterator[tuple[C.llama_mod
         cparams = C.llama_context_default_params()
         cparams.n_ctx = cparams.n_batch = cparams.n_ubatch = n_ctx
         cparams.n_seq_max = 1
-        cparams.embeddings = True
+        cparams.embeddings = not logits
         cparams.pooling_type = C.LLAMA_POOLING_TYPE_UNSPECIFIED if pooling is None else int(pooling_of(pooling))
         cparams.n_threads = cparams.n_threads_batch = THREADS
         cparams.flash_attn_type = C.LLAMA_FLASH_ATTN_TYPE_AUTO  # llama-server's -fa auto: on for a CPU, K and V rounded to f16
@@ -469,8 +549,7 @@ def rerank_tokens(model: C.llama_model_p, query: str, document: str) -> list[int
     vocab = C.llama_model_get_vocab(model)
     template = C.llama_model_chat_template(model, b"rerank")
     if template:
-        prompt = template.decode("utf-8").replace("{query}", query).replace("{document}", document)
-        return tokenize(vocab, prompt, add_special=False, parse_special=True)
+        return template_tokens(vocab, template.decode("utf-8"), query, document)
     eos = C.llama_vocab_eos(vocab)
     eos = C.llama_vocab_sep(vocab) if eos == C.LLAMA_TOKEN_NULL else eos
     bos = [C.llama_vocab_bos(vocab)] if C.llama_vocab_get_add_bos(vocab) else []
@@ -478,6 +557,14 @@ def rerank_tokens(model: C.llama_model_p, query: str, document: str) -> list[int
     sep = [C.llama_vocab_sep(vocab)] if C.llama_vocab_get_add_sep(vocab) else []
     query_tokens, document_tokens = (tokenize(vocab, text, add_special=False, parse_special=False) for text in (query, document))
     return bos + query_tokens + end + sep + document_tokens + end
+
+
+def template_tokens(vocab: C.llama_vocab_p, template: str, query: str, document: str) -> list[int]:
+    """format_prompt_rerank's prompt from a rerank template: {query}, then {document}
+    replaced (string_replace_all, one after the other), tokenized with no specials added
+    and the template's own parsed."""
+    prompt = template.replace("{query}", query).replace("{document}", document)
+    return tokenize(vocab, prompt, add_special=False, parse_special=True)
 
 
 def llamacpp_rerank_scores(path: Path, query: str, documents: list[str]) -> np.ndarray:
@@ -490,3 +577,22 @@ def llamacpp_rerank_scores(path: Path, query: str, documents: list[str]) -> np.n
             run_sequence(ctx, batch, rerank_tokens(model, query, document))
             scores.append(pooled(ctx, n_out)[0])
     return np.array(scores, dtype=np.float32)
+
+
+def llamacpp_yes_no_scores(path: Path, query: str, documents: list[str], template: str = QWEN3_RERANK_TEMPLATE) -> np.ndarray:
+    """[n_documents]: Qwen's model card's score of a plain causal LM, from llama.cpp's own
+    logits: the prompt formatted and tokenized as format_prompt_rerank does a rerank template
+    (the converter's, by default), one forward, then at its last position the softmax of the
+    "yes" and "no" logits, P(yes) (the card's log_softmax over [no, yes], exp of yes), in
+    float64. The two tokens are the vocabulary's own "yes" and "no", each one token."""
+    with llama_context(path, "none", logits=True) as (model, ctx, batch):
+        vocab = C.llama_model_get_vocab(model)
+        (yes,), (no,) = (tokenize(vocab, word, add_special=False, parse_special=False) for word in ("yes", "no"))
+        n_vocab = C.llama_vocab_n_tokens(vocab)
+        scores = []
+        for document in documents:
+            tokens = template_tokens(vocab, template, query, document)
+            run_sequence(ctx, batch, tokens)
+            logits = np.ctypeslib.as_array(C.llama_get_logits_ith(ctx, len(tokens) - 1), shape=(n_vocab,)).astype(np.float64)
+            scores.append(1.0 / (1.0 + np.exp(logits[no] - logits[yes])))
+    return np.array(scores)

@@ -148,6 +148,9 @@ class VocabInfo:
     sep_id: int | None = None
     add_eos: bool = False
     add_sep: bool = False
+    # the GGUF's "rerank" chat template (tokenizer.chat_template.rerank, as llama.cpp's
+    # converter writes Qwen3-Reranker's): a reranker's prompt with {query} and {document}
+    rerank_template: str | None = None
 
 
 @dataclass

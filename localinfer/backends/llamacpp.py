@@ -458,6 +458,12 @@ def model_meta(model: ctypes.c_void_p, key: str) -> str | None:
     return buf.value.decode("utf-8", "replace") if n >= 0 else None
 
 
+def chat_template(model: ctypes.c_void_p, name: bytes | None) -> str | None:
+    """The model's default chat template, or the one of that name (tokenizer.chat_template.NAME)."""
+    template = C.llama_model_chat_template(model, name)
+    return template.decode("utf-8", "replace") if template else None
+
+
 def int_or_none(text: str | None) -> int | None:
     try:
         return int(text) if text is not None else None
@@ -490,9 +496,9 @@ class Tokenizer:
             sep_id=special_id(C.llama_vocab_sep(vocab)),
             add_eos=bool(C.llama_vocab_get_add_eos(vocab)),
             add_sep=bool(C.llama_vocab_get_add_sep(vocab)),
+            rerank_template=chat_template(model, b"rerank"),
         )
-        template = C.llama_model_chat_template(model, None)
-        self.chat_template = template.decode("utf-8", "replace") if template else None
+        self.chat_template = chat_template(model, None)
 
     @classmethod
     def load(cls, path: Path, verbose: bool = False) -> Tokenizer:

@@ -19,13 +19,6 @@ if TYPE_CHECKING:
     from localinfer.engine.engine import Engine
 
 CHUNK = 256  # texts embedded and printed at a time: a long file streams out, in bounded memory
-POOLING_CHOICES = ("mean", "cls", "last", "rank")
-
-
-def pooling_choice(value: str | None) -> str | None:
-    if value is not None and value not in POOLING_CHOICES:
-        raise typer.BadParameter(f"'{value}' is not one of {', '.join(POOLING_CHOICES)}")
-    return value
 
 
 def embed(
@@ -34,7 +27,7 @@ def embed(
     file: Annotated[Optional[Path], typer.Option("--file", "-f", help="Read the texts from this file, one a line (blank lines skipped).", show_default=False)] = None,
     json_out: Annotated[bool, typer.Option("--json", help="JSON lines: index, text, tokens and embedding of each text.")] = False,
     similarity: Annotated[bool, typer.Option("--similarity", help="Print the texts' cosine similarity matrix instead of the vectors.")] = False,
-    pooling: Annotated[Optional[str], typer.Option("--pooling", help="How a text's tokens become one vector: mean, cls or last, instead of the model's own (from its file).", callback=pooling_choice, show_default=False)] = None,
+    pooling: Annotated[Optional[str], typer.Option("--pooling", help="How a text's tokens become one vector: mean, cls or last, instead of the model's own (from its file).", callback=opt.pooling_choice, show_default=False)] = None,
     no_normalize: Annotated[bool, typer.Option("--no-normalize", help="Print vectors as the model makes them, not scaled to length 1.")] = False,
     dimensions: Annotated[Optional[int], typer.Option("--dimensions", help="Keep the first N values of each vector (a Matryoshka model's shorter embedding), then normalise.", callback=opt.between(1, 1 << 20), show_default=False)] = None,
     truncate: Annotated[bool, typer.Option("--truncate", help="Cut a text longer than the model takes at once, instead of an error.")] = False,

@@ -121,6 +121,15 @@ def kernel_set(value: str | None) -> str | None:
     return value
 
 
+POOLINGS = ("mean", "cls", "last", "rank")  # what --pooling may ask for instead of a file's own
+
+
+def pooling_choice(value: str | None) -> str | None:
+    if value is not None and value not in POOLINGS:
+        raise typer.BadParameter(f"'{value}' is not one of {', '.join(POOLINGS)}")
+    return value
+
+
 # The options of every command that loads a model (run, chat, serve, eval): one definition
 # each, so their --help agrees, and one place (load_options) that turns them into LoadOptions.
 Engine = Annotated[str, typer.Option("--engine", help="Inference engine: auto (native where it runs the model's architecture and tensor types, no layer goes to a GPU and llama.cpp was not measured faster; else llama.cpp; --verbose says which and why), native (localinfer's own, CPU) or llama.cpp.", callback=engine_name)]

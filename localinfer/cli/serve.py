@@ -32,6 +32,7 @@ def serve(
     parallel: Annotated[int, typer.Option("--parallel", "-np", help="Requests decoded at once (KV-cache slots per model).", callback=opt.between(1, 256))] = 4,
     max_queue: Annotated[int, typer.Option(help="Requests that may wait for a slot; past that, 503 with Retry-After.", callback=opt.between(0, opt.MAX_CTX))] = 32,
     ctx: opt.Ctx = None,
+    pooling: Annotated[Optional[str], typer.Option("--pooling", help="The model's pooling instead of its file's: mean, cls or last for an embedding model; rank serves a yes/no reranker (Qwen3-Reranker as a plain causal LM) on /v1/rerank. Models loaded on demand keep their file's.", callback=opt.pooling_choice, show_default=False)] = None,
     engine_name: opt.Engine = opt.ENGINE_DEFAULT,
     kernels: opt.Kernels = None,
     threads: opt.Threads = None,
@@ -68,7 +69,8 @@ def serve(
     if host not in LOOPBACK and not api_key:
         err.print(f"[yellow]warning:[/yellow] listening on {host} without --api-key: anyone who can reach this port can use your models")
     options = opt.load_options(engine_name, ctx, threads, kernels, (cache_type, cache_type_k, cache_type_v), (draft, draft_max, draft_ngram_min, draft_ngram_max), gpu_layers, cpu_moe=opt.cpu_moe_choice(cpu_moe, n_cpu_moe),
-                               n_seq_max=parallel, prefill_chunk=prefill_chunk, decode_slowdown=decode_slowdown, draft_engine=draft_engine, prompt_cache=opt.prompt_cache(no_prompt_cache, cache_ram, cache_disk, cache_dir), rpc=rpc)  # fmt: skip
+                               n_seq_max=parallel, prefill_chunk=prefill_chunk, decode_slowdown=decode_slowdown, draft_engine=draft_engine, prompt_cache=opt.prompt_cache(no_prompt_cache, cache_ram, cache_disk, cache_dir), rpc=rpc,
+                               pooling=pooling)  # fmt: skip
     # keep_alive is in seconds already: duration() is its callback
     models = ModelHost(model, options, max_loaded=max_loaded, keep_alive=keep_alive, allow_paths=allow_paths)  # type: ignore[arg-type]
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s", datefmt="%H:%M:%S")

@@ -5,7 +5,8 @@ sequence ids and as fit the backend's batch: an encoder's matrix products then r
 hundreds of rows at once instead of one input's. A backend gives each row's final hidden
 state (embed) and the runtime pools them here, as llama.cpp's pooling does in its graph:
 the mean of an input's rows, its first (CLS) or its last. A reranker's score is the one
-thing the model computes after pooling (a classifier head), so the backend gives it (rank).
+thing the model computes after pooling (a classifier head), so the backend gives it (rank);
+a generative reranker's comes from its logits (yes_no.py).
 """
 
 from __future__ import annotations
@@ -83,13 +84,15 @@ def fit_inputs(inputs: list[list[int]], limit: int, truncate: bool, what: str = 
     return fitted
 
 
-def run_groups(backend: Backend, inputs: list[list[int]], slots: list[int], n_tokens: int, compute: Callable[[Batch, list[int]], np.ndarray]) -> list[np.ndarray]:
+def run_groups(backend: Backend, inputs: list[list[int]], slots: list[int], n_tokens: int, compute: Callable[[Batch, list[int]], np.ndarray],
+               last_only: bool = False) -> list[np.ndarray]:  # fmt: skip
     """compute(batch, lengths) of each group of inputs, each input a sequence of its own
-    (one of `slots`), emptied after: nothing an embedding puts in a cache is reused."""
+    (one of `slots`), emptied after: nothing an embedding puts in a cache is reused. Every
+    row wants its output, or with `last_only` each input's last (its next-token logits)."""
     results = []
     budget = min(n_tokens, max(GROUP_TOKENS, max(len(t) for t in inputs)))
     for group in forward_groups([len(t) for t in inputs], len(slots), budget):
-        batch = Batch.of_rows((slot, inputs[i], 0, len(inputs[i])) for slot, i in zip(slots, group))
+        batch = Batch.of_rows((slot, inputs[i], 0, 1 if last_only else len(inputs[i])) for slot, i in zip(slots, group))
         try:
             results.append(compute(batch, [len(inputs[i]) for i in group]))
         finally:
@@ -109,10 +112,15 @@ def rank_inputs(backend: Backend, inputs: list[list[int]], slots: list[int], n_t
     return np.concatenate(run_groups(backend, inputs, slots, n_tokens, lambda batch, lengths: backend.rank(batch)))
 
 
-def rerank_tokens(backend: Backend, query: str, document: str) -> list[int]:
-    """A query and a document as one reranker input, as llama-server joins them:
-    [BOS] query [EOS] [SEP] document [EOS], each mark where the vocabulary adds it (a BERT
-    or XLM-RoBERTa pair: <s> query </s> </s> document </s>)."""
+def rerank_tokens(backend: Backend, query: str, document: str, template: str | None = None) -> list[int]:
+    """A query and a document as one reranker input, as llama-server's format_prompt_rerank
+    makes it: a rerank template with {query}, then {document} replaced (one after the other,
+    as its string_replace_all) and tokenized with its special tokens parsed and none added;
+    else [BOS] query [EOS] [SEP] document [EOS], each mark where the vocabulary adds it (a
+    BERT or XLM-RoBERTa pair: <s> query </s> </s> document </s>)."""
+    if template is not None:
+        prompt = template.replace("{query}", query).replace("{document}", document)
+        return backend.tokenize(prompt, add_special=False, parse_special=True)
     vocab = backend.vocab
     eos = vocab.eos_id if vocab.eos_id is not None else vocab.sep_id
     ends = [eos] if vocab.add_eos and eos is not None else []

@@ -48,6 +48,8 @@ from localinfer.engine.stops import StopMatcher
 from localinfer.engine.stream import Event, RequestStream
 from localinfer.engine.templates import Message, render_chat
 from localinfer.engine.types import CompletionOutput, EngineChoice, SamplingParams, Think
+from localinfer.engine.yes_no import TEMPLATE as YES_NO_TEMPLATE
+from localinfer.engine.yes_no import YesNo, yes_no_inputs
 from localinfer.errors import BackendError, BackendLost, ContextOverflow, UserError
 from localinfer.memory import MemoryPlan, kv_cache_bytes
 from localinfer.modelfile import GGUFInfo
@@ -71,15 +73,21 @@ class Engine:
     def __init__(self, backend: Backend, *, slots: int = 1, defaults: SamplingParams | None = None, load_ms: float = 0.0, prefill_chunk: int = DEFAULT_PREFILL_CHUNK,
                  decode_slowdown: float = DEFAULT_SLOWDOWN, draft: DraftConfig | None = None, drafter: DraftModel | None = None, name: str | None = None,
                  info: GGUFInfo | None = None, memory: MemoryPlan | None = None, choice: EngineChoice | None = None, warnings: list[str] | None = None,
-                 prompt_cache: PromptCache | None = None) -> None:  # fmt: skip
+                 prompt_cache: PromptCache | None = None, pooling: str | None = None) -> None:  # fmt: skip
         """`slots`: sequences decoded at once, each a KV-cache sequence id below the
         n_seq_max the backend was loaded with. `draft`: speculation's settings (None: none);
         `drafter`: a draft model beside prompt lookup. `name`: the reference the model was opened
         by (default: its file's name); `info`, `memory` and `choice`: what the loader read,
         planned and chose, for reports; `warnings`, what it warns of (the memory plan's, a
         draft model it could not use). `prompt_cache`: KV blocks kept across requests and
-        restarts (prompt_cache.py); None: only what the slots hold is reused."""
+        restarts (prompt_cache.py); None: only what the slots hold is reused. `pooling`: what
+        was asked of the model (--pooling, a catalog's default): "rank" where the backend's
+        facts say the model is generative makes it a yes/no reranker (yes_no.py)."""
         self.backend = backend
+        # A generative model asked to rank scores by its "yes" and "no" logits; a reranker's
+        # prompt is the file's rerank template, for that one else Qwen's card's
+        self.yes_no = YesNo.of(backend) if pooling == "rank" and backend.facts.pooling == "none" else None
+        self.rerank_template = backend.vocab.rerank_template or (YES_NO_TEMPLATE if self.yes_no is not None else None)
         self.prompt_cache = prompt_cache
         self.defaults = defaults or SamplingParams()
         self.load_ms = load_ms
@@ -162,8 +170,9 @@ class Engine:
         return self.backend.tokenize(text, add_special=True, parse_special=True)
 
     def tokenize_pair(self, query: str, document: str) -> list[int]:
-        """A reranker's input: the query and one document, joined as llama-server joins them."""
-        return rerank_tokens(self.backend, query, document)
+        """A reranker's input: the query and one document in its rerank template, or joined
+        as llama-server joins them where it has none."""
+        return rerank_tokens(self.backend, query, document, self.rerank_template)
 
     def tokenize_prompt(self, text: str) -> list[int]:
         """Tokens for a prompt, with BOS where the model wants it but never twice."""
@@ -184,9 +193,10 @@ class Engine:
             params = replace(params, seed=secrets.randbits(32))
         if not prompt_tokens:
             raise UserError("the prompt is empty")
-        if self.backend.facts.pooling != "none":
-            uses = "scores documents against a query (/v1/rerank)" if self.pooling == "rank" else "gives vectors (/v1/embeddings, /api/embed, `localinfer embed`)"
-            raise UserError(f"{self.name} is an embedding model: it {uses}; it does not write text")
+        if self.kind == "rerank":
+            raise UserError(f"{self.name} is a reranking model: it scores documents against a query (/v1/rerank); it does not write text")
+        if self.kind == "embedding":
+            raise UserError(f"{self.name} is an embedding model: it gives vectors (/v1/embeddings, /api/embed, `localinfer embed`); it does not write text")
         if len(prompt_tokens) >= self.n_ctx:
             raise ContextOverflow(
                 f"the prompt is {len(prompt_tokens)} tokens but the context holds {self.n_ctx}; "
@@ -274,14 +284,14 @@ class Engine:
     @property
     def kind(self) -> str:
         """What the model answers: "chat" (text), "embedding" (vectors) or "rerank" (scores)."""
-        pooling = self.backend.facts.pooling
+        pooling = "rank" if self.yes_no is not None else self.backend.facts.pooling
         return "chat" if pooling == "none" else "rerank" if pooling == "rank" else "embedding"
 
     @property
     def pooling(self) -> str:
         """How embed() makes one vector of an input's rows: the model's pooling, or for a
-        generative model their mean."""
-        pooling = self.backend.facts.pooling
+        generative model their mean; "rank" for a reranker, which makes none."""
+        pooling = "rank" if self.yes_no is not None else self.backend.facts.pooling
         return "mean" if pooling == "none" else pooling
 
     def embed(self, inputs: list[list[int]], truncate: bool = False) -> np.ndarray:
@@ -294,11 +304,15 @@ class Engine:
         return self._with_slots(lambda slots: embed_inputs(self.backend, fitted, slots, self.backend.facts.n_batch, self.pooling))
 
     def rank(self, inputs: list[list[int]], truncate: bool = False) -> np.ndarray:
-        """A reranker's score of each input (embedding.rerank_tokens' query and document)."""
+        """A reranker's score of each input (tokenize_pair's query and document): its rank
+        head's, or a generative reranker's P(yes)."""
         if self.pooling != "rank":
-            raise UserError("this model cannot rank documents: it is not a reranker (rank pooling)")
+            raise UserError("this model cannot rank documents: it is not a reranker (rank pooling, or a yes/no model such as Qwen3-Reranker with --pooling rank)")
         fitted = fit_inputs(inputs, self.embed_limit, truncate, what="document")
-        return self._with_slots(lambda slots: rank_inputs(self.backend, fitted, slots, self.backend.facts.n_batch))
+        n_batch, yes_no = self.backend.facts.n_batch, self.yes_no
+        if yes_no is not None:
+            return self._with_slots(lambda slots: yes_no_inputs(self.backend, fitted, slots, n_batch, yes_no))
+        return self._with_slots(lambda slots: rank_inputs(self.backend, fitted, slots, n_batch))
 
     @property
     def embed_limit(self) -> int:

@@ -22,6 +22,7 @@ from localinfer.engine.engine import DEFAULT_PREFILL_CHUNK, Engine
 from localinfer.engine.prompt_cache import DEFAULT_DISK, CacheOptions, PromptCache, default_ram
 from localinfer.engine.speculative import DraftConfig
 from localinfer.engine.types import EngineChoice, SamplingParams
+from localinfer.engine.yes_no import ranks_by_logits
 from localinfer.errors import BackendError, UserError
 from localinfer.modelfile import GGUFInfo, inspect
 from localinfer.store.pull import Progress, ensure_local, local_path
@@ -141,10 +142,12 @@ def open_engine(ref: str | None, options: LoadOptions | None = None, progress: P
     info = inspect(path)
     if options.pooling is None and src.defaults.get("pooling"):  # the catalog's (a file that names none), unless --pooling
         options = replace(options, pooling=str(src.defaults["pooling"]))
-    if (options.pooling or info.pooling) != "none":
+    asked = options.pooling or info.pooling
+    if asked != "none":
         options = for_embeddings(options, info, context_of(options, src, info))
+    computed = backend_pooling(asked, info)
     types = cache_types(options.cache, src.defaults)
-    choice = choose_engine(options.engine, replace(info, pooling=options.pooling or info.pooling), options.gpu_layers, types, rpc=bool(options.rpc))
+    choice = choose_engine(options.engine, replace(info, pooling=computed), options.gpu_layers, types, rpc=bool(options.rpc))
     backend_cls: type[Backend] = get_backend(choice.name)
     caps = backend_cls.capabilities()
     check_cache_types(choice.name, caps, types)
@@ -158,8 +161,8 @@ def open_engine(ref: str | None, options: LoadOptions | None = None, progress: P
     draft = plan_draft(options, src, choice.name, plan, n_ctx, warnings, progress) if options.draft is not None and options.draft_model else None
     params = LoadParams(n_ctx=n_ctx, n_threads=options.threads, n_gpu_layers=plan.n_gpu_layers, n_seq_max=options.n_seq_max,
                         kernels=options.kernels, verbose=options.verbose, cache_types=plan.cache_types, rpc_split=split,
-                        n_cpu_moe=-1 if plan.n_cpu_moe >= info.n_layer > 0 else plan.n_cpu_moe, pooling=options.pooling,
-                        n_batch=max(EMBED_BATCH, n_ctx) if (options.pooling or info.pooling) != "none" else LoadParams.n_batch)  # fmt: skip
+                        n_cpu_moe=-1 if plan.n_cpu_moe >= info.n_layer > 0 else plan.n_cpu_moe, pooling=options.pooling if computed == asked else computed,
+                        n_batch=max(EMBED_BATCH, n_ctx) if asked != "none" else LoadParams.n_batch)  # fmt: skip
     if split:  # llama.cpp ends its process when a worker goes: it runs in a child, so only the requests end
         backend: Backend = IsolatedBackend(choice.name, path, params, explain=lambda: workers_now(options.rpc))
     else:
@@ -168,11 +171,24 @@ def open_engine(ref: str | None, options: LoadOptions | None = None, progress: P
     load_ms = (time.perf_counter() - t0) * 1e3
 
     defaults = SamplingParams().with_overrides(**{k: v for k, v in src.defaults.items() if k in SAMPLING_KEYS})
-    return Engine(
-        backend, slots=options.n_seq_max, defaults=defaults, load_ms=load_ms, prefill_chunk=options.prefill_chunk, decode_slowdown=options.decode_slowdown,
-        draft=options.draft, drafter=drafter, name=src.name, info=info, memory=plan, choice=choice, warnings=warnings,
-        prompt_cache=open_prompt_cache(options.prompt_cache, path, info.architecture, choice.name, params),
-    )  # fmt: skip
+    try:
+        return Engine(
+            backend, slots=options.n_seq_max, defaults=defaults, load_ms=load_ms, prefill_chunk=options.prefill_chunk, decode_slowdown=options.decode_slowdown,
+            draft=options.draft, drafter=drafter, name=src.name, info=info, memory=plan, choice=choice, warnings=warnings,
+            prompt_cache=open_prompt_cache(options.prompt_cache, path, info.architecture, choice.name, params), pooling=asked,
+        )  # fmt: skip
+    except BaseException:  # a model the Engine refuses (a yes/no reranker without those tokens): its memory goes now
+        if drafter is not None:
+            drafter.close()
+        backend.close()
+        raise
+
+
+def backend_pooling(asked: str, info: GGUFInfo) -> str:
+    """What the backend computes of the pooling asked: rank of a causal model without a
+    classifier head is scored above it from its logits (yes_no.py), so the backend runs it
+    as the generative model it is ("none"); anything else, as asked."""
+    return "none" if asked == "rank" and ranks_by_logits(info) else asked
 
 
 def for_embeddings(options: LoadOptions, info: GGUFInfo, n_ctx: int) -> LoadOptions:

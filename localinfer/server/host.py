@@ -52,8 +52,9 @@ class ModelHost:
         self.allow_paths = allow_paths  # may a request's `model` name any file on this machine?
         self.options = options
         # A model loaded on demand takes serve's --draft MODEL where it can (the same
-        # tokenizer); where not, it decodes with prompt lookup and the log says why.
-        self._on_demand = replace(options, draft_optional=True)
+        # tokenizer); where not, it decodes with prompt lookup and the log says why. Its
+        # pooling is its file's: serve's --pooling is the one model's it names.
+        self._on_demand = replace(options, draft_optional=True, pooling=None)
         self.max_loaded = max(1, max_loaded)
         self.keep_alive = keep_alive  # seconds; < 0: forever
         self.models: dict[str, Loaded] = {}
