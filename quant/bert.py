@@ -188,14 +188,34 @@ def phantom(token: str, token_type: int) -> str:
     return PHANTOM_SPACE + token
 
 
+def add_pieces(writer: gguf.GGUFWriter, pieces: list[str], types: list[int], n_token_types: int) -> None:
+    """A WordPiece vocabulary's keys, tokenizer model "bert", its pieces as phantom() wrote them."""
+    writer.add_token_type_count(n_token_types)
+    writer.add_tokenizer_model("bert")
+    writer.add_tokenizer_pre("default")  # llama.cpp's WordPiece ignores it
+    writer.add_token_list(pieces)
+    writer.add_token_types(types)
+
+
+def add_bert_base_specials(writer: gguf.GGUFWriter, ids: dict[str, int]) -> None:
+    """The special ids gguf-py's SpecialVocab writes for a bert-base tokenizer.json (the
+    synthetic and test models, which have no folder to read): [CLS] as BOS and [SEP] as EOS
+    (there is no CLS key), both added ("[CLS] $A [SEP]"), no separator between a pair."""
+    writer.add_bos_token_id(ids["[CLS]"])
+    writer.add_eos_token_id(ids["[SEP]"])
+    writer.add_unk_token_id(ids["[UNK]"])
+    writer.add_sep_token_id(ids["[SEP]"])
+    writer.add_pad_token_id(ids["[PAD]"])
+    writer.add_mask_token_id(ids["[MASK]"])
+    writer.add_add_bos_token(True)
+    writer.add_add_eos_token(True)
+    writer.add_add_sep_token(False)
+
+
 def add_wordpiece(writer: gguf.GGUFWriter, folder: Path, tokenizer: tuple[list[str], list[int]], n_token_types: int) -> None:
     """The vocabulary as tokenizer model "bert", its special ids ([CLS], [SEP], [PAD],
     [UNK], [MASK]) and whether [CLS]/[SEP] are added, read by gguf-py's SpecialVocab."""
     tokens, types = tokenizer
-    writer.add_token_type_count(n_token_types)
-    writer.add_tokenizer_model("bert")
-    writer.add_tokenizer_pre("default")  # llama.cpp's WordPiece ignores it
-    writer.add_token_list([phantom(t, k) for t, k in zip(tokens, types)])
-    writer.add_token_types(types)
+    add_pieces(writer, [phantom(t, k) for t, k in zip(tokens, types)], types, n_token_types)
     kinds = [k for k in SPECIAL_KINDS if hasattr(writer, f"add_{k}_token_id")]  # gguf-py without a cls key warns otherwise
     gguf.SpecialVocab(folder, n_vocab=len(tokens), special_token_types=kinds).add_to_gguf(writer, quiet=True)

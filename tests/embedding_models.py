@@ -192,21 +192,10 @@ def wordpiece_metadata(w: GGUFWriter) -> None:
     """BertModel.set_vocab with gguf's SpecialVocab over a bert-base tokenizer.json: [CLS] is
     the BOS and [SEP] the EOS (there is no CLS key), both added ("[CLS] $A [SEP]"); the
     pair template "[CLS] $A [SEP] $B [SEP]" gives add_sep false."""
-    tokens, types = wordpiece_vocabulary()
-    w.add_tokenizer_model("bert")
-    w.add_tokenizer_pre("default")
-    w.add_token_list(tokens)
-    w.add_token_types(types)
-    w.add_token_type_count(2)
-    w.add_bos_token_id(SPECIALS["[CLS]"])
-    w.add_eos_token_id(SPECIALS["[SEP]"])
-    w.add_unk_token_id(SPECIALS["[UNK]"])
-    w.add_sep_token_id(SPECIALS["[SEP]"])
-    w.add_pad_token_id(SPECIALS["[PAD]"])
-    w.add_mask_token_id(SPECIALS["[MASK]"])
-    w.add_add_bos_token(True)
-    w.add_add_eos_token(True)
-    w.add_add_sep_token(False)
+    from localinfer_quant.bert import add_bert_base_specials, add_pieces
+
+    add_pieces(w, *wordpiece_vocabulary(), n_token_types=2)
+    add_bert_base_specials(w, SPECIALS)
 
 
 def finish(w: GGUFWriter) -> None:
@@ -214,6 +203,15 @@ def finish(w: GGUFWriter) -> None:
     w.write_kv_data_to_file()
     w.write_tensors_to_file()
     w.close()
+
+
+def attention_with_biases(w: GGUFWriter, r: RandomWeights, p: str) -> None:
+    """A layer's q, k, v and output products with their biases, then the LayerNorm after the
+    residual (bert, jina-bert-v2)."""
+    for kind in ("attn_q", "attn_k", "attn_v", "attn_output"):
+        w.add_tensor(p + kind + ".weight", r.matrix(N_EMBD, N_EMBD))
+        w.add_tensor(p + kind + ".bias", r.bias())
+    post_norms(w, r, p, "attn_output_norm")
 
 
 def embeddings_and_norm(w: GGUFWriter, r: RandomWeights, positions: bool) -> None:
@@ -253,10 +251,7 @@ def _write_bert(path: Path, pooling: str, seed: int, head: bool) -> Path:
     embeddings_and_norm(w, r, positions=True)
     for i in range(N_LAYER):
         p = f"blk.{i}."
-        for kind in ("attn_q", "attn_k", "attn_v", "attn_output"):
-            w.add_tensor(p + kind + ".weight", r.matrix(N_EMBD, N_EMBD))
-            w.add_tensor(p + kind + ".bias", r.bias())
-        post_norms(w, r, p, "attn_output_norm")
+        attention_with_biases(w, r, p)
         w.add_tensor(p + "ffn_up.weight", r.matrix(N_FF, N_EMBD))
         w.add_tensor(p + "ffn_up.bias", r.bias(N_FF))
         w.add_tensor(p + "ffn_down.weight", r.matrix(N_EMBD, N_FF))
@@ -306,10 +301,7 @@ def write_jina_bert_v2(path: Path, pooling: str = "mean", seed: int = 0) -> Path
     embeddings_and_norm(w, r, positions=False)
     for i in range(N_LAYER):
         p = f"blk.{i}."
-        for kind in ("attn_q", "attn_k", "attn_v", "attn_output"):
-            w.add_tensor(p + kind + ".weight", r.matrix(N_EMBD, N_EMBD))
-            w.add_tensor(p + kind + ".bias", r.bias())
-        post_norms(w, r, p, "attn_output_norm")
+        attention_with_biases(w, r, p)
         w.add_tensor(p + "ffn_up.weight", r.matrix(2 * N_FF, N_EMBD))  # GEGLU's two halves
         w.add_tensor(p + "ffn_down.weight", r.matrix(N_EMBD, N_FF))
         w.add_tensor(p + "ffn_down.bias", r.bias())
