@@ -20,7 +20,6 @@ What makes the file one llama.cpp runs as the checkpoint ran:
 
 from __future__ import annotations
 
-import json
 import re
 from pathlib import Path
 from typing import Any
@@ -28,7 +27,7 @@ from typing import Any
 import gguf
 import numpy as np
 
-from localinfer_quant.hf import UnsupportedSource, read_checkpoint, token_table, write_model
+from localinfer_quant.hf import UnsupportedSource, read_checkpoint, read_json, token_table, write_model
 from localinfer_quant.pooling import sentence_pooling
 from localinfer_quant.source import TensorPlan
 
@@ -167,10 +166,7 @@ def read_wordpiece(folder: Path, n_vocab: int) -> tuple[list[str], list[int]]:
     path = folder / "tokenizer.json"
     if not path.is_file():
         raise UnsupportedSource(f"{folder} has no tokenizer.json (a BERT's WordPiece tokenizer, as transformers saves it)")
-    try:
-        tokenizer = json.loads(path.read_text(encoding="utf-8"))
-    except json.JSONDecodeError as e:
-        raise UnsupportedSource(f"{path} is not valid JSON ({e.msg} at line {e.lineno}, column {e.colno})") from None
+    tokenizer = read_json(path)
     model = tokenizer.get("model") if isinstance(tokenizer, dict) else None
     if not isinstance(model, dict) or model.get("type") != "WordPiece" or not isinstance(model.get("vocab"), dict):
         kind = model.get("type") if isinstance(model, dict) else None

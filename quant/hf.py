@@ -480,18 +480,23 @@ def write_model(dst: Path, arch: str, name: str, metadata: Callable[[gguf.GGUFWr
     return dst
 
 
+def read_json(path: Path) -> Any:
+    """A folder's JSON file, or UnsupportedSource in one line (bad JSON, unreadable)."""
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except json.JSONDecodeError as e:
+        raise UnsupportedSource(f"{path} is not valid JSON ({e.msg} at line {e.lineno}, column {e.colno})") from None
+    except (OSError, UnicodeDecodeError) as e:
+        raise UnsupportedSource(f"cannot read {path}: {getattr(e, 'strerror', None) or e}") from None
+
+
 def read_config(folder: Path) -> dict[str, Any]:
     """config.json, checked to be a model this converter knows (a llama-family causal LM
     or a BERT encoder)."""
     path = folder / "config.json"
     if not path.is_file():
         raise UnsupportedSource(f"{folder} has no config.json; not a Hugging Face checkpoint folder")
-    try:
-        config = json.loads(path.read_text(encoding="utf-8"))
-    except json.JSONDecodeError as e:
-        raise UnsupportedSource(f"{path} is not valid JSON ({e.msg} at line {e.lineno}, column {e.colno})") from None
-    except (OSError, UnicodeDecodeError) as e:
-        raise UnsupportedSource(f"cannot read {path}: {getattr(e, 'strerror', None) or e}") from None
+    config = read_json(path)
     if not isinstance(config, dict):
         raise UnsupportedSource(f"{path} is not a model configuration (a JSON object)")
     check_config_types(config, path)

@@ -9,13 +9,12 @@ GGUF: converting without it would give other vectors than the model's, so it is 
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
 
 import gguf
 
-from localinfer_quant.hf import UnsupportedSource
+from localinfer_quant.hf import UnsupportedSource, read_json
 
 POOLING_MODULE = "sentence_transformers.models.Pooling"
 DENSE_MODULE = "sentence_transformers.models.Dense"
@@ -25,21 +24,12 @@ MODES = (("pooling_mode_mean_tokens", gguf.PoolingType.MEAN),
          ("pooling_mode_lasttoken", gguf.PoolingType.LAST))  # fmt: skip
 
 
-def _read_json(path: Path) -> Any:
-    try:
-        return json.loads(path.read_text(encoding="utf-8"))
-    except json.JSONDecodeError as e:
-        raise UnsupportedSource(f"{path} is not valid JSON ({e.msg} at line {e.lineno}, column {e.colno})") from None
-    except (OSError, UnicodeDecodeError) as e:
-        raise UnsupportedSource(f"cannot read {path}: {getattr(e, 'strerror', None) or e}") from None
-
-
 def sentence_pooling(folder: Path) -> gguf.PoolingType | None:
     """The pooling modules.json's Pooling stage names, or None for a folder without one."""
     path = folder / "modules.json"
     if not path.is_file():
         return None
-    modules = _read_json(path)
+    modules = read_json(path)
     if not isinstance(modules, list) or not all(isinstance(m, dict) for m in modules):
         raise UnsupportedSource(f"{path} is not a list of sentence-transformers modules")
     dense = [m.get("path") for m in modules if m.get("type") == DENSE_MODULE]
@@ -51,7 +41,7 @@ def sentence_pooling(folder: Path) -> gguf.PoolingType | None:
     config_path = folder / str(stage.get("path", "")) / "config.json"
     if not config_path.is_file():
         raise UnsupportedSource(f"{path} names a Pooling stage, but {config_path} is missing")
-    config = _read_json(config_path)
+    config = read_json(config_path)
     if not isinstance(config, dict):
         raise UnsupportedSource(f"{config_path} is not a pooling configuration (a JSON object)")
     for key, kind in MODES:

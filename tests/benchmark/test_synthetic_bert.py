@@ -10,9 +10,6 @@ measured 2e-4 apart): 1e-3 on unit vectors."""
 
 from __future__ import annotations
 
-import importlib.util
-import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -26,25 +23,11 @@ from tests.embedding_models import SPECIALS, llamacpp_embeddings, write_bert
 
 from ..cli.test_errors import assert_one_line_error
 from ..conftest import THREADS, read_gguf
+from .test_synthetic import make, synthetic  # noqa: F401 - synthetic: the fixture, as test_synthetic loads the script
 
-ROOT = Path(__file__).resolve().parents[2]
-SCRIPT = ROOT / "bench" / "synthetic.py"
 TEXTS = ["The quick brown fox jumps over the lazy dog.", "Retrieval-augmented generation embeds documents, then searches them!",
          "Paris is the capital of France; its weather changes quickly."]  # fmt: skip
 SHAPE_KEYS = {"context_length": "n_ctx", "embedding_length": "n_embd", "feed_forward_length": "n_ff", "block_count": "n_layer", "attention.head_count": "n_head"}
-
-
-@pytest.fixture(scope="module")
-def synthetic():
-    spec = importlib.util.spec_from_file_location("bench_synthetic", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # its dataclasses look their module up while being made
-    spec.loader.exec_module(module)
-    return module
-
-
-def make(out: Path, *args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, str(SCRIPT), *args, "--out", str(out), "--threads", str(THREADS)], capture_output=True, text=True, timeout=600)
 
 
 @pytest.fixture(scope="module")
