@@ -10,7 +10,6 @@ GGUF: converting without it would give other vectors than the model's, so it is 
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
 
 import gguf
 
