@@ -367,6 +367,9 @@ def run(
 
     with progress_bar(enabled=not json_out) as progress:
         engine = open_engine(model, load, progress)
+    if (why := engine.text_refusal()) is not None:  # before the notes a chat model gets
+        engine.close()
+        raise UserError(why)
     tell_about(engine, verbose, raw)
     params = engine.defaults.with_overrides(
         temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p,

@@ -193,10 +193,8 @@ class Engine:
             params = replace(params, seed=secrets.randbits(32))
         if not prompt_tokens:
             raise UserError("the prompt is empty")
-        if self.kind == "rerank":
-            raise UserError(f"{self.name} is a reranking model: it scores documents against a query (/v1/rerank); it does not write text")
-        if self.kind == "embedding":
-            raise UserError(f"{self.name} is an embedding model: it gives vectors (/v1/embeddings, /api/embed, `localinfer embed`); it does not write text")
+        if (why := self.text_refusal()) is not None:
+            raise UserError(why)
         if len(prompt_tokens) >= self.n_ctx:
             raise ContextOverflow(
                 f"the prompt is {len(prompt_tokens)} tokens but the context holds {self.n_ctx}; "
@@ -280,6 +278,15 @@ class Engine:
 
     def has_work(self) -> bool:
         return bool(self._waiting or self._running or self._inbox or self._calls)
+
+    def text_refusal(self) -> str | None:
+        """Why this model writes no text (an embedding or reranking model), in one line; None
+        for a chat model. submit() refuses with it, and a client may ask before it starts."""
+        if self.kind == "rerank":
+            return f"{self.name} is a reranking model: it scores documents against a query (/v1/rerank); it does not write text"
+        if self.kind == "embedding":
+            return f"{self.name} is an embedding model: it gives vectors (/v1/embeddings, /api/embed, `localinfer embed`); it does not write text"
+        return None
 
     @property
     def kind(self) -> str:

@@ -59,3 +59,9 @@ def test_similarity_prints_the_cosine_matrix(bert: Path) -> None:
 def test_bad_input_is_one_line(bert: Path, args: tuple[str, ...], message: str) -> None:
     done = run_cli("embed", str(bert), *args, "--threads", "2", input="")
     assert done.returncode != 0 and message in done.stderr and "Traceback" not in done.stderr
+
+
+def test_run_on_an_embedding_model_says_what_it_is_for_in_one_line(bert: Path) -> None:
+    done = run_cli("run", str(bert), "hello", "--threads", "2")
+    lines = [line for line in done.stderr.splitlines() if line.strip()]
+    assert done.returncode == 1 and len(lines) == 1 and "is an embedding model" in lines[0] and "localinfer embed" in lines[0]
