@@ -5,7 +5,6 @@ not a whole number of SIMD registers or of per-thread slices."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import math
 import subprocess
@@ -15,15 +14,15 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from . import load_script
+
 ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = ROOT / "bench" / "bandwidth.py"
 
 
 @pytest.fixture(scope="module")
 def bandwidth():
-    spec = importlib.util.spec_from_file_location("bench_bandwidth", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
+    module = load_script("bandwidth")
     try:
         module._library()
     except module.BandwidthError as e:

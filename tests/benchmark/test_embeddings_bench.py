@@ -5,9 +5,7 @@ the two engines' vectors alike. No timing is asserted (the figures go in docs/be
 
 from __future__ import annotations
 
-import importlib.util
 import json
-import sys
 from pathlib import Path
 
 import pytest
@@ -16,18 +14,14 @@ from localinfer.engine.loader import LoadOptions, open_engine
 from tests.embedding_models import write_bert
 
 from ..conftest import THREADS
+from . import load_script
 
-ROOT = Path(__file__).resolve().parents[2]
 CHUNKS, BATCHES = [16, 64], [1, 4]
 
 
 @pytest.fixture(scope="module")
 def bench():
-    spec = importlib.util.spec_from_file_location("bench_embeddings", ROOT / "bench" / "embeddings.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # its dataclasses look their module up while being made
-    spec.loader.exec_module(module)
-    return module
+    return load_script("embeddings")
 
 
 @pytest.fixture(scope="module")

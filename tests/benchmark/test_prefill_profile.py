@@ -6,7 +6,6 @@ total with a non-negative remainder, and the timers change neither the logits no
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import math
 import subprocess
@@ -23,6 +22,7 @@ from localinfer.modelfile import inspect
 
 from ..cli.test_errors import assert_one_line_error
 from ..conftest import THREADS
+from . import load_script
 
 ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = ROOT / "bench" / "prefill_profile.py"
@@ -34,10 +34,7 @@ LAYER_OPS = {"qkv": ["attn_q", "attn_k", "attn_v"], "o": ["attn_output"], "gate/
 
 @pytest.fixture(scope="module")
 def profile():
-    spec = importlib.util.spec_from_file_location("bench_prefill_profile", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # its dataclasses look their module up while being made
-    spec.loader.exec_module(module)
+    module = load_script("prefill_profile")
     try:
         module._library()
     except module.ProfileError as e:

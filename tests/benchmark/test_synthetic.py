@@ -5,7 +5,6 @@ engine, and measured by `localinfer bench model`."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import math
 import subprocess
@@ -25,6 +24,7 @@ from localinfer.modelfile import inspect
 
 from ..cli.test_errors import assert_one_line_error
 from ..conftest import THREADS, run_cli
+from . import load_script
 
 ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = ROOT / "bench" / "synthetic.py"
@@ -37,11 +37,7 @@ FILES = [(shape, t) for shape in SHAPES for t in TYPES]
 
 @pytest.fixture(scope="module")
 def synthetic():
-    spec = importlib.util.spec_from_file_location("bench_synthetic", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # its dataclasses look their module up while being made
-    spec.loader.exec_module(module)
-    return module
+    return load_script("synthetic")
 
 
 def make(out: Path, *args: str) -> subprocess.CompletedProcess[str]:

@@ -6,7 +6,6 @@ probes of the same architectures, and the whole shapes' bytes against the real f
 
 from __future__ import annotations
 
-import importlib.util
 import subprocess
 import sys
 from dataclasses import replace
@@ -25,6 +24,7 @@ from localinfer.modelfile import inspect
 
 from ..cli.test_errors import assert_one_line_error
 from ..conftest import THREADS, llama_quantize
+from . import load_script
 
 ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = ROOT / "bench" / "synthetic.py"
@@ -39,11 +39,7 @@ REAL_BYTES = {"qwen3-30b-a3b": 18_556_685_824, "gpt-oss-20b": 12_109_566_560}
 
 @pytest.fixture(scope="module")
 def moe():
-    spec = importlib.util.spec_from_file_location("bench_synthetic_moe", ROOT / "bench" / "synthetic_moe.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # its dataclasses look their module up while being made
-    spec.loader.exec_module(module)
-    return module
+    return load_script("synthetic_moe")
 
 
 def make(out: Path, *args: str) -> subprocess.CompletedProcess[str]:
