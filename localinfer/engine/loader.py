@@ -161,7 +161,7 @@ def open_engine(ref: str | None, options: LoadOptions | None = None, progress: P
     draft = plan_draft(options, src, choice.name, plan, n_ctx, warnings, progress) if options.draft is not None and options.draft_model else None
     params = LoadParams(n_ctx=n_ctx, n_threads=options.threads, n_gpu_layers=plan.n_gpu_layers, n_seq_max=options.n_seq_max,
                         kernels=options.kernels, verbose=options.verbose, cache_types=plan.cache_types, rpc_split=split,
-                        n_cpu_moe=-1 if plan.n_cpu_moe >= info.n_layer > 0 else plan.n_cpu_moe, pooling=options.pooling if computed == asked else computed,
+                        n_cpu_moe=-1 if plan.n_cpu_moe >= info.n_layer > 0 else plan.n_cpu_moe, pooling=computed,
                         n_batch=max(EMBED_BATCH, n_ctx) if asked != "none" else LoadParams.n_batch)  # fmt: skip
     if split:  # llama.cpp ends its process when a worker goes: it runs in a child, so only the requests end
         backend: Backend = IsolatedBackend(choice.name, path, params, explain=lambda: workers_now(options.rpc))
