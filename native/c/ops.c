@@ -253,10 +253,10 @@ struct value_rows {
 
 static inline float value_at(const struct value_rows *r, int64_t j, int64_t e) {
     const uint8_t *row = r->v + j * r->vs;
-    if (r->form == V_F16) return li_fp16_to_fp32((uint16_t)(row[2 * e] | row[2 * e + 1] << 8));
+    if (r->form == V_F16) return li_fp16_to_fp32(lp_u16(row + 2 * e));
     if (r->form == V_Q8) {
         const uint8_t *blk = row + e / 32 * 34;
-        return li_fp16_to_fp32((uint16_t)(blk[0] | blk[1] << 8)) * (float)(int8_t)blk[2 + e % 32];
+        return li_fp16_to_fp32(lp_u16(blk)) * (float)(int8_t)blk[2 + e % 32];
     }
     float x;
     memcpy(&x, row + 4 * e, 4);
@@ -269,7 +269,7 @@ LP_INLINE vf value_lanes(const uint8_t *row, const enum value_form form, int64_t
     if (form == V_F16) return vf_f16(row + 2 * at);
     if (form == V_Q8) {
         const uint8_t *blk = row + at / 32 * 34;
-        return vf_mul(vf_set1(li_fp16_to_fp32((uint16_t)(blk[0] | blk[1] << 8))), vf_cvt(vi_cvt_i8(blk + 2 + at % 32)));
+        return vf_mul(vf_set1(li_fp16_to_fp32(lp_u16(blk))), vf_cvt(vi_cvt_i8(blk + 2 + at % 32)));
     }
     return vf_f32(row + 4 * at);
 }
