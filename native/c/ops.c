@@ -161,27 +161,6 @@ static float block_max(const float *s, int64_t n) {
     return mx;
 }
 
-/* the sum of s[0..n), n a multiple of LI_KV_LANES: a lane's partial sums in position order,
- * then a fixed tree over the lanes (a chain of scalar adds kept every head waiting) */
-static float block_sum(const float *s, int64_t n) {
-#if defined(__AVX512F__)
-    __m512 acc = _mm512_setzero_ps();
-    for (int64_t j = 0; j < n; j += 16) acc = _mm512_add_ps(acc, _mm512_loadu_ps(s + j));
-    return _mm512_reduce_add_ps(acc);
-#elif defined(__AVX2__) && defined(__FMA__)
-    __m256 acc = _mm256_setzero_ps();
-    for (int64_t j = 0; j < n; j += 8) acc = _mm256_add_ps(acc, _mm256_loadu_ps(s + j));
-    return li_hsum8(acc);
-#else
-    float partial[LI_KV_LANES] = {0};
-    for (int64_t j = 0; j < n; j += LI_KV_LANES)
-        for (int l = 0; l < LI_KV_LANES; l++) partial[l] += s[j + l];
-    float total = 0.0f;
-    for (int l = 0; l < LI_KV_LANES; l++) total += partial[l];
-    return total;
-#endif
-}
-
 #if defined(__AVX512F__)
 /* exp_shifted sixteen at a time, for j < n rounded down to 16; returns where it stopped */
 static int64_t exp_shifted16(float *s, int64_t n, float mx) {
@@ -329,23 +308,61 @@ static void accumulate_heads(const float *p, int64_t ps, const struct value_rows
             for (int64_t e = 0; e < hd; e++) o[h * hd + e] += p[h * ps + j] * value_at(r, j, e);
 }
 
-/* One query head meets one block's scores: s holds its n scores (room for n rounded up to
- * LI_KV_LANES), turned here into the weights e^(s - max) its values are summed with. mx, sum,
- * o: the head's running max, sum of e^(s - mx) and unnormalised output, rescaled by
- * e^(old max - new max) when the block raises the max. */
-static void softmax_block(float *s, int64_t n, int64_t hd, float *mx, float *sum, float *o) {
+/* lanes[l] += s[j + l] for every j < n (a multiple of LI_KV_LANES) in steps of LI_KV_LANES:
+ * a head's sum of weights kept in lanes over a span, reduced once at its end (lane_total) */
+static inline void add_lanes(float *lanes, const float *s, int64_t n) {
+#if defined(__AVX512F__)
+    __m512 acc = _mm512_loadu_ps(lanes);
+    for (int64_t j = 0; j < n; j += 16) acc = _mm512_add_ps(acc, _mm512_loadu_ps(s + j));
+    _mm512_storeu_ps(lanes, acc);
+#elif defined(__AVX2__) && defined(__FMA__)
+    __m256 acc = _mm256_loadu_ps(lanes);
+    for (int64_t j = 0; j < n; j += 8) acc = _mm256_add_ps(acc, _mm256_loadu_ps(s + j));
+    _mm256_storeu_ps(lanes, acc);
+#else
+    for (int64_t j = 0; j < n; j += LI_KV_LANES)
+        for (int l = 0; l < LI_KV_LANES; l++) lanes[l] += s[j + l];
+#endif
+}
+
+/* the sum of a head's lanes, in a fixed tree */
+static inline float lane_total(const float *lanes) {
+#if defined(__AVX512F__)
+    return _mm512_reduce_add_ps(_mm512_loadu_ps(lanes));
+#elif defined(__AVX2__) && defined(__FMA__)
+    return li_hsum8(_mm256_loadu_ps(lanes));
+#else
+    float total = 0.0f;
+    for (int l = 0; l < LI_KV_LANES; l++) total += lanes[l];
+    return total;
+#endif
+}
+
+/* The g query heads of a row meet one block's scores: head h's n scores at s + h * SCORE_ROW
+ * (room to round n up to LI_KV_LANES), turned here into the weights e^(s - max) its values
+ * are summed with. mx, o: each head's running max and unnormalised output, rescaled by
+ * e^(old max - new max) when the block raises the max, as are its lanes (its sum of weights,
+ * LI_KV_LANES partial sums apart). The heads go through each step together, so their
+ * reductions overlap instead of waiting on each other. */
+static void softmax_heads(float *s, int64_t ss, int64_t g, int64_t n, int64_t hd, float *mx, float *lanes, float *o) {
     const int64_t n8 = (n + LI_KV_LANES - 1) & ~(int64_t)(LI_KV_LANES - 1);
-    for (int64_t j = n; j < n8; j++) s[j] = -INFINITY; /* past this query's position */
-    const float bm = block_max(s, n8);
-    if (bm > *mx) {
-        const float c = *mx == -INFINITY ? 0.0f : exp_nonpositive(*mx - bm);
-        for (int64_t e = 0; e < hd; e++) o[e] *= c;
-        *sum *= c;
-        *mx = bm;
+    for (int64_t h = 0; h < g; h++) {
+        float *sh = s + h * ss;
+        for (int64_t j = n; j < n8; j++) sh[j] = -INFINITY; /* past this query's position */
+        const float bm = block_max(sh, n8);
+        if (bm > mx[h]) {
+            const float c = mx[h] == -INFINITY ? 0.0f : exp_nonpositive(mx[h] - bm);
+            for (int64_t e = 0; e < hd; e++) o[h * hd + e] *= c;
+            for (int l = 0; l < LI_KV_LANES; l++) lanes[h * LI_KV_LANES + l] *= c;
+            mx[h] = bm;
+        }
     }
-    exp_shifted(s, n8, *mx);
-    for (int64_t j = n; j < n8; j++) s[j] = 0.0f;
-    *sum += block_sum(s, n8);
+    for (int64_t h = 0; h < g; h++) {
+        float *sh = s + h * ss;
+        exp_shifted(sh, n8, mx[h]);
+        for (int64_t j = n; j < n8; j++) sh[j] = 0.0f;
+        add_lanes(lanes + h * LI_KV_LANES, sh, n8);
+    }
 }
 
 /* What every task of one li_attention call shares. */
@@ -371,9 +388,9 @@ static inline int64_t part_floats(int64_t nq, int64_t hd) { return nq * (hd + 2)
 #define SCORE_ROW (KEY_BLOCK + LI_KV_LANES)
 
 /* floats per thread for a tile of nq query heads, g to a row: a span's part and the folded
- * one, the prepared queries, a block of keys and one of values, a row's scores */
+ * one, the prepared queries, a block of keys and one of values, a row's scores, the heads' lanes */
 static size_t tile_scratch(int64_t nq, int64_t g, int64_t hd) {
-    return (size_t)(2 * part_floats(nq, hd) + nq * hd + 2 * KEY_BLOCK * hd + g * SCORE_ROW);
+    return (size_t)(2 * part_floats(nq, hd) + nq * hd + 2 * KEY_BLOCK * hd + g * SCORE_ROW + nq * LI_KV_LANES);
 }
 
 /* The first position a row at `pos` sees. */
@@ -399,17 +416,19 @@ static void prepare_queries(const struct attn_job *a, int64_t i0, int64_t rows, 
 
 /* Every query head of the rows against the blocks of span [k_lo, k_lo + SPAN) that its row
  * sees, from a fresh running max: the part p. `blocks`: a block of keys, one of values and
- * the scores. */
+ * the scores, then each query head's LI_KV_LANES partial sums of its weights. */
 static void attend_span(const struct attn_job *a, int64_t i0, int64_t rows, int64_t kvh, const uint8_t *qbuf, int64_t first,
                         int64_t last, int64_t k_lo, float *p, float *blocks) {
     const int64_t g = a->group, hd = a->hd, nq = rows * g;
     float *o = p, *mx = p + nq * hd, *sum = mx + nq;
     float *kbuf = blocks, *vbuf = kbuf + KEY_BLOCK * hd, *s = vbuf + KEY_BLOCK * hd; /* s: a row's g heads' scores */
+    float *lanes = s + g * SCORE_ROW;
     /* f16 and q8_0 values are read in place, widened as they are summed; q4_0's first widened */
     const enum value_form form = a->type_v == LI_F16 ? V_F16 : a->type_v == LI_Q8_0 ? V_Q8 : V_FLOAT;
     const int tiled = li_kv_tiled(a->type_k); /* keys in tiles, scored in place for all g heads */
     const int64_t k_ahead = KEY_BLOCK * a->kb, v_ahead = KEY_BLOCK * a->vb; /* the next block's lines, asked for as these are read */
-    for (int64_t i = 0; i < nq; i++) mx[i] = -INFINITY, sum[i] = 0.0f;
+    for (int64_t i = 0; i < nq; i++) mx[i] = -INFINITY;
+    memset(lanes, 0, sizeof(float) * (size_t)(nq * LI_KV_LANES));
     memset(o, 0, sizeof(float) * (size_t)(nq * hd));
     const uint8_t *keys = a->keys + kvh * a->n_ctx * a->kb, *values = a->values + kvh * a->n_ctx * a->vb;
     const int64_t k_end = last < k_lo + SPAN - 1 ? last : k_lo + SPAN - 1;
@@ -427,14 +446,14 @@ static void attend_span(const struct attn_job *a, int64_t i0, int64_t rows, int6
             if (tiled)
                 li_kv_scores_tiles(a->type_k, qbuf + r * g * a->qstride, a->qstride, kblk, (nr + LI_KV_TILE - 1) / LI_KV_TILE, hd, g, a->scale, s,
                                    SCORE_ROW, r ? 0 : k_ahead);
-            for (int64_t h = 0, i = r * g; h < g; h++, i++) {
-                if (!tiled) li_kv_scores(qbuf + i * a->qstride, kblk, nr, hd, a->scale, s + h * SCORE_ROW);
-                softmax_block(s + h * SCORE_ROW + j0, nr - j0, hd, mx + i, sum + i, o + i * hd);
-            }
+            if (!tiled)
+                for (int64_t h = 0, i = r * g; h < g; h++, i++) li_kv_scores(qbuf + i * a->qstride, kblk, nr, hd, a->scale, s + h * SCORE_ROW);
+            softmax_heads(s + j0, SCORE_ROW, g, nr - j0, hd, mx + r * g, lanes + r * g * LI_KV_LANES, o + r * g * hd);
             const struct value_rows seen_rows = {vrows + j0 * vs, vs, form != V_FLOAT && !r ? v_ahead : 0, form};
             accumulate_heads(s + j0, SCORE_ROW, &seen_rows, nr - j0, hd, o + r * g * hd, g);
         }
     }
+    for (int64_t i = 0; i < nq; i++) sum[i] = lane_total(lanes + i * LI_KV_LANES);
 }
 
 /* Folds part p into acc, both rescaled to the larger max; an empty acc (max -inf) takes p
