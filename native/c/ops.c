@@ -142,23 +142,28 @@ void li_geglu(float *gate, const float *up, int64_t n, int nthreads) { gated(geg
 #define SPAN 1024
 #define TILE_QUERIES 256 /* and query heads: their outputs stay in L2 */
 
-/* the largest of s[0..n), n a multiple of LI_KV_LANES */
-static float block_max(const float *s, int64_t n) {
-    float mx = -INFINITY;
+/* Whether any of s[0..n) (n a multiple of LI_KV_LANES) is above mx, and if so the largest in
+ * *bm. The lanes' maxima are compared with mx at once, and only reduced to one when one is
+ * above it: after a context's first blocks the running max seldom rises. */
+static int block_max_above(const float *s, int64_t n, float mx, float *bm) {
+    float m = -INFINITY;
     int64_t j = 0;
 #if defined(__AVX512F__)
     __m512 m16 = _mm512_set1_ps(-INFINITY);
     for (; j + 16 <= n; j += 16) m16 = _mm512_max_ps(m16, _mm512_loadu_ps(s + j));
-    mx = _mm512_reduce_max_ps(m16);
+    if (!_mm512_cmp_ps_mask(m16, _mm512_set1_ps(mx), _CMP_GT_OQ) && j == n) return 0;
+    m = _mm512_reduce_max_ps(m16);
 #elif defined(__AVX2__) && defined(__FMA__)
     __m256 m8 = _mm256_set1_ps(-INFINITY);
     for (; j + 8 <= n; j += 8) m8 = _mm256_max_ps(m8, _mm256_loadu_ps(s + j));
+    if (!_mm256_movemask_ps(_mm256_cmp_ps(m8, _mm256_set1_ps(mx), _CMP_GT_OQ)) && j == n) return 0;
     float lanes[8];
     _mm256_storeu_ps(lanes, m8);
-    for (int l = 0; l < 8; l++) mx = lanes[l] > mx ? lanes[l] : mx;
+    for (int l = 0; l < 8; l++) m = lanes[l] > m ? lanes[l] : m;
 #endif
-    for (; j < n; j++) mx = s[j] > mx ? s[j] : mx;
-    return mx;
+    for (; j < n; j++) m = s[j] > m ? s[j] : m;
+    *bm = m;
+    return m > mx;
 }
 
 #if defined(__AVX512F__)
@@ -243,14 +248,9 @@ static inline float value_at(const struct value_rows *r, int64_t j, int64_t e) {
 }
 
 #ifdef LP_R
-/* values [at, at + 16) of a row */
+/* values [at, at + 16) of an f16 or float row */
 LP_INLINE vf value_lanes(const uint8_t *row, const enum value_form form, int64_t at) {
-    if (form == V_F16) return vf_f16(row + 2 * at);
-    if (form == V_Q8) {
-        const uint8_t *blk = row + at / 32 * 34;
-        return vf_mul(vf_set1(li_fp16_to_fp32(lp_u16(blk))), vf_cvt(vi_cvt_i8(blk + 2 + at % 32)));
-    }
-    return vf_f32(row + 4 * at);
+    return form == V_F16 ? vf_f16(row + 2 * at) : vf_f32(row + 4 * at);
 }
 
 /* heads [0, gh) of p (ps floats apart) into o (hd apart), values [c, c + 16w) of each row */
@@ -263,7 +263,11 @@ LP_INLINE void heads_lanes(const float *p, int64_t ps, const struct value_rows *
     for (int64_t j = 0; j < n; j++) {
         const uint8_t *row = r->v + j * r->vs;
         vf vj[HEAD_WIDTH];
-        for (int i = 0; i < w; i++) vj[i] = value_lanes(row, form, c + 16 * i);
+        if (form == V_Q8) { /* a pass lies within one block of a row: its scale read once */
+            const vf d = vf_set1(li_fp16_to_fp32(lp_u16(row + line)));
+            for (int i = 0; i < w; i++) vj[i] = vf_mul(d, vf_cvt(vi_cvt_i8(row + line + 2 + c % 32 + 16 * i)));
+        } else
+            for (int i = 0; i < w; i++) vj[i] = value_lanes(row, form, c + 16 * i);
         li_kv_prefetch(row + line, r->ahead); /* a pass reads at most a line of a row */
         for (int h = 0; h < gh; h++) {
             const vf pj = vf_set1(p[h * ps + j]);
@@ -349,8 +353,8 @@ static void softmax_heads(float *s, int64_t ss, int64_t g, int64_t n, int64_t hd
     for (int64_t h = 0; h < g; h++) {
         float *sh = s + h * ss;
         for (int64_t j = n; j < n8; j++) sh[j] = -INFINITY; /* past this query's position */
-        const float bm = block_max(sh, n8);
-        if (bm > mx[h]) {
+        float bm;
+        if (block_max_above(sh, n8, mx[h], &bm)) {
             const float c = mx[h] == -INFINITY ? 0.0f : exp_nonpositive(mx[h] - bm);
             for (int64_t e = 0; e < hd; e++) o[h * hd + e] *= c;
             for (int l = 0; l < LI_KV_LANES; l++) lanes[h * LI_KV_LANES + l] *= c;
