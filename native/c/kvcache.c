@@ -242,36 +242,33 @@ void li_kv_store_key_tile(int type, const float *x, uint8_t *tile, int64_t lane,
 int64_t li_kv_query_stride(int type, int64_t hd) { return type == LI_F16 ? 4 * hd : hd / QK * (34 + 4); }
 
 #if defined(__AVX512F__)
-/* heads [0, gh) of q (hd apart) against nt tiles: s[h * ss + key] */
+/* one tile (a vector of sixteen) against heads [0, gh) of q (hd apart): s[h * ss + key]. Even
+ * and odd elements go to separate sums, added at the end, so that one head alone still has two
+ * chains of multiply-adds in flight. The order is the same whatever gh: a head's scores do not
+ * depend on the heads (or the rows) scored beside it. */
 static inline __attribute__((always_inline)) void tile_heads16(const float *q, const uint16_t *t, int64_t hd, float scale, float *s,
-                                                               int64_t ss, const int gh, const int nt, int64_t ahead) {
-    /* fewer than eight sums would wait on each other's latency: then even and odd elements
-     * go to separate sums, added at the end (a fixed order for a given group size) */
-    const int ways = gh * nt <= 8 ? 2 : 1, n_acc = gh * nt;
+                                                               int64_t ss, const int gh, int64_t ahead) {
     __m512 acc[16];
-    for (int i = 0; i < ways * n_acc; i++) acc[i] = _mm512_setzero_ps();
-    for (int64_t e = 0; e < hd; e += ways)
-        for (int w = 0; w < ways; w++) {
-            __m512 k[2];
-            for (int i = 0; i < nt; i++) k[i] = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(t + (i * hd + e + w) * LI_KV_TILE)));
-            if ((e + w) % 2 == 0) /* a line holds two tile rows */
-                for (int i = 0; i < nt; i++) li_kv_prefetch(t + (i * hd + e + w) * LI_KV_TILE, ahead);
-            for (int h = 0; h < gh; h++) {
-                const __m512 qv = _mm512_set1_ps(q[h * hd + e + w]);
-                for (int i = 0; i < nt; i++) acc[w * n_acc + h * nt + i] = _mm512_fmadd_ps(qv, k[i], acc[w * n_acc + h * nt + i]);
-            }
+    for (int i = 0; i < 2 * gh; i++) acc[i] = _mm512_setzero_ps();
+    for (int64_t e = 0; e < hd; e += 2) { /* hd is even */
+        const __m512 k0 = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(t + e * LI_KV_TILE)));
+        const __m512 k1 = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(t + (e + 1) * LI_KV_TILE)));
+        li_kv_prefetch(t + e * LI_KV_TILE, ahead); /* a line holds two tile rows */
+        for (int h = 0; h < gh; h++) {
+            acc[2 * h] = _mm512_fmadd_ps(_mm512_set1_ps(q[h * hd + e]), k0, acc[2 * h]);
+            acc[2 * h + 1] = _mm512_fmadd_ps(_mm512_set1_ps(q[h * hd + e + 1]), k1, acc[2 * h + 1]);
         }
-    if (ways == 2)
-        for (int i = 0; i < n_acc; i++) acc[i] = _mm512_add_ps(acc[i], acc[n_acc + i]);
-    for (int h = 0; h < gh; h++)
-        for (int i = 0; i < nt; i++) _mm512_storeu_ps(s + h * ss + 16 * i, _mm512_mul_ps(acc[h * nt + i], _mm512_set1_ps(scale)));
+    }
+    for (int h = 0; h < gh; h++) _mm512_storeu_ps(s + h * ss, _mm512_mul_ps(_mm512_add_ps(acc[2 * h], acc[2 * h + 1]), _mm512_set1_ps(scale)));
 }
 #define TILE_GROUP 8
 static void tile_heads(const float *q, const uint16_t *t, int64_t hd, float scale, float *s, int64_t ss, int gh, int nt, int64_t ahead) {
+    for (int i = 0; i < nt; i++, t += hd * LI_KV_TILE, s += LI_KV_TILE) {
 #define TILE_HEADS(G) \
-    case G: nt == 2 ? tile_heads16(q, t, hd, scale, s, ss, G, 2, ahead) : tile_heads16(q, t, hd, scale, s, ss, G, 1, ahead); break;
-    switch (gh) { TILE_HEADS(1) TILE_HEADS(2) TILE_HEADS(3) TILE_HEADS(4) TILE_HEADS(5) TILE_HEADS(6) TILE_HEADS(7) TILE_HEADS(8) }
+    case G: tile_heads16(q, t, hd, scale, s, ss, G, ahead); break;
+        switch (gh) { TILE_HEADS(1) TILE_HEADS(2) TILE_HEADS(3) TILE_HEADS(4) TILE_HEADS(5) TILE_HEADS(6) TILE_HEADS(7) TILE_HEADS(8) }
 #undef TILE_HEADS
+    }
 }
 #elif defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
 /* one tile (two vectors of eight) against heads [0, gh) */

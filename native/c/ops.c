@@ -391,10 +391,14 @@ static inline int64_t part_floats(int64_t nq, int64_t hd) { return nq * (hd + 2)
 /* floats of one query head's scores for a block, with room to round n up to LI_KV_LANES */
 #define SCORE_ROW (KEY_BLOCK + LI_KV_LANES)
 
+/* query heads whose scores a block keeps at once: one row's g, or a few rows' where g is
+ * small (attend_rows) */
+static inline int64_t score_rows(int64_t g) { return g > HEAD_GROUP ? g : HEAD_GROUP; }
+
 /* floats per thread for a tile of nq query heads, g to a row: a span's part and the folded
- * one, the prepared queries, a block of keys and one of values, a row's scores, the heads' lanes */
+ * one, the prepared queries, a block of keys and one of values, the scores, the heads' lanes */
 static size_t tile_scratch(int64_t nq, int64_t g, int64_t hd) {
-    return (size_t)(2 * part_floats(nq, hd) + nq * hd + 2 * KEY_BLOCK * hd + g * SCORE_ROW + nq * LI_KV_LANES);
+    return (size_t)(2 * part_floats(nq, hd) + nq * hd + 2 * KEY_BLOCK * hd + score_rows(g) * SCORE_ROW + nq * LI_KV_LANES);
 }
 
 /* The first position a row at `pos` sees. */
@@ -418,15 +422,61 @@ static void prepare_queries(const struct attn_job *a, int64_t i0, int64_t rows, 
     }
 }
 
+/* One block of a span as attend_rows reads it: its keys (in place if tiled, or prepared),
+ * its value rows vs bytes apart, its first position k0, and how far ahead to prefetch. */
+struct key_block {
+    const void *keys;
+    const uint8_t *vrows;
+    int64_t k0, vs, k_ahead, v_ahead;
+    enum value_form form;
+    int tiled;
+};
+
+/* Rows [r0, r0 + nrows) of a tile (at i0) meet one block: their heads' scores, softmax and
+ * value sums into the part's mx, lanes and o. Rows whose heads together fit one pass over the
+ * values (HEAD_GROUP; an encoder has one head per kv head) go together, so each value row is
+ * read and widened once for all of them. A row's weights are 0 outside the positions it sees,
+ * and a multiply-add of 0 leaves its sums as they were: a row gets the same bits alone. */
+static void attend_rows(const struct attn_job *a, const struct key_block *b, int64_t i0, int64_t r0, int64_t nrows, const uint8_t *qbuf,
+                        float *s, float *mx, float *lanes, float *o) {
+    const int64_t g = a->group, hd = a->hd;
+    int64_t from[HEAD_GROUP], to[HEAD_GROUP], lo = KEY_BLOCK, hi = 0; /* the positions [from, to) a row sees */
+    for (int64_t rr = 0; rr < nrows; rr++) {
+        const int64_t at = last_seen(a, i0 + r0 + rr), seen = at + 1 - b->k0, skip = first_seen(a, at) - b->k0;
+        from[rr] = skip <= 0 ? 0 : skip < KEY_BLOCK ? skip : KEY_BLOCK; /* a window: the block's positions before it */
+        to[rr] = seen <= from[rr] ? from[rr] : seen < KEY_BLOCK ? seen : KEY_BLOCK; /* causal: up to the row's own */
+        if (to[rr] > from[rr]) lo = from[rr] < lo ? from[rr] : lo, hi = to[rr] > hi ? to[rr] : hi;
+    }
+    if (hi <= lo) return;
+    const uint8_t *q = qbuf + r0 * g * a->qstride;
+    if (b->tiled)
+        li_kv_scores_tiles(a->type_k, q, a->qstride, b->keys, (hi + LI_KV_TILE - 1) / LI_KV_TILE, hd, nrows * g, a->scale, s, SCORE_ROW,
+                           r0 ? 0 : b->k_ahead);
+    else
+        for (int64_t h = 0; h < nrows * g; h++) li_kv_scores(q + h * a->qstride, b->keys, hi, hd, a->scale, s + h * SCORE_ROW);
+    for (int64_t rr = 0; rr < nrows; rr++) {
+        float *sr = s + rr * g * SCORE_ROW;
+        const int64_t i = (r0 + rr) * g, end = to[rr] > from[rr] ? to[rr] : lo;
+        if (to[rr] > from[rr]) softmax_heads(sr + from[rr], SCORE_ROW, g, to[rr] - from[rr], hd, mx + i, lanes + i * LI_KV_LANES, o + i * hd);
+        for (int64_t h = 0; h < g; h++) {
+            for (int64_t j = lo; j < from[rr]; j++) sr[h * SCORE_ROW + j] = 0.0f;
+            for (int64_t j = end; j < hi; j++) sr[h * SCORE_ROW + j] = 0.0f;
+        }
+    }
+    const struct value_rows seen = {b->vrows + lo * b->vs, b->vs, b->form != V_FLOAT && !r0 ? b->v_ahead : 0, b->form};
+    accumulate_heads(s + lo, SCORE_ROW, &seen, hi - lo, hd, o + r0 * g * hd, nrows * g);
+}
+
 /* Every query head of the rows against the blocks of span [k_lo, k_lo + SPAN) that its row
- * sees, from a fresh running max: the part p. `blocks`: a block of keys, one of values and
- * the scores, then each query head's LI_KV_LANES partial sums of its weights. */
+ * sees, from a fresh running max: the part p. `blocks`: a block of keys, one of values, the
+ * scores, then each query head's LI_KV_LANES partial sums of its weights. */
 static void attend_span(const struct attn_job *a, int64_t i0, int64_t rows, int64_t kvh, const uint8_t *qbuf, int64_t first,
                         int64_t last, int64_t k_lo, float *p, float *blocks) {
     const int64_t g = a->group, hd = a->hd, nq = rows * g;
     float *o = p, *mx = p + nq * hd, *sum = mx + nq;
-    float *kbuf = blocks, *vbuf = kbuf + KEY_BLOCK * hd, *s = vbuf + KEY_BLOCK * hd; /* s: a row's g heads' scores */
-    float *lanes = s + g * SCORE_ROW;
+    float *kbuf = blocks, *vbuf = kbuf + KEY_BLOCK * hd, *s = vbuf + KEY_BLOCK * hd; /* s: the scores of a row's heads (or a few rows') */
+    float *lanes = s + score_rows(g) * SCORE_ROW;
+    const int64_t per = g >= HEAD_GROUP ? 1 : HEAD_GROUP / g; /* rows whose heads share a pass over the values */
     /* f16 and q8_0 values are read in place, widened as they are summed; q4_0's first widened */
     const enum value_form form = a->type_v == LI_F16 ? V_F16 : a->type_v == LI_Q8_0 ? V_Q8 : V_FLOAT;
     const int tiled = li_kv_tiled(a->type_k); /* keys in tiles, scored in place for all g heads */
@@ -442,20 +492,8 @@ static void attend_span(const struct attn_job *a, int64_t i0, int64_t rows, int6
         const uint8_t *vrows = form == V_FLOAT ? (const uint8_t *)vbuf : values + k0 * a->vb;
         const int64_t vs = form == V_FLOAT ? 4 * hd : a->vb;
         if (form == V_FLOAT) li_kv_block_values(values + k0 * a->vb, n, hd, vbuf, v_ahead);
-        for (int64_t r = 0; r < rows; r++) {
-            const int64_t seen = last_seen(a, i0 + r) + 1 - k0; /* causal: positions up to the row's own */
-            const int64_t skip = first_seen(a, last_seen(a, i0 + r)) - k0; /* a window: the block's positions before it */
-            if (seen <= 0 || skip >= KEY_BLOCK) continue;
-            const int64_t nr = seen < KEY_BLOCK ? seen : KEY_BLOCK, j0 = skip > 0 ? skip : 0;
-            if (tiled)
-                li_kv_scores_tiles(a->type_k, qbuf + r * g * a->qstride, a->qstride, kblk, (nr + LI_KV_TILE - 1) / LI_KV_TILE, hd, g, a->scale, s,
-                                   SCORE_ROW, r ? 0 : k_ahead);
-            if (!tiled)
-                for (int64_t h = 0, i = r * g; h < g; h++, i++) li_kv_scores(qbuf + i * a->qstride, kblk, nr, hd, a->scale, s + h * SCORE_ROW);
-            softmax_heads(s + j0, SCORE_ROW, g, nr - j0, hd, mx + r * g, lanes + r * g * LI_KV_LANES, o + r * g * hd);
-            const struct value_rows seen_rows = {vrows + j0 * vs, vs, form != V_FLOAT && !r ? v_ahead : 0, form};
-            accumulate_heads(s + j0, SCORE_ROW, &seen_rows, nr - j0, hd, o + r * g * hd, g);
-        }
+        const struct key_block b = {kblk, vrows, k0, vs, k_ahead, v_ahead, form, tiled};
+        for (int64_t r0 = 0; r0 < rows; r0 += per) attend_rows(a, &b, i0, r0, rows - r0 < per ? rows - r0 : per, qbuf, s, mx, lanes, o);
     }
     for (int64_t i = 0; i < nq; i++) sum[i] = lane_total(lanes + i * LI_KV_LANES);
 }
