@@ -408,18 +408,21 @@ static inline int64_t first_seen(const struct attn_job *a, int64_t pos) { return
  * of an encoder's sequence sees the whole sequence). */
 static inline int64_t last_seen(const struct attn_job *a, int64_t i) { return a->see_to >= 0 ? a->see_to : a->pos[i]; }
 
-/* The query heads of rows [i0, i0 + rows) of kv head kvh as the scores read them, into
- * qbuf; the first and last positions any of them sees. */
-static void prepare_queries(const struct attn_job *a, int64_t i0, int64_t rows, int64_t kvh, uint8_t *qbuf, int64_t *first,
-                            int64_t *last) {
-    const int64_t g = a->group;
+/* The first and last positions any of rows [i0, i0 + rows) sees. */
+static void rows_seen(const struct attn_job *a, int64_t i0, int64_t rows, int64_t *first, int64_t *last) {
     *last = 0, *first = INT64_MAX;
     for (int64_t r = 0; r < rows; r++) {
-        li_kv_query(a->type_k, a->q + ((i0 + r) * a->n_head + kvh * g) * a->hd, g, a->hd, a->rot_k, qbuf + r * g * a->qstride);
         const int64_t l = last_seen(a, i0 + r), f = first_seen(a, l);
         *last = l > *last ? l : *last;
         *first = f < *first ? f : *first;
     }
+}
+
+/* The query heads of rows [i0, i0 + rows) of kv head kvh as the scores read them, into qbuf. */
+static void prepare_queries(const struct attn_job *a, int64_t i0, int64_t rows, int64_t kvh, uint8_t *qbuf) {
+    const int64_t g = a->group;
+    for (int64_t r = 0; r < rows; r++)
+        li_kv_query(a->type_k, a->q + ((i0 + r) * a->n_head + kvh * g) * a->hd, g, a->hd, a->rot_k, qbuf + r * g * a->qstride);
 }
 
 /* One block of a span as attend_rows reads it: its keys (in place if tiled, or prepared),
@@ -553,7 +556,8 @@ static void attend_tile(const struct attn_job *a, int64_t i0, int64_t rows, int6
     float *acc = scratch, *p = acc + part_floats(nq, hd), *blocks = p + part_floats(nq, hd) + nq * hd;
     uint8_t *qbuf = (uint8_t *)(p + part_floats(nq, hd));
     int64_t first, last;
-    prepare_queries(a, i0, rows, kvh, qbuf, &first, &last);
+    prepare_queries(a, i0, rows, kvh, qbuf);
+    rows_seen(a, i0, rows, &first, &last);
     empty_part(acc, nq, hd);
     for (int64_t k_lo = first / SPAN * SPAN; k_lo <= last; k_lo += SPAN) {
         attend_span(a, i0, rows, kvh, qbuf, first, last, k_lo, p, blocks);
@@ -562,26 +566,16 @@ static void attend_tile(const struct attn_job *a, int64_t i0, int64_t rows, int6
     finish_rows(a, i0, rows, kvh, acc);
 }
 
-/* One span of rows [i0, i0 + rows) of kv head kvh into its part, for spans run side by side
- * (few rows, few kv heads: the threads share a long context instead). */
-static void attend_tile_span(const struct attn_job *a, int64_t i0, int64_t rows, int64_t kvh, int64_t k_lo, float *p,
-                             float *scratch) {
-    const int64_t nq = rows * a->group, hd = a->hd;
-    uint8_t *qbuf = (uint8_t *)scratch;
-    float *blocks = scratch + nq * hd;
-    int64_t first, last;
-    prepare_queries(a, i0, rows, kvh, qbuf, &first, &last);
-    attend_span(a, i0, rows, kvh, qbuf, first, last, k_lo, p, blocks);
-}
-
 /* Every span of every (row tile, kv head) as a task of its own, into parts; then each
  * tile's parts folded in position order and finished. Spans [span0, span0 + n_span): those
- * any row sees (a sliding window sees only the last few). */
+ * any row sees (a sliding window sees only the last few). Each tile's queries are prepared
+ * once, before its spans, not once a span. */
 static int attend_spans(const struct attn_job *a, int64_t m, int64_t rows, int64_t n_kv, int64_t span0, int64_t n_span, float *scratch,
                         size_t per_thread, int nthreads) {
-    const int64_t tiles = (m + rows - 1) / rows, pf = part_floats(rows * a->group, a->hd);
-    float *parts = malloc(sizeof(float) * (size_t)(tiles * n_kv * n_span * pf));
+    const int64_t tiles = (m + rows - 1) / rows, pf = part_floats(rows * a->group, a->hd), qb = rows * a->group * a->qstride;
+    float *parts = malloc(sizeof(float) * (size_t)(tiles * n_kv * n_span * pf) + (size_t)(tiles * n_kv * qb));
     if (!parts) return 4;
+    uint8_t *queries = (uint8_t *)(parts + tiles * n_kv * n_span * pf); /* tile tk's at tk * qb */
 #pragma omp parallel num_threads(nthreads) if (nthreads > 1)
     {
         int thread = 0;
@@ -589,13 +583,20 @@ static int attend_spans(const struct attn_job *a, int64_t m, int64_t rows, int64
         thread = omp_get_thread_num();
 #endif
         float *mine = scratch + (size_t)thread * per_thread;
+#pragma omp for schedule(static)
+        for (int64_t tk = 0; tk < tiles * n_kv; tk++) {
+            const int64_t i0 = tk / n_kv * rows;
+            prepare_queries(a, i0, i0 + rows <= m ? rows : m - i0, tk % n_kv, queries + tk * qb);
+        }
         /* static: each thread a run of neighbouring spans, whose bytes follow each other, so
          * the prefetch a block ahead carries on from one span into the next (dynamic handed
          * them out alternately: 5-7 % slower at 16k) */
 #pragma omp for schedule(static)
         for (int64_t t = 0; t < tiles * n_kv * n_span; t++) {
-            const int64_t tk = t / n_span, i0 = tk / n_kv * rows, kvh = tk % n_kv;
-            attend_tile_span(a, i0, i0 + rows <= m ? rows : m - i0, kvh, (span0 + t % n_span) * SPAN, parts + t * pf, mine);
+            const int64_t tk = t / n_span, i0 = tk / n_kv * rows, r = i0 + rows <= m ? rows : m - i0;
+            int64_t first, last;
+            rows_seen(a, i0, r, &first, &last);
+            attend_span(a, i0, r, tk % n_kv, queries + tk * qb, first, last, (span0 + t % n_span) * SPAN, parts + t * pf, mine);
         }
 #pragma omp for schedule(static)
         for (int64_t tk = 0; tk < tiles * n_kv; tk++) {
