@@ -11,6 +11,12 @@ Writers (each file a few hundred KB, loaded in milliseconds, the same bytes for 
                 tanh) then cls.output (one logit), both with biases
   nomic-bert    fused attn_qkv, NeoX RoPE (base 1000), SwiGLU FFN, no biases but the norms'
   jina-bert-v2  ALiBi (no position embeddings), GEGLU FFN with the gate fused into ffn_up
+  xlm-roberta   bge-m3's kind: arch "bert" as XLMRobertaModel writes it, the same tensors,
+                CLS pooling, one token type, LayerNorm eps 1e-5, and a SentencePiece
+                Unigram vocabulary (tokenizer model "t5", llama.cpp's UGM) trained here,
+                in fairseq's order (<s> <pad> </s> <unk> first), with its normalizer
+  xlm-roberta rerank  bge-reranker-v2-m3's kind: the same with the classification head,
+                and no pooling key (the converter writes none without modules.json)
   qwen3         a decoder with last-token pooling (Qwen3-Embedding): q/k RMSNorm, GQA,
                 a byte-level BPE vocabulary that appends <|endoftext|>
   qwen3 rerank  Qwen3-Reranker twice, the same weights (tied embeddings, as the 0.6B's):
@@ -31,10 +37,13 @@ refused here, since llama.cpp's encoder aborts the process on one (GGML_ASSERT).
 
 from __future__ import annotations
 
+import functools
+import io
 import os
 import re
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
