@@ -18,6 +18,8 @@ import numpy as np
 from localinfer.errors import BackendError
 from localinfer.kvtypes import position_bytes
 
+MEDIA_MARKER = "<__media__>"  # where an image stands in a prompt's text (mtmd's default marker)
+
 if TYPE_CHECKING:
     from localinfer.modelfile import GGUFInfo
 
@@ -44,6 +46,9 @@ class LoadParams:
     # None: the file's. Only "rank" changes what the backend computes (rank()); the others
     # are applied above it to embed()'s rows
     pooling: str | None = None
+    # a vision model's projector (llama.cpp's mmproj GGUF), for a backend that reads images
+    # (Capabilities.vision); None: text only
+    mmproj: Path | None = None
 
 
 @dataclass(frozen=True)
@@ -62,6 +67,7 @@ class Capabilities:
     # (docs/benchmarks.md): `--engine auto` passes it over for them.
     slower: frozenset[str] = frozenset()
     ranks: bool = False  # runs a reranker's classifier head (rank pooling, Backend.rank)
+    vision: bool = False  # reads images through a projector (LoadParams.mmproj; media_chunks, forward_media)
 
     def refusal(self, architecture: str, tensor_types: Iterable[str], auto: bool = False, pooling: str = "none") -> str | None:
         """Why this backend cannot run a model of this architecture, tensor types and
@@ -129,6 +135,19 @@ class Batch:
 
     def __len__(self) -> int:
         return len(self.tokens)
+
+
+@dataclass(frozen=True)
+class MediaChunk:
+    """An image as the text model reads it: a run of cells that one forward_media call fills
+    whole. `key` names its pixels (a hash of the file's bytes), so the same image twice makes
+    the same prompt. It fills n_tokens cells but moves the position on by n_pos: fewer where
+    the model lays an image out in 2-D positions (Qwen-VL's M-RoPE)."""
+
+    key: str
+    n_tokens: int
+    n_pos: int
+    handle: object  # the backend's own form of it, valid while that backend is
 
 
 @dataclass
@@ -232,6 +251,19 @@ class Backend(ABC):
         """A reranker's (pooling "rank") score of each sequence of the batch, in the order
         they first appear in it: [n_sequences] float32. Each sequence is whole in the batch."""
         raise BackendError(f"the {self.name} engine cannot rank")
+
+    # --- images (Capabilities.vision) ----------------------------------------------
+    def media_chunks(self, text: str, images: list[bytes]) -> list[list[int] | MediaChunk]:
+        """A prompt in which MEDIA_MARKER stands for each of `images` (an image file's bytes),
+        cut into its text's tokens and its images' chunks, in order, the model's own tokens
+        around each image added. BOS as tokenize() adds it."""
+        raise BackendError(f"the {self.name} engine cannot read images")
+
+    def forward_media(self, chunk: MediaChunk, seq_id: int, position: int) -> None:
+        """Encode an image chunk with the projector and put its embeddings into a sequence at
+        `position` (the next free one): the sequence then holds position + chunk.n_pos. No
+        logits: a prompt's logits come from the text after its last image."""
+        raise BackendError(f"the {self.name} engine cannot read images")
 
     # --- KV cache, per sequence -------------------------------------------------
     @abstractmethod

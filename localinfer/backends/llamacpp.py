@@ -16,13 +16,15 @@ from pathlib import Path
 
 import numpy as np
 
-from localinfer.backends.base import Backend, Batch, Capabilities, LoadParams, ModelFacts, VocabInfo
-from localinfer.errors import BackendError, ContextOverflow
+from localinfer.backends.base import Backend, Batch, Capabilities, LoadParams, MediaChunk, ModelFacts, VocabInfo
+from localinfer.errors import BackendError, ContextOverflow, UserError
 from localinfer.experts import expert_patterns
 from localinfer.kvtypes import KV_TYPES, ggml_id
 from localinfer.modelfile import pooling_of
 
 import llama_cpp as C  # noqa: E402  (after our imports: its import loads the shared library)
+
+from localinfer.backends.mtmd import Projector  # noqa: E402  (mtmd's bindings load after llama.cpp's)
 
 _log_lines: list[str] = []
 _listeners: list[Callable[[str], None]] = []
@@ -218,6 +220,7 @@ class LlamaCppBackend(LlamaTokenized, Backend):
         self._model = None
         self._ctx = None
         self._batch = None
+        self._projector: Projector | None = None
         self._path = path
         self._params = params
 
@@ -263,6 +266,7 @@ class LlamaCppBackend(LlamaTokenized, Backend):
         self._seq_slots = [self._batch.seq_id[i] for i in range(self._n_batch)]
         self._view_nseq[:] = 1
 
+        self._projector = Projector(self._model, params.mmproj, threads, params.n_gpu_layers > 0, last_error, _on_log) if params.mmproj else None
         self._tok = Tokenizer(self._model)
         self._n_vocab = self._tok.info.n_vocab
         self._views: dict[tuple[int | None, int | None], np.ndarray] = {}  # numpy views of llama.cpp's logits, by address and rows
@@ -288,11 +292,24 @@ class LlamaCppBackend(LlamaTokenized, Backend):
     @classmethod
     def capabilities(cls) -> Capabilities:
         return Capabilities(architectures=None, weight_types=None, kv_types=tuple(KV_TYPES), gpu_offload=supports_gpu_offload(), kv_layout="shared",
-                            rpc=supports_rpc(), ranks=True)  # fmt: skip
+                            rpc=supports_rpc(), ranks=True, vision=True)  # fmt: skip
 
     @classmethod
     def load(cls, path: Path, params: LoadParams) -> LlamaCppBackend:
         return cls(path, params)
+
+    # --- images ------------------------------------------------------------------
+    def media_chunks(self, text: str, images: list[bytes]) -> list[list[int] | MediaChunk]:
+        if self._projector is None:
+            raise UserError(f"{self._path.name} reads no images: it was loaded without a projector (--mmproj FILE, or an mmproj-*.gguf beside it)")
+        return self._projector.chunks(text, images)
+
+    def forward_media(self, chunk: MediaChunk, seq_id: int, position: int) -> None:
+        self._live()
+        if self._projector is None:
+            raise BackendError("this model was loaded without a projector")
+        with _ctrl_c_after_the_call():
+            self._projector.decode(self._ctx, chunk, seq_id, position, self._n_batch)
 
     # --- compute ---------------------------------------------------------------
     def _live(self) -> None:
@@ -437,6 +454,9 @@ class LlamaCppBackend(LlamaTokenized, Backend):
         """Free llama.cpp's memory; every later call raises BackendError instead of reaching it."""
         self._tok = None
         self._mem = None
+        if self._projector is not None:
+            self._projector.close()
+            self._projector = None
         if self._batch is not None:
             C.llama_batch_free(self._batch)
             self._batch = None
