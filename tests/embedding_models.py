@@ -157,6 +157,137 @@ def add_chain(piece: str, rest: str, merges: dict[str, None], words: dict[str, N
         words[piece] = None
 
 
+# A SentencePiece Unigram model as XLM-RoBERTa ships one (sentencepiece.bpe.model), learned
+# from WORDS and a few words in other scripts; anything else (a capital, an emoji) is <unk>
+UNIGRAM_MORE = "café naïve résumé über straße zürich münchen 東京 大阪 京都 привет мир москва".split()
+XLMR_SPECIALS = {"<s>": 0, "<pad>": 1, "</s>": 2, "<unk>": 3}  # fairseq's ids, as HF's XLMRobertaTokenizer has them
+
+
+@functools.cache
+def sentencepiece_model() -> bytes:
+    """The model file's bytes, trained here in milliseconds (the same bytes each time: one
+    thread, a corpus in a seeded order, each word in eight contexts; about 430 pieces). SentencePiece's
+    defaults are XLM-R's: <unk>, <s>, </s> at 0, 1 and 2, no <pad>, the nmt_nfkc normalizer
+    as a precompiled charsmap (240,007 bytes from this SentencePiece; bge-m3's GGUF carries
+    237,539, an older Unicode's), a dummy prefix, runs of spaces merged; every character of
+    the corpus kept (character_coverage 1), so a word of them always tokenizes and any other
+    character is <unk>."""
+    import sentencepiece as spm
+
+    words = [*WORDS, *UNIGRAM_MORE]
+    rng = np.random.default_rng(0)
+    lines = []
+    for _ in range(8):
+        order = [words[i] for i in rng.permutation(len(words))]
+        lines += [" ".join(order[i : i + 10]) for i in range(0, len(order), 10)]
+    out = io.BytesIO()
+    spm.SentencePieceTrainer.train(
+        sentence_iterator=iter(lines), model_writer=out, model_type="unigram", vocab_size=1000, hard_vocab_limit=False,
+        character_coverage=1.0, num_threads=1, minloglevel=2,
+    )  # fmt: skip
+    return out.getvalue()
+
+
+def protobuf_fields(message: bytes) -> Iterator[tuple[int, int | bytes]]:
+    """(field number, value) of a protobuf message's fields: a varint as an int, a
+    length-delimited field as its bytes; fixed-width ones (a piece's score) skipped. Enough
+    to read a SentencePiece model's normalizer without the protobuf package."""
+    i = 0
+    while i < len(message):
+        key, i = varint(message, i)
+        number, wire = key >> 3, key & 7
+        if wire == 0:
+            value, i = varint(message, i)
+            yield number, value
+        elif wire == 2:
+            n, i = varint(message, i)
+            yield number, message[i : i + n]
+            i += n
+        elif wire in (1, 5):
+            i += 8 if wire == 1 else 4
+        else:
+            raise ValueError(f"protobuf wire type {wire}: not one a SentencePiece model uses")
+
+
+def varint(data: bytes, i: int) -> tuple[int, int]:
+    value = shift = 0
+    while True:
+        byte = data[i]
+        i += 1
+        value |= (byte & 0x7F) << shift
+        shift += 7
+        if byte < 0x80:
+            return value, i
+
+
+def normalizer_spec(model: bytes) -> tuple[bytes, bool, bool]:
+    """ModelProto.normalizer_spec (field 3): precompiled_charsmap (2), add_dummy_prefix (3)
+    and remove_extra_whitespaces (4), each flag true where the file leaves it out (proto2's
+    defaults), as the converter reads them."""
+    spec = dict(protobuf_fields(next(v for n, v in protobuf_fields(model) if n == 3 and isinstance(v, bytes))))
+    charsmap = spec.get(2, b"")
+    assert isinstance(charsmap, bytes)
+    return charsmap, bool(spec.get(3, 1)), bool(spec.get(4, 1))
+
+
+def unigram_vocabulary() -> tuple[list[str], list[float], list[int]]:
+    """Pieces, scores and token types as XLMRobertaModel._xlmroberta_set_vocab writes them from
+    sentencepiece.bpe.model: config.json's vocab_size (SentencePiece's + 2, for fairseq's
+    <pad> and HF's <mask>) of [PADi] slots (UNUSED, -10000), SentencePiece's pieces over them,
+    then "realigned" as HF's tokenizer numbers them: <s> <pad> </s> (CONTROL) <unk> (UNKNOWN)
+    at 0..3, each other piece one place after its SentencePiece id, and the last slot (HF's
+    <mask>, id 250001 in bge-m3) left [PADn], UNUSED."""
+    import sentencepiece as spm
+
+    sp = spm.SentencePieceProcessor(model_proto=sentencepiece_model())
+    n = sp.vocab_size()
+    tokens, scores, types = [f"[PAD{i}]" for i in range(n + 2)], [-10000.0] * (n + 2), [int(TokenType.UNUSED)] * (n + 2)
+    for i in range(n):
+        kind = TokenType.UNKNOWN if sp.IsUnknown(i) else TokenType.CONTROL if sp.IsControl(i) else TokenType.NORMAL
+        tokens[i], scores[i], types[i] = sp.IdToPiece(i), sp.GetScore(i), int(kind)
+    control, unknown = int(TokenType.CONTROL), int(TokenType.UNKNOWN)
+    return list(XLMR_SPECIALS) + tokens[3:-1], [0.0] * 4 + scores[3:-1], [control] * 3 + [unknown] + types[3:-1]
+
+
+def unigram_metadata(w: GGUFWriter) -> int:
+    """XLMRobertaModel.set_vocab, then gguf's SpecialVocab over XLM-R's tokenizer files: model
+    "t5" (llama.cpp's UGM), pre "default", the pieces with their scores and types, the
+    normalizer's flags and charsmap, one token type; <s> the BOS, </s> the EOS and separator,
+    <unk>, <pad>, and <mask> at HF's id (the last slot); all three marks added, from the
+    post-processor "<s> $A </s>" and its pair "<s> $A </s> </s> $B </s>" (add_sep: a
+    reranker's pair is <s> query </s> </s> document </s>). Returns the vocabulary's size."""
+    tokens, scores, types = unigram_vocabulary()
+    charsmap, add_prefix, remove_whitespaces = normalizer_spec(sentencepiece_model())
+    w.add_tokenizer_model("t5")
+    w.add_tokenizer_pre("default")
+    w.add_token_list(tokens)
+    w.add_token_scores(scores)
+    w.add_token_types(types)
+    w.add_add_space_prefix(add_prefix)
+    w.add_token_type_count(1)  # XLM-R's type_vocab_size
+    w.add_remove_extra_whitespaces(remove_whitespaces)
+    w.add_precompiled_charsmap(charsmap)
+    w.add_bos_token_id(XLMR_SPECIALS["<s>"])
+    w.add_eos_token_id(XLMR_SPECIALS["</s>"])
+    w.add_unk_token_id(XLMR_SPECIALS["<unk>"])
+    w.add_sep_token_id(XLMR_SPECIALS["</s>"])
+    w.add_pad_token_id(XLMR_SPECIALS["<pad>"])
+    w.add_mask_token_id(len(tokens) - 1)
+    w.add_add_bos_token(True)
+    w.add_add_eos_token(True)
+    w.add_add_sep_token(True)
+    return len(tokens)
+
+
+def sentencepiece_ids(text: str) -> list[int]:
+    """SentencePiece's own tokens of a text, in the GGUF's numbering (fairseq's: <unk> 3,
+    every other piece one up), no marks added: what llama.cpp's UGM must give."""
+    import sentencepiece as spm
+
+    sp = spm.SentencePieceProcessor(model_proto=sentencepiece_model())
+    return [XLMR_SPECIALS["<unk>"] if sp.IsUnknown(i) else i + 1 for i in sp.encode(text)]
+
+
 # --- writers -------------------------------------------------------------------------------
 
 
@@ -185,26 +316,31 @@ def pooling_of(name: str) -> PoolingType:
     return POOLING[name]
 
 
-def encoder_metadata(w: GGUFWriter, pooling: str) -> None:
-    """What TextModel and BertModel.set_gguf_parameters write for every BERT-family encoder."""
+def encoder_metadata(w: GGUFWriter, pooling: str | None, norm_eps: float = NORM_EPS) -> None:
+    """What TextModel and BertModel.set_gguf_parameters write for every BERT-family encoder;
+    no pooling key where `pooling` is None (a folder without sentence-transformers' modules.json)."""
     w.add_context_length(N_CTX)
     w.add_embedding_length(N_EMBD)
     w.add_feed_forward_length(N_FF)
     w.add_block_count(N_LAYER)
     w.add_head_count(N_HEAD)
-    w.add_layer_norm_eps(NORM_EPS)
+    w.add_layer_norm_eps(norm_eps)
     w.add_causal_attention(False)
-    w.add_pooling_type(pooling_of(pooling))
+    if pooling is not None:
+        w.add_pooling_type(pooling_of(pooling))
 
 
-def wordpiece_metadata(w: GGUFWriter) -> None:
+def wordpiece_metadata(w: GGUFWriter) -> int:
     """BertModel.set_vocab with gguf's SpecialVocab over a bert-base tokenizer.json: [CLS] is
     the BOS and [SEP] the EOS (there is no CLS key), both added ("[CLS] $A [SEP]"); the
-    pair template "[CLS] $A [SEP] $B [SEP]" gives add_sep false."""
+    pair template "[CLS] $A [SEP] $B [SEP]" gives add_sep false. Two token types. Returns
+    the vocabulary's size."""
     from localinfer_quant.bert import add_bert_base_specials, add_pieces
 
-    add_pieces(w, *wordpiece_vocabulary(), n_token_types=2)
+    tokens, types = wordpiece_vocabulary()
+    add_pieces(w, tokens, types, n_token_types=2)
     add_bert_base_specials(w, SPECIALS)
+    return len(tokens)
 
 
 def finish(w: GGUFWriter) -> None:
@@ -223,12 +359,12 @@ def attention_with_biases(w: GGUFWriter, r: RandomWeights, p: str) -> None:
     post_norms(w, r, p, "attn_output_norm")
 
 
-def embeddings_and_norm(w: GGUFWriter, r: RandomWeights, positions: bool) -> None:
-    n_vocab = len(wordpiece_vocabulary()[0])
+def embeddings_and_norm(w: GGUFWriter, r: RandomWeights, n_vocab: int, n_types: int, positions: bool) -> None:
     w.add_tensor("token_embd.weight", r.embedding(n_vocab))  # [n_vocab, n_embd]
-    w.add_tensor("token_types.weight", r.embedding(2, 0.5))  # [n_token_types, n_embd]; llama.cpp adds row 0
+    w.add_tensor("token_types.weight", r.embedding(n_types, 0.5))  # [n_token_types, n_embd]; llama.cpp adds row 0
     if positions:
-        w.add_tensor("position_embd.weight", r.embedding(N_CTX, 0.5))  # [n_ctx_train, n_embd]
+        # [n_ctx_train, n_embd]; a RoBERTa's from its row pad + 1 on (the converter cuts the rows before)
+        w.add_tensor("position_embd.weight", r.embedding(N_CTX, 0.5))
     w.add_tensor("token_embd_norm.weight", r.norm())
     w.add_tensor("token_embd_norm.bias", r.bias())
 
@@ -238,26 +374,57 @@ def post_norms(w: GGUFWriter, r: RandomWeights, p: str, name: str) -> None:
     w.add_tensor(p + name + ".bias", r.bias())
 
 
+@dataclass(frozen=True)
+class BertFamily:
+    """What tells apart the models llama.cpp's converter writes as arch "bert": the vocabulary
+    (its keys written by `vocabulary`, which returns its size), the rows of token types and
+    LayerNorm's epsilon. The tensors and the forward are BERT's for all."""
+
+    name: str
+    vocabulary: Callable[[GGUFWriter], int]
+    n_token_types: int
+    norm_eps: float
+
+
+BERT = BertFamily("tiny-bert", wordpiece_metadata, 2, NORM_EPS)
+XLM_ROBERTA = BertFamily("tiny-xlm-roberta", unigram_metadata, 1, 1e-5)  # XLMRobertaModel: type_vocab_size 1, layer_norm_eps 1e-5
+
+
 def write_bert(path: Path, pooling: str = "mean", seed: int = 0) -> Path:
     """A tiny BERT (arch "bert"), as convert_hf_to_gguf writes a sentence-transformers folder."""
-    return _write_bert(path, pooling, seed, head=False)
+    return _write_bert(path, pooling, seed, head=False, family=BERT)
 
 
 def write_bert_reranker(path: Path, seed: int = 0) -> Path:
     """A tiny BERT cross-encoder: rank pooling and the classification head llama.cpp's
     build_pooling applies to the first token's state h: cls.output(tanh(cls(h))), one label."""
-    return _write_bert(path, "rank", seed, head=True)
+    return _write_bert(path, "rank", seed, head=True, family=BERT)
 
 
-def _write_bert(path: Path, pooling: str, seed: int, head: bool) -> Path:
+def write_xlm_roberta(path: Path, pooling: str = "cls", seed: int = 0) -> Path:
+    """A tiny bge-m3 (XLMRobertaModel, arch "bert"): BERT's tensors, CLS pooling (its
+    1_Pooling), the Unigram vocabulary (unigram_metadata)."""
+    return _write_bert(path, pooling, seed, head=False, family=XLM_ROBERTA)
+
+
+def write_xlm_roberta_reranker(path: Path, pooling: str | None = None, seed: int = 0) -> Path:
+    """A tiny bge-reranker-v2-m3 (XLMRobertaForSequenceClassification, arch "bert"): the
+    classification head (classifier.dense, classifier.out_proj), one label (id2label
+    {0: LABEL_0}), and no pooling key: the pinned converter writes one only from a
+    sentence-transformers folder's modules.json, which bge-reranker-v2-m3 has none of, so
+    rank pooling is asked at load (llama-server's --rerank, our catalog's default)."""
+    return _write_bert(path, pooling, seed, head=True, family=XLM_ROBERTA)
+
+
+def _write_bert(path: Path, pooling: str | None, seed: int, head: bool, family: BertFamily) -> Path:
     r = RandomWeights(seed)
     w = GGUFWriter(str(path), "bert")
-    w.add_name("tiny-bert-reranker" if head else "tiny-bert")
-    encoder_metadata(w, pooling)
+    w.add_name(family.name + ("-reranker" if head else ""))
+    encoder_metadata(w, pooling, family.norm_eps)
     if head:
         w.add_classifier_output_labels(["LABEL_0"])  # n_cls_out = 1
-    wordpiece_metadata(w)
-    embeddings_and_norm(w, r, positions=True)
+    n_vocab = family.vocabulary(w)
+    embeddings_and_norm(w, r, n_vocab, family.n_token_types, positions=True)
     for i in range(N_LAYER):
         p = f"blk.{i}."
         attention_with_biases(w, r, p)
@@ -283,8 +450,8 @@ def write_nomic_bert(path: Path, pooling: str = "mean", seed: int = 0) -> Path:
     w.add_name("tiny-nomic-bert")
     encoder_metadata(w, pooling)
     w.add_rope_freq_base(1000.0)  # nomic's rotary_emb_base
-    wordpiece_metadata(w)
-    embeddings_and_norm(w, r, positions=False)
+    n_vocab = wordpiece_metadata(w)
+    embeddings_and_norm(w, r, n_vocab, 2, positions=False)
     for i in range(N_LAYER):
         p = f"blk.{i}."
         w.add_tensor(p + "attn_qkv.weight", r.matrix(3 * N_EMBD, N_EMBD))  # q rows, then k, then v
@@ -306,8 +473,8 @@ def write_jina_bert_v2(path: Path, pooling: str = "mean", seed: int = 0) -> Path
     w = GGUFWriter(str(path), "jina-bert-v2")
     w.add_name("tiny-jina-bert-v2")
     encoder_metadata(w, pooling)
-    wordpiece_metadata(w)
-    embeddings_and_norm(w, r, positions=False)
+    n_vocab = wordpiece_metadata(w)
+    embeddings_and_norm(w, r, n_vocab, 2, positions=False)
     for i in range(N_LAYER):
         p = f"blk.{i}."
         attention_with_biases(w, r, p)

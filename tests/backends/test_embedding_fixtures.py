@@ -1,6 +1,7 @@
 """The embedding fixtures (tests/embedding_models.py) hold: each tiny GGUF loads in the pinned
 llama.cpp, and its reference does what the pooling's name says, checked against llama.cpp's
-own per-token states, its high-level Llama.embed, and the reranker's head applied in numpy."""
+own per-token states, its high-level Llama.embed, and the reranker's head applied in numpy;
+llama.cpp's Unigram tokenizer reads an XLM-RoBERTa's text as SentencePiece itself does."""
 
 from __future__ import annotations
 
@@ -17,6 +18,7 @@ from ..conftest import THREADS
 from ..embedding_models import (
     N_EMBD,
     SPECIALS,
+    XLMR_SPECIALS,
     llama_context,
     llamacpp_embeddings,
     llamacpp_rerank_scores,
@@ -24,17 +26,22 @@ from ..embedding_models import (
     pooled,
     rerank_tokens,
     run_sequence,
+    sentencepiece_ids,
     tokenize,
     write_bert,
     write_bert_reranker,
     write_jina_bert_v2,
     write_nomic_bert,
     write_qwen3_embedding,
+    write_xlm_roberta,
+    write_xlm_roberta_reranker,
 )
 
 TEXTS = ["The quick brown fox jumps over the lazy dog.", "Paris is the capital of France.", "I like to drink coffee in the morning."]
-WRITERS = {"bert": write_bert, "nomic-bert": write_nomic_bert, "jina-bert-v2": write_jina_bert_v2, "qwen3": write_qwen3_embedding}
-DEFAULT_POOLING = {"bert": "mean", "nomic-bert": "mean", "jina-bert-v2": "mean", "qwen3": "last"}
+WRITERS = {"bert": write_bert, "nomic-bert": write_nomic_bert, "jina-bert-v2": write_jina_bert_v2, "qwen3": write_qwen3_embedding, "xlm-roberta": write_xlm_roberta}
+DEFAULT_POOLING = {"bert": "mean", "nomic-bert": "mean", "jina-bert-v2": "mean", "qwen3": "last", "xlm-roberta": "cls"}
+# each reranker, and the text whose tokens (specials parsed and added) are its query-document pair
+RERANKERS = {"reranker": "{q} [SEP] {d}", "xlm-roberta-reranker": "{q}</s></s>{d}"}
 QUERY = "What is the capital of France?"
 DOCUMENTS = ["Paris is the capital of France.", "The dog sat on the mat.", "It will rain in London tomorrow."]
 
@@ -44,6 +51,7 @@ def models(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     folder = tmp_path_factory.mktemp("embedding_models")
     written = {arch: write(folder / f"{arch}.gguf") for arch, write in WRITERS.items()}
     written["reranker"] = write_bert_reranker(folder / "reranker.gguf")
+    written["xlm-roberta-reranker"] = write_xlm_roberta_reranker(folder / "xlm-roberta-reranker.gguf")
     return written
 
 
@@ -113,7 +121,7 @@ def test_a_text_past_the_context_is_an_error_not_an_abort(models: dict[str, Path
 def test_encoders_run_through_llama_decode_as_through_llama_encode(models: dict[str, Path]) -> None:
     """llama.cpp (0.3.36's) reports no encoder for BERT-family models (has_encoder is T5's);
     their context has no memory, and llama_decode hands the batch to llama_encode."""
-    for arch in ("bert", "nomic-bert", "jina-bert-v2"):
+    for arch in ("bert", "nomic-bert", "jina-bert-v2", "xlm-roberta"):
         with llama_context(models[arch], "mean") as (model, ctx, batch):
             assert not C.llama_model_has_encoder(model) and C.llama_get_memory(ctx) is None
             run_sequence(ctx, batch, tokenize(C.llama_model_get_vocab(model), TEXTS[0], True, True))
@@ -137,11 +145,14 @@ def test_reference_agrees_with_llama_cpp_pythons_embed(models: dict[str, Path]) 
     np.testing.assert_allclose(llamacpp_embeddings(models["bert"], TEXTS), theirs, atol=1e-6)
 
 
-def test_reranker_scores_each_document_by_its_head(models: dict[str, Path]) -> None:
+@pytest.mark.parametrize("reranker", RERANKERS)
+def test_reranker_scores_each_document_by_its_head(models: dict[str, Path], reranker: str) -> None:
     """One finite score per document, differing between them, each the classification head
-    cls.output(tanh(cls(h))) applied in numpy to the first token's state of the pair
-    "[CLS] query [SEP] document [SEP]" (the GGUF's add_bos/add_eos, add_sep false)."""
-    path = models["reranker"]
+    cls.output(tanh(cls(h))) applied in numpy to the first token's state of the pair:
+    "[CLS] query [SEP] document [SEP]" for BERT (the GGUF's add_bos/add_eos, add_sep false),
+    "<s> query </s> </s> document </s>" for XLM-RoBERTa (add_sep true), as its tokenizer
+    pairs them. The XLM-RoBERTa file names no pooling: rank is asked, as llama-server's --rerank."""
+    path, joined = models[reranker], RERANKERS[reranker]
     scores = llamacpp_rerank_scores(path, QUERY, DOCUMENTS)
     assert scores.shape == (len(DOCUMENTS),) and np.isfinite(scores).all()
     assert np.abs(np.subtract.outer(scores, scores))[np.triu_indices(len(DOCUMENTS), 1)].min() > 1e-3
@@ -149,9 +160,32 @@ def test_reranker_scores_each_document_by_its_head(models: dict[str, Path]) -> N
     with llama_context(path, "rank") as (model, _, _):
         vocab = C.llama_model_get_vocab(model)
         pair = [rerank_tokens(model, QUERY, d) for d in DOCUMENTS]
-        assert pair == [tokenize(vocab, f"{QUERY} [SEP] {d}", add_special=True, parse_special=True) for d in DOCUMENTS]
+        assert pair == [tokenize(vocab, joined.format(q=QUERY, d=d), add_special=True, parse_special=True) for d in DOCUMENTS]
     for document, score in zip(DOCUMENTS, scores):
-        h = llamacpp_token_embeddings(path, f"{QUERY} [SEP] {document}")[0].astype(np.float64)
+        h = llamacpp_token_embeddings(path, joined.format(q=QUERY, d=document))[0].astype(np.float64)
         hidden = np.tanh(tensors["cls.weight"] @ h + tensors["cls.bias"])
         expected = tensors["cls.output.weight"] @ hidden + tensors["cls.output.bias"]
         np.testing.assert_allclose(score, expected[0], rtol=1e-4, atol=1e-5)
+
+
+# ordinary words; a word of characters the vocabulary lacks (capitals, an emoji: <unk>, a run
+# of them one <unk>); other scripts; full-width letters (NFKC makes them ASCII); extra spaces
+UNIGRAM_TEXTS = ["the quick brown fox jumps over the lazy dog", "ZEBRA 🦊 xyzzy", "café über zürich 東京 привет мир",
+                 "ｆｏｘ", "fox", "  the   lazy  dog ", "the lazy dog"]  # fmt: skip
+
+
+def test_unigram_vocabulary_reads_text_as_sentencepiece_does(models: dict[str, Path]) -> None:
+    """llama.cpp's UGM tokenizer over the XLM-RoBERTa file (its charsmap, dummy prefix, merged
+    spaces) gives SentencePiece's own pieces of the model the file was written from, in
+    fairseq's numbering, between <s> and </s>: unknown characters as one <unk> a run, other
+    scripts in their own pieces, full-width letters as the ASCII word."""
+    with llama_context(models["xlm-roberta"], None) as (model, _, _):
+        vocab = C.llama_model_get_vocab(model)
+        got = {text: tokenize(vocab, text, add_special=True, parse_special=True) for text in UNIGRAM_TEXTS}
+    for text, tokens in got.items():
+        assert tokens == [XLMR_SPECIALS["<s>"], *sentencepiece_ids(text), XLMR_SPECIALS["</s>"]], text
+    unk = XLMR_SPECIALS["<unk>"]
+    assert got["ZEBRA 🦊 xyzzy"].count(unk) == 2
+    assert unk not in got[UNIGRAM_TEXTS[0]] and unk not in got["café über zürich 東京 привет мир"]
+    assert got["ｆｏｘ"] == got["fox"] and len(got["fox"]) == 3  # <s> ▁fox </s>
+    assert got["  the   lazy  dog "] == got["the lazy dog"]

@@ -7,8 +7,17 @@ Tolerances: llama.cpp pools inside its graph in float32; here the rows are poole
 from the same float32 rows, so the two differ by float32 rounding of a mean (1e-6 a value).
 A batch of many inputs is not bit for bit one input alone in llama.cpp: ggml picks its matrix
 product by the number of rows (measured: 2e-4 apart on values of about 1), so there the
-vectors must agree to 1e-3. The native engine computes a decoder's rows with its own
-kernels: there cosine > 0.9999."""
+vectors must agree to 1e-3. A reranker's score goes through its head (x4 here, so that the
+scores spread): llama.cpp's own scores of the same four pairs in one forward and each alone
+are up to 1.9e-3 apart on scores of about 3 for the XLM-RoBERTa pairs (86 tokens; measured
+through llama_decode itself, the same as through the Engine), 1e-6 for the BERT pairs (62);
+each pair alone through the Engine is llama.cpp's to 1e-5, four together to 3e-3. The
+native engine computes a decoder's rows with its own kernels: there cosine > 0.9999 (an
+encoder's, BERT's and XLM-RoBERTa's: tests/native/test_encoder.py).
+
+XLM-RoBERTa (bge-m3, bge-reranker-v2-m3) is arch "bert" with a SentencePiece Unigram
+vocabulary: the runtime's tokens of a text, a pair's included, must be llama.cpp's own for
+words it knows, characters it does not, and other scripts."""
 
 from __future__ import annotations
 
@@ -21,16 +30,29 @@ from localinfer.engine.embedding import finish, forward_groups, pool
 from localinfer.engine.loader import LoadOptions, open_engine
 from localinfer.errors import UserError
 from tests.embedding_models import (
+    XLMR_SPECIALS,
+    llama_context,
     llamacpp_embeddings,
     llamacpp_rerank_scores,
+    rerank_tokens,
+    tokenize,
     write_bert,
     write_bert_reranker,
     write_nomic_bert,
     write_qwen3_embedding,
+    write_xlm_roberta,
+    write_xlm_roberta_reranker,
 )
 
+import llama_cpp as C  # noqa: E402  (after localinfer's import, which loads the shared library first)
+
 TEXTS = ["the quick brown fox jumps over the lazy dog", "a cat sat on the mat", "paris is the capital of france", "rain today and sun tomorrow"]
-WRITERS = {"bert": write_bert, "nomic-bert": write_nomic_bert, "qwen3": write_qwen3_embedding}
+WRITERS = {"bert": write_bert, "nomic-bert": write_nomic_bert, "qwen3": write_qwen3_embedding, "xlm-roberta": write_xlm_roberta}
+# each reranker's writer and the pooling asked at load: bge-reranker-v2-m3's file names none
+# (llama.cpp's converter writes none for it), so rank is asked, as the catalog's default does
+RERANKERS = {"bert": (write_bert_reranker, None), "xlm-roberta": (write_xlm_roberta_reranker, "rank")}
+# XLM-RoBERTa's vocabulary: known words, unknown characters (capitals, an emoji), other scripts
+UNIGRAM_TEXTS = ["the quick brown fox", "ZEBRA 🦊 xyzzy", "café über zürich", "東京 привет мир", "ｆｏｘ"]
 
 
 def engine_for(path: Path, engine: str = "llama.cpp", **more: object):
@@ -102,29 +124,61 @@ def test_many_inputs_in_a_forward_equal_each_alone_and_the_cut_is_exact(tmp_path
     assert len({tuple(np.round(v, 4)) for v in together[:16]}) == 16  # sixteen different texts, sixteen vectors
 
 
-def test_a_rerankers_scores_equal_llama_cpps(tmp_path: Path) -> None:
-    path = write_bert_reranker(tmp_path / "rerank.gguf")
+@pytest.mark.parametrize("arch", sorted(RERANKERS))
+def test_a_rerankers_scores_equal_llama_cpps(arch: str, tmp_path: Path) -> None:
+    write, pooling = RERANKERS[arch]
+    path = write(tmp_path / "rerank.gguf")
     query = "what is the capital of france"
     want = llamacpp_rerank_scores(path, query, TEXTS)
-    engine = engine_for(path)
+    engine = engine_for(path, pooling=pooling)
     try:
-        got = engine.rank([engine.tokenize_pair(query, d) for d in TEXTS])
+        pairs = [engine.tokenize_pair(query, d) for d in TEXTS]
+        got = engine.rank(pairs)  # all four in one forward
+        alone = np.concatenate([engine.rank([pair]) for pair in pairs])  # a forward each, as the reference
         assert engine.kind == "rerank"
         with pytest.raises(UserError, match="reranking model"):
             engine.embed([engine.tokenize_input("a cat")])
     finally:
         engine.close()
-    assert got.shape == (len(TEXTS),) and np.allclose(got, want, atol=1e-4), (got, want)
-    assert len(set(np.round(got, 5))) == len(TEXTS)
+    assert got.shape == (len(TEXTS),) and np.allclose(got, want, atol=3e-3), (got, want)
+    assert np.allclose(alone, want, atol=1e-5), (alone, want)
+    assert len(set(np.round(got, 2))) == len(TEXTS)
 
 
-def test_the_native_engine_hands_a_reranker_to_llama_cpp(tmp_path: Path) -> None:
-    path = write_bert_reranker(tmp_path / "rerank.gguf")
-    engine = engine_for(path, "auto")
+@pytest.mark.parametrize("arch", sorted(RERANKERS))
+def test_the_native_engine_hands_a_reranker_to_llama_cpp(arch: str, tmp_path: Path) -> None:
+    write, pooling = RERANKERS[arch]
+    path = write(tmp_path / "rerank.gguf")
+    engine = engine_for(path, "auto", pooling=pooling)
     try:
         assert engine.backend.name == "llama.cpp"
     finally:
         engine.close()
+
+
+@pytest.mark.parametrize("engine_name", ["llama.cpp", "auto"])
+def test_an_xlm_robertas_tokens_are_llama_cpps(engine_name: str, tmp_path: Path) -> None:
+    """An input's tokens and a query-document pair's (<s> q </s> </s> d </s>) through the
+    Engine, on llama.cpp and on the engine auto picks for the embedder (native), equal
+    llama.cpp's own; the unknown characters are <unk>, the other scripts are not."""
+    embedder, reranker = write_xlm_roberta(tmp_path / "xlmr.gguf"), write_xlm_roberta_reranker(tmp_path / "rerank.gguf")
+    with llama_context(reranker, "rank") as (model, _, _):  # the two files' vocabulary is the same
+        vocab = C.llama_model_get_vocab(model)
+        want = [tokenize(vocab, t, add_special=True, parse_special=True) for t in UNIGRAM_TEXTS]
+        want_pairs = [rerank_tokens(model, UNIGRAM_TEXTS[0], t) for t in UNIGRAM_TEXTS]
+    engine, ranker = engine_for(embedder, engine_name), engine_for(reranker, engine_name, pooling="rank")
+    try:
+        got = [engine.tokenize_input(t) for t in UNIGRAM_TEXTS]
+        pairs = [ranker.tokenize_pair(UNIGRAM_TEXTS[0], t) for t in UNIGRAM_TEXTS]
+        names = engine.backend.name, ranker.backend.name
+    finally:
+        engine.close()
+        ranker.close()
+    assert names == (("llama.cpp", "llama.cpp") if engine_name == "llama.cpp" else ("native", "llama.cpp"))
+    assert got == want and pairs == want_pairs
+    unk = XLMR_SPECIALS["<unk>"]
+    assert pairs[1] == want[0] + [XLMR_SPECIALS["</s>"]] + want[1][1:]  # <s> q </s> + </s> + d </s>, as XLM-R's tokenizer pairs them
+    assert want[1].count(unk) == 2 and all(unk not in t for t in [want[0], *want[2:]])
 
 
 def test_a_chat_models_embedding_is_the_mean_of_its_rows(model_path: Path) -> None:

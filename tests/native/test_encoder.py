@@ -15,6 +15,9 @@ Tolerances (TOL: the largest difference of one value of a unit vector, 1/8 on av
     1 - 5e-5), rows 4.4e-3. TOL: 8e-3.
 Several sequences in one forward equal each alone bit for bit: no product, norm, activation
 or attention of ours reads a row of another sequence.
+An XLM-RoBERTa (bge-m3) is the same pass over another file: one token type, LayerNorm eps
+1e-5, CLS pooling, a Unigram vocabulary, positions from 0 (the converter cut RoBERTa's first
+pad + 1 rows): held to the same tolerances, on the engine --engine auto picks for it.
 """
 
 from __future__ import annotations
@@ -36,7 +39,7 @@ from localinfer.engine.embedding import finish
 from localinfer.engine.loader import LoadOptions, open_engine
 from localinfer.errors import BackendError
 from localinfer.modelfile import inspect
-from tests.embedding_models import llamacpp_embeddings, llamacpp_token_embeddings, write_bert, write_nomic_bert
+from tests.embedding_models import llamacpp_embeddings, llamacpp_token_embeddings, write_bert, write_nomic_bert, write_xlm_roberta
 
 from .conftest import llama_quantize
 
@@ -167,3 +170,30 @@ def test_a_fused_qkv_is_the_same_model(monkeypatch: pytest.MonkeyPatch, berts, t
     got = engine_vectors(fused, "c", TEXTS, normalize=False)
     np.testing.assert_array_equal(got, engine_vectors(berts[("mean", "f32")], "c", TEXTS, normalize=False))
     assert np.abs(finish(got) - llamacpp_embeddings(fused, TEXTS)).max() < TOL["f32"]
+
+
+# known words, unknown characters (<unk>), other scripts, full-width letters, and a long text
+XLMR_TEXTS = [*TEXTS[:3], "ZEBRA 🦊 café über zürich", "東京 привет мир ｆｏｘ", " ".join(TEXTS)]
+
+
+def test_an_xlm_roberta_equals_llama_cpps(tmp_path: Path) -> None:
+    """bge-m3's kind through the Engine on the engine auto picks (ours): CLS vectors, and
+    without pooling every token's row, llama.cpp's within TOL (F32)."""
+    path = write_xlm_roberta(tmp_path / "xlmr.gguf")
+    engine = open_engine(str(path), LoadOptions(engine="auto", threads=2))
+    try:
+        assert engine.backend.name == "native" and engine.pooling == "cls"
+        got = finish(engine.embed([engine.tokenize_input(t) for t in XLMR_TEXTS]))
+    finally:
+        engine.close()
+    want = llamacpp_embeddings(path, XLMR_TEXTS)
+    assert np.abs(got - want).max() < TOL["f32"], np.abs(got - want).max()
+    assert np.sum(got * want, axis=1).min() > 1 - COSINE["f32"]
+    backend = NativeBackend.load(path, LoadParams(n_threads=2, pooling="none"))
+    try:
+        rows = backend.embed(Batch.for_sequence(backend.tokenize(XLMR_TEXTS[-1]), 0, all_logits=True))
+    finally:
+        backend.close()
+    want_rows = llamacpp_token_embeddings(path, XLMR_TEXTS[-1])
+    assert rows.shape == want_rows.shape
+    assert (np.abs(rows - want_rows) / np.linalg.norm(want_rows, axis=1, keepdims=True)).max() < TOL["f32"]

@@ -1,7 +1,10 @@
 """Embedding and rerank routes on a real server on loopback, through the clients people use
 (the openai SDK, the ollama client, httpx for rerank), against llama.cpp's own vectors and
 scores of the same tiny files (tests/embedding_models.py). One server holds both models:
-the embedding model it started on, the reranker asked for by path."""
+the embedding model it started on, the reranker asked for by path. A second holds the
+XLM-RoBERTa pair (bge-m3's and bge-reranker-v2-m3's kind), the other way round: started on
+the reranker, whose file names no pooling (as llama.cpp's converter leaves it), with
+--pooling rank (as llama-server's --rerank), and the embedder asked for by path."""
 
 from __future__ import annotations
 
@@ -13,7 +16,14 @@ import numpy as np
 import ollama
 import pytest
 
-from tests.embedding_models import llamacpp_embeddings, llamacpp_rerank_scores, write_bert, write_bert_reranker
+from tests.embedding_models import (
+    llamacpp_embeddings,
+    llamacpp_rerank_scores,
+    write_bert,
+    write_bert_reranker,
+    write_xlm_roberta,
+    write_xlm_roberta_reranker,
+)
 
 from .test_serve import Server
 
@@ -23,6 +33,12 @@ QUERY = "what is the capital of france"
 # its products by the row count; tests/engine/test_embeddings.py): the server groups inputs
 # as its load asks, the reference one text a forward
 TOLERANCE = 2e-4
+# the XLM-RoBERTa embedder runs on the native engine (--engine auto's choice): its tolerance on a
+# unit vector's values (tests/native/test_encoder.py); its reranker's scores, many pairs a
+# forward, llama.cpp's within 3e-3 (tests/engine/test_embeddings.py)
+NATIVE_TOLERANCE, RANK_TOLERANCE = 4e-4, 3e-3
+# known words, unknown characters (<unk>), other scripts, full-width letters
+XLMR_TEXTS = [*TEXTS, "ZEBRA 🦊 café über zürich", "東京 привет мир ｆｏｘ"]
 
 
 @pytest.fixture(scope="module")
@@ -120,3 +136,35 @@ def test_bad_rerank_input_is_a_400(server: Server, models: tuple[Path, Path], ch
 def test_rerank_with_a_model_that_cannot_rank_is_a_400(server: Server) -> None:
     answer = post(server, "/v1/rerank", {"model": server.model, "query": QUERY, "documents": TEXTS})
     assert answer.status_code == 400 and "not a reranker" in answer.json()["error"]["message"]
+
+
+@pytest.fixture(scope="module")
+def xlmr_models(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
+    folder = tmp_path_factory.mktemp("xlm-roberta")
+    return write_xlm_roberta(folder / "xlmr.gguf"), write_xlm_roberta_reranker(folder / "xlmr-rerank.gguf")
+
+
+@pytest.fixture(scope="module")
+def xlmr_server(xlmr_models: tuple[Path, Path]) -> Iterator[Server]:
+    s = Server(str(xlmr_models[1]), "--pooling", "rank", "--parallel", "2", "--allow-paths", "--max-loaded", "2")
+    s.model = str(xlmr_models[1])
+    yield s
+    assert s.stop()[0] == 0
+
+
+def test_an_xlm_roberta_embeds_and_ranks_as_llama_cpp(xlmr_server: Server, xlmr_models: tuple[Path, Path]) -> None:
+    """bge-m3's kind by path: the SDK's vectors (CLS, unit length) of texts with unknown
+    characters and other scripts are llama.cpp's; bge-reranker-v2-m3's kind, served with
+    --pooling rank: /v1/rerank's order and scores are llama.cpp's."""
+    embedder, reranker = xlmr_models
+    want = llamacpp_embeddings(embedder, XLMR_TEXTS)
+    got = xlmr_server.client().embeddings.create(model=str(embedder), input=XLMR_TEXTS)
+    assert np.allclose([d.embedding for d in got.data], want, atol=NATIVE_TOLERANCE)
+    scores = llamacpp_rerank_scores(reranker, QUERY, XLMR_TEXTS)
+    answer = post(xlmr_server, "/v1/rerank", {"model": xlmr_server.model, "query": QUERY, "documents": XLMR_TEXTS})
+    assert answer.status_code == 200, answer.text
+    results = answer.json()["results"]
+    assert [r["index"] for r in results] == list(np.argsort(-scores, kind="stable"))
+    assert np.allclose([r["relevance_score"] for r in results], np.sort(scores)[::-1], atol=RANK_TOLERANCE)
+    listed = {m["id"]: (m.get("kind"), m.get("engine")) for m in httpx.get(xlmr_server.url + "/v1/models", timeout=30).json()["data"]}
+    assert listed[xlmr_server.model] == ("rerank", "llama.cpp") and listed[str(embedder)] == ("embedding", "native")
