@@ -30,7 +30,7 @@ from typing import Callable, Iterator
 
 import numpy as np
 
-from localinfer.backends.base import Backend, Batch
+from localinfer.backends.base import Backend, Batch, MediaChunk
 from localinfer.engine.budget import DEFAULT_SLOWDOWN, PrefillBudget
 from localinfer.engine.constraints import GrammarVocab
 from localinfer.engine.detokenize import StreamDetokenizer
@@ -38,6 +38,7 @@ from localinfer.engine.draft_model import DraftModel
 from localinfer.engine.drafting import Drafting
 from localinfer.engine.embedding import embed_inputs, fit_inputs, rank_inputs, rerank_tokens
 from localinfer.engine.filewatch import ModelFileWatch
+from localinfer.engine.media import media_prompt, text_until
 from localinfer.engine.prompt_cache import PromptCache
 from localinfer.engine.reasoning import Splitter, syntax_of
 from localinfer.engine.request import Ending, Request, RequestContext
@@ -183,9 +184,21 @@ class Engine:
             tokens = [v.bos_id]
         return tokens
 
+    def tokenize_media(self, text: str, images: list[bytes]) -> tuple[list[int], dict[int, MediaChunk]]:
+        """A prompt whose MEDIA_MARKERs stand for `images` (image files' bytes): its tokens,
+        each image a run of placeholders (media.py), and each image's chunk by where its run
+        starts, for submit(). BOS as tokenize_prompt adds it."""
+        if not images:
+            return self.tokenize_prompt(text), {}
+        v = self.backend.vocab
+        if v.add_bos and v.bos_text and text.startswith(v.bos_text):  # the backend adds it: never twice
+            text = text[len(v.bos_text) :]
+        return media_prompt(self.backend.media_chunks(text, images))
+
     # --- requests (any thread) ------------------------------------------------------
-    def submit(self, prompt_tokens: list[int], params: SamplingParams | None = None) -> RequestStream:
-        """Queue a request; its events arrive on the returned stream."""
+    def submit(self, prompt_tokens: list[int], params: SamplingParams | None = None, media: dict[int, MediaChunk] | None = None) -> RequestStream:
+        """Queue a request; its events arrive on the returned stream. `media`: the images
+        of a prompt made by tokenize_media."""
         if self._closed or self.broken:
             raise BackendError(self.broken or "the engine is closed")
         params = params or self.defaults
@@ -193,6 +206,8 @@ class Engine:
             params = replace(params, seed=secrets.randbits(32))
         if not prompt_tokens:
             raise UserError("the prompt is empty")
+        if prompt_tokens[-1] < 0:
+            raise UserError("the prompt ends with an image: the model answers from the text after it")
         if (why := self.text_refusal()) is not None:
             raise UserError(why)
         if len(prompt_tokens) >= self.n_ctx:
@@ -212,10 +227,11 @@ class Engine:
             detok=StreamDetokenizer(self.backend.token_bytes),
             stops=StopMatcher(params.stop),
             stream=stream,
-            history=list(prompt_tokens),
+            history=[t for t in prompt_tokens if t >= 0],  # an image's placeholders are no token to penalise
             t_submit=time.perf_counter(),
             mask=mask,
             splitter=self._splitter(prompt_tokens) if params.reasoning else None,
+            media=dict(media or {}),
         )
         self._post(("submit", req))
         return stream
@@ -225,7 +241,7 @@ class Engine:
         inside a think block the prompt opens, in the header or body of a harmony message."""
         if self.think is None:
             return None
-        tail = b"".join(self.backend.token_bytes(t) for t in prompt_tokens[-PROMPT_TAIL:]).decode("utf-8", errors="replace")
+        tail = b"".join(self.backend.token_bytes(t) for t in prompt_tokens[-PROMPT_TAIL:] if t >= 0).decode("utf-8", errors="replace")
         return self.think.splitter(tail)
 
     def grammar_vocab(self) -> GrammarVocab:
@@ -376,6 +392,7 @@ class Engine:
         self._admit()
         decoding = [req for req in self._running.values() if req.pending is not None and req.stream.backlog < MAX_BACKLOG]
         stats = StepStats(decoded=len(decoding))
+        self._prefill_image(stats)
         rows = self._prefill_rows(bool(decoding), stats)
         drafts = self.drafting.drafts(decoding, rows) if self.drafting is not None else {}
         fed = [[req.pending, *drafts.get(req.request_id, ())] for req in decoding]
@@ -396,7 +413,7 @@ class Engine:
         while self._waiting and self.slots.free:
             req = self._waiting.popleft()
             req.t_prefill = time.perf_counter()
-            if self.drafting is not None:
+            if self.drafting is not None and not req.media:  # an image's placeholders are nothing to draft from
                 req.spec = self.drafting.admit(req.params)
             self.slots.place(req, list(self._running.values()))
             self._running[req.request_id] = req
@@ -407,12 +424,33 @@ class Engine:
         rows: list[Row] = []
         tokens, seconds = self.prefill_chunk, self.budget.seconds(decoding=decoding)
         for req in self._running.values():
-            if req.prefilling and tokens > 0 and (seconds > 0 or not stats.prefilled):
-                n = self.budget.take(req.n_past, min(tokens, len(req.prompt) - req.n_past), seconds)
+            if req.prefilling and tokens > 0 and (seconds > 0 or not stats.prefilled) and req.request_id not in stats.prefilled:
+                n = self.budget.take(req.n_past, text_until(req.media, req.n_past, min(tokens, len(req.prompt) - req.n_past)), seconds)
+                if n <= 0:  # an image comes first: _prefill_image's, next step
+                    continue
                 rows.append((req, req.prompt[req.n_past : req.n_past + n], req.n_past, int(req.n_past + n == len(req.prompt))))
                 stats.prefilled[req.request_id] = n
                 tokens, seconds = tokens - n, seconds - self.budget.cost(req.n_past, n)
         return rows
+
+    def _prefill_image(self, stats: StepStats) -> None:
+        """At most one image a step, whole, for the first request whose prompt has reached
+        one: encoded by the projector into its sequence, like a prefill chunk. A failure ends
+        that request alone."""
+        for req in self._running.values():
+            chunk = req.media.get(req.n_past) if req.prefilling else None
+            if chunk is None:
+                continue
+            try:
+                self.backend.forward_media(chunk, req.seq_id, req.n_past)
+            except BackendLost as e:
+                return self._break(e)
+            except Exception as e:  # noqa: BLE001 - a failure is a request's outcome, reported on its stream
+                return self._finish(req, "error", error=e)
+            self.slots.fed(req.seq_id, req.prompt[req.n_past : req.n_past + chunk.n_pos])
+            req.prefilled(chunk.n_pos)
+            stats.prefilled[req.request_id] = chunk.n_pos
+            return
 
     def _check_file(self) -> bool:
         """Before the next forward touches the mapped weights: has the file been truncated?
@@ -536,10 +574,10 @@ class Engine:
                 time.sleep(0.001)  # every reader is behind: let them catch up
 
     # --- conveniences for clients -----------------------------------------------------
-    def generate(self, prompt_tokens: list[int], params: SamplingParams | None = None) -> Iterator[Event]:
+    def generate(self, prompt_tokens: list[int], params: SamplingParams | None = None, media: dict[int, MediaChunk] | None = None) -> Iterator[Event]:
         """Stream one request: TokenEvents, then its CompletionOutput. Closing the
         iterator early (Ctrl-C, a dropped client) aborts the request and frees its cache."""
-        stream = self.submit(prompt_tokens, params)
+        stream = self.submit(prompt_tokens, params, media)
         done = False
         try:
             while not done:
@@ -559,9 +597,9 @@ class Engine:
     def chat(self, messages: list[Message], params: SamplingParams | None = None) -> Iterator[Event]:
         return self.generate(self.tokenize_prompt(self.render_chat(messages)), params)
 
-    def complete(self, prompt_tokens: list[int], params: SamplingParams | None = None) -> CompletionOutput:
+    def complete(self, prompt_tokens: list[int], params: SamplingParams | None = None, media: dict[int, MediaChunk] | None = None) -> CompletionOutput:
         """Run a request to the end and return only its result; a failed request raises."""
-        for event in self.generate(prompt_tokens, params):
+        for event in self.generate(prompt_tokens, params, media):
             if isinstance(event, CompletionOutput):
                 event.raise_error()
                 return event

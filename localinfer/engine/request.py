@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from localinfer.backends.base import MediaChunk
 from localinfer.engine.constraints import TokenMask
 from localinfer.engine.detokenize import StreamDetokenizer
 from localinfer.engine.reasoning import Splitter
@@ -83,6 +84,7 @@ class Request:
     reasoning: list[str] = field(default_factory=list)
     reasoning_end: int = 0  # answer tokens up to the one that closed the think block (0: none closed)
     forced: deque[int] = field(default_factory=deque)  # tokens the engine writes itself (a thinking budget's close)
+    media: dict[int, MediaChunk] = field(default_factory=dict)  # its prompt's images, by where each one's placeholders start (media.py)
 
     @property
     def prefilling(self) -> bool:

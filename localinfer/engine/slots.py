@@ -6,7 +6,9 @@ cache shares the longest token prefix with its prompt, cut to that prefix, so on
 is prefilled (the second turn of a chat does not recompute the first). If a busy slot holds
 a longer prefix (a long system prompt shared by many requests), it is copied with kv_copy
 instead. Past that, the prompt cache (prompt_cache.py) puts back the blocks it kept, from RAM
-or disk, and is given every whole block a slot computes.
+or disk, and is given every whole block a slot computes. A prompt with images reuses a slot's
+prefix up to an image's edge (media.py) and leaves the prompt cache alone, whose blocks could
+cut an image in two.
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from localinfer.backends.base import Backend
+from localinfer.engine.media import whole
 from localinfer.engine.prefix import common_prefix
 from localinfer.engine.prompt_cache import PromptCache
 from localinfer.engine.request import Request
@@ -94,7 +97,7 @@ class Slots:
         request's longer prefix, copied), then the prompt cache's blocks past that; sets its
         slot, n_past and where its cached tokens came from."""
         limit = len(req.prompt) - 1  # at least one token is fed, for the logits of the next
-        prefix = {s: common_prefix(tokens, req.prompt, limit) for s, tokens in enumerate(self.tokens)}
+        prefix = {s: whole(req.media, common_prefix(tokens, req.prompt, limit)) for s, tokens in enumerate(self.tokens)}
         slot = max(self.free, key=lambda s: (prefix[s], -len(self.tokens[s])))
         self.free.remove(slot)
         reuse = prefix[slot]
@@ -109,7 +112,7 @@ class Slots:
             del self.tokens[slot][reuse:]
         req.seq_id, req.cached_from = slot, {"slot": reuse} if reuse else {}
         self._blocks[slot] = _Blocks()
-        if self.prompt_cache is not None and self.prompt_cache.ready:
+        if self.prompt_cache is not None and self.prompt_cache.ready and not req.media:  # its blocks could cut an image
             reuse = self._restore(req, reuse, limit)
         req.n_past = req.cached_tokens = reuse
 
@@ -153,7 +156,7 @@ class Slots:
         """Give the prompt cache the whole blocks the request's slot now holds that it was
         not given yet (prompt and answer alike: the next turn of a chat starts with both)."""
         cache, slot = self.prompt_cache, req.seq_id
-        if cache is None or not cache.ready or slot < 0:
+        if cache is None or not cache.ready or slot < 0 or req.media:  # a block could cut an image
             return
         tokens, block, blocks = self.tokens[slot], cache.block, self._blocks[slot]
         whole = len(tokens) // block

@@ -1,0 +1,102 @@
+"""Images through the Engine (issue 50): a prompt with an image is scheduled as text chunks
+and one whole image chunk, answers from llama.cpp's own logits after the image (llama-mtmd-
+cli's path, tests/vision_models.py, in the same test), and the same image twice reuses its
+prefix: the second request prefills only the text after it and answers as a fresh engine does.
+On a LLaVA pair and a Qwen2-VL pair (M-RoPE: an image moves the position on by its grid's
+side, not its token count)."""
+
+from __future__ import annotations
+
+from contextlib import closing
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from localinfer.backends.base import MEDIA_MARKER, LoadParams
+from localinfer.backends.llamacpp import LlamaCppBackend
+from localinfer.engine.engine import Engine
+from localinfer.engine.media import placeholder
+from localinfer.engine.types import CompletionOutput, SamplingParams
+from localinfer.errors import UserError
+
+from ..conftest import THREADS
+from ..vision_models import PAIRS, llamacpp_vision_logits, png_bytes, sample_image, write_pair
+
+GREEDY = SamplingParams(temperature=0.0, max_tokens=6, logprobs=0)
+FIRST = "Look at this " + MEDIA_MARKER
+ASKS = (" and tell me what it is", " and name its colours")
+
+
+@pytest.fixture(scope="module")
+def pairs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, tuple[Path, Path]]:
+    return {name: write_pair(tmp_path_factory.mktemp(name), name) for name in PAIRS}
+
+
+def engine_of(pair: tuple[Path, Path], slots: int = 1) -> closing[Engine]:
+    model, mmproj = pair
+    return closing(Engine(LlamaCppBackend.load(model, LoadParams(n_ctx=512, n_threads=THREADS, n_seq_max=slots, mmproj=mmproj)), slots=slots))
+
+
+def ask(engine: Engine, prompt: str, image: bytes) -> CompletionOutput:
+    tokens, media = engine.tokenize_media(prompt, [image])
+    return engine.complete(tokens, GREEDY, media)
+
+
+@pytest.mark.parametrize("name", PAIRS)
+def test_an_answer_after_an_image_starts_from_llamacpps_logits(pairs: dict[str, tuple[Path, Path]], name: str) -> None:
+    image = sample_image(84, 112, seed=5)
+    want = llamacpp_vision_logits(*pairs[name], FIRST + ASKS[0], [image])
+    with engine_of(pairs[name]) as engine:
+        tokens, media = engine.tokenize_media(FIRST + ASKS[0], [png_bytes(image)])
+        (start, chunk), = media.items()
+        assert tokens[start : start + chunk.n_pos] == [placeholder(chunk.key)] * chunk.n_pos
+        out = engine.complete(tokens, GREEDY, media)
+    assert out.tokens[0] == int(np.argmax(want))
+    assert out.prompt_tokens == len(tokens)
+
+
+@pytest.mark.parametrize("name", PAIRS)
+def test_the_same_image_twice_reuses_its_prefix(pairs: dict[str, tuple[Path, Path]], name: str) -> None:
+    image, other = png_bytes(sample_image(84, 112, seed=6)), png_bytes(sample_image(84, 112, seed=7))
+    with engine_of(pairs[name]) as warm:
+        ask(warm, FIRST + ASKS[0], image)
+        tokens, media = warm.tokenize_media(FIRST + ASKS[1], [image])
+        again = warm.complete(tokens, GREEDY, media)
+        (start, chunk), = media.items()
+        assert again.cached_tokens >= start + chunk.n_pos  # the text before it and the image itself
+        assert ask(warm, FIRST + ASKS[1], other).cached_tokens == start  # another image: only the text before it
+    with engine_of(pairs[name]) as fresh:
+        alone = ask(fresh, FIRST + ASKS[1], image)
+    assert again.tokens == alone.tokens and again.cached_tokens > 0 == alone.cached_tokens
+
+
+def test_images_and_plain_prompts_share_the_engine_side_by_side(pairs: dict[str, tuple[Path, Path]]) -> None:
+    """Two slots: an image request and a text one decoded in the same steps each answer as alone."""
+    image = png_bytes(sample_image(56, 56, seed=8))
+    with engine_of(pairs["llava"], slots=2) as engine:
+        tokens, media = engine.tokenize_media(FIRST + ASKS[0], [image])
+        text = engine.tokenize_prompt("Tell me a story about a cat")
+        alone = [engine.complete(tokens, GREEDY, media).tokens, engine.complete(text, GREEDY).tokens]
+        engine.slots.forget_all()
+        streams = [engine.submit(tokens, GREEDY, media), engine.submit(text, GREEDY)]
+        together: list[list[int]] = [[], []]
+        for _ in range(100):  # each answer is 6 tokens: a few steps
+            if all(isinstance(answer, CompletionOutput) for answer in together):
+                break
+            engine.step()
+            for i, stream in enumerate(streams):
+                while (event := stream.get_nowait()) is not None:
+                    together[i] = event if isinstance(event, CompletionOutput) else together[i] + [event.token]
+    assert [answer.tokens for answer in together] == alone
+
+
+def test_a_prompt_ending_in_an_image_or_marking_the_wrong_count_is_refused(pairs: dict[str, tuple[Path, Path]]) -> None:
+    image = png_bytes(sample_image(56, 56, seed=9))
+    with engine_of(pairs["llava"]) as engine:
+        with pytest.raises(UserError, match="marks 2 images but 1 were given"):
+            engine.tokenize_media(FIRST + FIRST, [image])
+        tokens, media = engine.tokenize_media(FIRST + ASKS[0], [image])
+        (start, chunk), = media.items()
+        with pytest.raises(UserError, match="ends with an image"):
+            engine.submit(tokens[: start + chunk.n_pos], GREEDY, media)
