@@ -32,14 +32,29 @@ class Projector:
         return {"path": str(self.path), "projector_type": self.kind, "image_size": self.image_size, "patch_size": self.patch_size}
 
 
-def beside(model: Path) -> Path | None:
-    """The projector lying in a model file's folder, or None. Two or more are ambiguous: which
-    one belongs to the model is the user's to say (--mmproj)."""
-    found = sorted(p for p in Path(model).parent.glob(PROJECTOR_GLOB) if p.is_file() and p != Path(model))
+def beside(model: Path) -> list[Path]:
+    """The projectors lying in a model file's folder, as llama.cpp names them."""
+    return sorted(p for p in Path(model).parent.glob(PROJECTOR_GLOB) if p.is_file() and p != Path(model))
+
+
+def for_model(asked: str | None, model: Path, info: GGUFInfo, warnings: list[str]) -> Projector | None:
+    """The projector to load with a model: --mmproj's (checked: a wrong one is the user's
+    error), "none" for text alone, else the one lying beside the model file if exactly one
+    pairs with it. One beside it that does not pair is a warning, not a failure: the text
+    model still runs."""
+    if asked == "none":
+        return None
+    if asked:
+        return read(Path(asked), info)
+    found = beside(model)
     if len(found) > 1:
-        names = ", ".join(p.name for p in found)
-        raise UserError(f"{Path(model).parent} holds {len(found)} projectors ({names}); name the one for {Path(model).name} with --mmproj")
-    return found[0] if found else None
+        warnings.append(f"{len(found)} projectors lie beside {model.name} ({', '.join(p.name for p in found)}): name one with --mmproj to read images")
+        return None
+    try:
+        return read(found[0], info) if found else None
+    except UserError as e:  # InvalidModelFile included
+        warnings.append(f"{found[0].name} beside the model is not its projector, so images are off: {e}")
+        return None
 
 
 def read(path: Path, model: GGUFInfo | None = None) -> Projector:

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, ClassVar
 
 import numpy as np
 
-from localinfer.errors import BackendError
+from localinfer.errors import BackendError, UserError
 from localinfer.kvtypes import position_bytes
 
 MEDIA_MARKER = "<__media__>"  # where an image stands in a prompt's text (mtmd's default marker)
@@ -257,7 +257,7 @@ class Backend(ABC):
         """A prompt in which MEDIA_MARKER stands for each of `images` (an image file's bytes),
         cut into its text's tokens and its images' chunks, in order, the model's own tokens
         around each image added. BOS as tokenize() adds it."""
-        raise BackendError(f"the {self.name} engine cannot read images")
+        raise UserError(f"the {self.name} engine reads no images: a vision model needs its projector (--mmproj FILE, or an mmproj-*.gguf beside it) and the llama.cpp engine")
 
     def forward_media(self, chunk: MediaChunk, seq_id: int, position: int) -> None:
         """Encode an image chunk with the projector and put its embeddings into a sequence at

@@ -133,6 +133,7 @@ def pooling_choice(value: str | None) -> str | None:
 # The options of every command that loads a model (run, chat, serve, eval): one definition
 # each, so their --help agrees, and one place (load_options) that turns them into LoadOptions.
 Engine = Annotated[str, typer.Option("--engine", help="Inference engine: auto (native where it runs the model's architecture and tensor types, no layer goes to a GPU and llama.cpp was not measured faster; else llama.cpp; --verbose says which and why), native (localinfer's own, CPU) or llama.cpp.", callback=engine_name)]
+Mmproj = Annotated[Optional[str], typer.Option("--mmproj", metavar="FILE|none", help="A vision model's projector (llama.cpp's mmproj GGUF), to read images; none: text alone. [default: an mmproj-*.gguf beside the model file, where one pairs with it]", show_default=False)]
 Kernels = Annotated[Optional[str], typer.Option("--kernels", envvar="LOCALINFER_KERNELS", help="Native engine kernels: auto (C where it compiled, else Numba), c, or numba. [default: auto]", callback=kernel_set, show_default=False)]
 Threads = Annotated[Optional[int], typer.Option("--threads", "-t", envvar="LOCALINFER_THREADS", help="CPU threads. [default: physical cores]", callback=threads)]
 Ctx = Annotated[Optional[int], typer.Option("--ctx", "-c", help="Context of each sequence in tokens, prompt and answer together. [default: the model's, at most 4096]", callback=between(16, MAX_CTX))]

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import sys
+from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Optional
 
 import typer
@@ -110,11 +111,11 @@ class Thinking:
             self.open = False
 
 
-def stream_answer(engine: Engine, tokens: list[int], params: SamplingParams, show_thinking: bool = True) -> CompletionOutput | None:
+def stream_answer(engine: Engine, tokens: list[int], params: SamplingParams, show_thinking: bool = True, media: dict | None = None) -> CompletionOutput | None:
     """Print an answer as it is generated; returns None if Ctrl-C stopped it."""
     from localinfer.engine.types import CompletionOutput
 
-    events, thinking = engine.generate(tokens, params), Thinking(show_thinking)
+    events, thinking = engine.generate(tokens, params, media), Thinking(show_thinking)
     try:
         for event in events:
             if isinstance(event, CompletionOutput):
@@ -136,6 +137,8 @@ def tell_about(engine: Engine, verbose: bool, raw: bool) -> None:
     plan; always, the plan's warnings and a base model's lack of a chat template."""
     if verbose and engine.choice is not None:
         err.print(f"[dim]engine: {engine.choice.name} ({engine.choice.reason})[/dim]", soft_wrap=True)
+    if verbose and engine.projector is not None:
+        err.print(f"[dim]vision: {engine.projector.describe()}[/dim]", soft_wrap=True)
     if verbose and engine.drafter is not None:
         err.print(f"[dim]draft model: {engine.drafter.name} on the {engine.drafter.backend.name} engine[/dim]", soft_wrap=True)
     if verbose and engine.memory is not None:
@@ -347,6 +350,8 @@ def run(
     json_schema: opt.JsonSchema = None,
     grammar: opt.Grammar = None,
     regex: opt.Regex = None,
+    image: Annotated[Optional[list[Path]], typer.Option("--image", help="An image for a vision model to read with the prompt (PNG, JPEG, WebP, GIF's first frame, BMP); repeat it for several.", show_default=False)] = None,
+    mmproj: opt.Mmproj = None,
 ) -> None:
     """Answer a prompt with a model, streaming the text as it is generated."""
     model, prompt = model_and_prompt(model, prompt, model_option)
@@ -355,14 +360,17 @@ def run(
         piped = read_stdin()
         if piped.strip():
             prompt = f"{prompt}\n\n{piped}" if prompt else piped
-    if prompt is None and (json_out or not sys.stdin.isatty()):
+    if prompt is None and (json_out or not sys.stdin.isatty() or image):
         raise typer.BadParameter("no prompt given (pass one as an argument or on stdin)", param_hint="PROMPT")
+    from localinfer.images import read_image
+
+    images = [read_image(path) for path in image or ()]  # before the model loads: a bad one costs nothing
 
     from localinfer.cli.pull import progress_bar
     from localinfer.engine.loader import open_engine
     from localinfer.engine.reasoning import think_of
 
-    load = opt.load_options(engine_name, ctx, threads, kernels, (cache_type, cache_type_k, cache_type_v), (draft, draft_max, draft_ngram_min, draft_ngram_max), gpu_layers, verbose=DEBUG, cpu_moe=opt.cpu_moe_choice(cpu_moe, n_cpu_moe), draft_engine=draft_engine, prompt_cache=opt.prompt_cache(no_prompt_cache, cache_ram, cache_disk, cache_dir), rpc=rpc)
+    load = opt.load_options(engine_name, ctx, threads, kernels, (cache_type, cache_type_k, cache_type_v), (draft, draft_max, draft_ngram_min, draft_ngram_max), gpu_layers, verbose=DEBUG, cpu_moe=opt.cpu_moe_choice(cpu_moe, n_cpu_moe), draft_engine=draft_engine, prompt_cache=opt.prompt_cache(no_prompt_cache, cache_ram, cache_disk, cache_dir), rpc=rpc, mmproj=mmproj)
     constraint = opt.constraint_choice(json_schema, grammar, regex)
 
     with progress_bar(enabled=not json_out) as progress:
@@ -380,13 +388,12 @@ def run(
         if prompt is None:
             interactive(engine, system, params, verbose, thinks, not hide_thinking)
             return
-        messages = ([{"role": "system", "content": system}] if system else []) + [{"role": "user", "content": prompt}]
-        tokens = engine.tokenize_prompt(prompt if raw else engine.render_chat(messages, think=thinks))
+        tokens, media = prompt_tokens(engine, prompt, system, raw, thinks, images)
         if json_out:
-            result = engine.complete(tokens, params)
+            result = engine.complete(tokens, params, media)
             write(as_json(engine, result) + "\n")
         else:
-            result = stream_answer(engine, tokens, params, not hide_thinking)
+            result = stream_answer(engine, tokens, params, not hide_thinking, media)
             if result is None:
                 raise typer.Exit(130)
             if verbose:
@@ -395,6 +402,16 @@ def run(
             err.print(f"[yellow]warning:[/yellow] the answer reached its token limit before it matched the {constraint.label}: it is incomplete (raise --max-tokens)", soft_wrap=True)
     finally:
         engine.close()
+
+
+def prompt_tokens(engine: Engine, prompt: str, system: str | None, raw: bool, thinks: Think, images: list[bytes]) -> tuple[list[int], dict]:
+    """The prompt's tokens (in the chat template unless raw) and its images, each standing
+    before the text as llama-mtmd-cli places them."""
+    from localinfer.backends.base import MEDIA_MARKER
+
+    text = MEDIA_MARKER * len(images) + ("\n" if images else "") + prompt
+    messages = ([{"role": "system", "content": system}] if system else []) + [{"role": "user", "content": text}]
+    return engine.tokenize_media(text if raw else engine.render_chat(messages, think=thinks), images)
 
 
 def register(app: typer.Typer) -> None:

@@ -54,6 +54,7 @@ from localinfer.engine.yes_no import YesNo, yes_no_inputs
 from localinfer.errors import BackendError, BackendLost, ContextOverflow, UserError
 from localinfer.memory import MemoryPlan, kv_cache_bytes
 from localinfer.modelfile import GGUFInfo
+from localinfer.projector import Projector
 
 DEFAULT_PREFILL_CHUNK = 512
 MAX_BACKLOG = 256  # unread events after which a request waits for its reader
@@ -74,7 +75,7 @@ class Engine:
     def __init__(self, backend: Backend, *, slots: int = 1, defaults: SamplingParams | None = None, load_ms: float = 0.0, prefill_chunk: int = DEFAULT_PREFILL_CHUNK,
                  decode_slowdown: float = DEFAULT_SLOWDOWN, draft: DraftConfig | None = None, drafter: DraftModel | None = None, name: str | None = None,
                  info: GGUFInfo | None = None, memory: MemoryPlan | None = None, choice: EngineChoice | None = None, warnings: list[str] | None = None,
-                 prompt_cache: PromptCache | None = None, pooling: str | None = None) -> None:  # fmt: skip
+                 prompt_cache: PromptCache | None = None, pooling: str | None = None, projector: Projector | None = None) -> None:  # fmt: skip
         """`slots`: sequences decoded at once, each a KV-cache sequence id below the
         n_seq_max the backend was loaded with. `draft`: speculation's settings (None: none);
         `drafter`: a draft model beside prompt lookup. `name`: the reference the model was opened
@@ -83,7 +84,8 @@ class Engine:
         draft model it could not use). `prompt_cache`: KV blocks kept across requests and
         restarts (prompt_cache.py); None: only what the slots hold is reused. `pooling`: what
         was asked of the model (--pooling, a catalog's default): "rank" where the backend's
-        facts say the model is generative makes it a yes/no reranker (yes_no.py)."""
+        facts say the model is generative makes it a yes/no reranker (yes_no.py). `projector`:
+        the vision projector the backend was loaded with, for reports."""
         self.backend = backend
         # A generative model asked to rank scores by its "yes" and "no" logits; a reranker's
         # prompt is the file's rerank template, for that one else Qwen's card's
@@ -95,7 +97,7 @@ class Engine:
         self.prefill_chunk = max(1, prefill_chunk)
         self.budget = PrefillBudget(decode_slowdown)  # sizes chunks by time while others decode; see budget.py
         self.name = name or backend.facts.path.name
-        self.info, self.memory, self.choice = info, memory, choice
+        self.info, self.memory, self.choice, self.projector = info, memory, choice, projector
         self.warnings = list(warnings if warnings is not None else memory.warnings if memory is not None else [])
         self.last_step = StepStats()
         self._ids = itertools.count()

@@ -25,6 +25,7 @@ from localinfer.engine.types import EngineChoice, SamplingParams
 from localinfer.engine.yes_no import ranks_by_logits
 from localinfer.errors import BackendError, UserError
 from localinfer.modelfile import GGUFInfo, inspect
+from localinfer.projector import Projector, for_model
 from localinfer.store.pull import Progress, ensure_local, local_path
 from localinfer.store.refs import ModelSource, resolve
 
@@ -60,6 +61,9 @@ class LoadOptions:
     prompt_cache: CacheOptions = CacheOptions()  # KV blocks kept across requests and restarts
     rpc: tuple[str, ...] = ()  # RPC workers (HOST:PORT) to split the layers with (--rpc)
     pooling: str | None = None  # an embedding model's pooling instead of its file's (--pooling); None: the file's
+    # a vision model's projector (--mmproj FILE), "none" for text alone, or None: an
+    # mmproj-*.gguf beside the model file that pairs with it (projector.py)
+    mmproj: str | None = None
 
 
 def cache_types(asked: tuple[str | None, str | None] | str, defaults: dict[str, object]) -> tuple[str, str] | str:
@@ -82,13 +86,17 @@ def offload_devices(caps: Capabilities) -> list:
     return [d for d in list_devices() if d.kind in ("GPU", "iGPU")]
 
 
-def choose_engine(asked: str, info: GGUFInfo, gpu_layers: int | str, cache: tuple[str, str] | str = "auto", rpc: bool = False) -> EngineChoice:
+def choose_engine(asked: str, info: GGUFInfo, gpu_layers: int | str, cache: tuple[str, str] | str = "auto", rpc: bool = False,
+                  images: Projector | None = None) -> EngineChoice:  # fmt: skip
     """`asked`, or for "auto" the first engine (in BACKENDS' order, fastest on a CPU first)
     that runs the model's architecture and every tensor type, keeps the KV-cache types
-    asked for, offloads where layers are to go to a GPU, and distributes where --rpc asks."""
+    asked for, offloads where layers are to go to a GPU, distributes where --rpc asks, and
+    reads images where the model has a projector."""
     if asked != "auto":
         if rpc and not get_backend(asked).capabilities().rpc:
             raise UserError(f"the {asked} engine runs a model on this machine alone; --rpc needs an engine that reaches RPC workers (llama.cpp, built by install.sh)")
+        if images is not None and not get_backend(asked).capabilities().vision:
+            raise UserError(f"the {asked} engine reads no images, and {images.path.name} lies beside the model: use --engine auto, or --mmproj none for text alone")
         return EngineChoice(asked, "asked for with --engine")
     engines: dict[str, Capabilities | BackendError] = {}
     for name in BACKENDS:
@@ -108,6 +116,8 @@ def choose_engine(asked: str, info: GGUFInfo, gpu_layers: int | str, cache: tupl
             why_not = f"a {'/'.join(lacking)} KV cache"
         if why_not is None and rpc and not caps.rpc:
             why_not = "a model across machines (--rpc)"
+        elif why_not is None and images is not None and not caps.vision:
+            why_not = f"images (the projector {images.path.name}; --mmproj none for text alone)"
         elif why_not is None and to_gpu and not caps.gpu_offload and not rpc:
             why_not = "GPU offload (layers are to go to the GPU)"
         if why_not is None:
@@ -147,13 +157,15 @@ def open_engine(ref: str | None, options: LoadOptions | None = None, progress: P
         options = for_embeddings(options, info, context_of(options, src, info))
     computed = backend_pooling(asked, info)
     types = cache_types(options.cache, src.defaults)
-    choice = choose_engine(options.engine, replace(info, pooling=computed), options.gpu_layers, types, rpc=bool(options.rpc))
+    warnings: list[str] = []
+    images = for_model(options.mmproj, path, info, warnings) if asked == "none" else None
+    choice = choose_engine(options.engine, replace(info, pooling=computed), options.gpu_layers, types, rpc=bool(options.rpc), images=images)
     backend_cls: type[Backend] = get_backend(choice.name)
     caps = backend_cls.capabilities()
     check_cache_types(choice.name, caps, types)
     n_ctx = context_of(options, src, info)
     plan, split = plan_memory(info, n_ctx, options, backend_cls, types)
-    warnings = list(plan.warnings)
+    warnings += plan.warnings
     if options.rpc and options.gpu_layers not in ("auto", 0):
         warnings.append("--gpu-layers is ignored with --rpc: the workers hold what they offer, this machine the rest on its CPU")
     if options.rpc and options.cpu_moe != "auto":
@@ -161,7 +173,7 @@ def open_engine(ref: str | None, options: LoadOptions | None = None, progress: P
     draft = plan_draft(options, src, choice.name, plan, n_ctx, warnings, progress) if options.draft is not None and options.draft_model else None
     params = LoadParams(n_ctx=n_ctx, n_threads=options.threads, n_gpu_layers=plan.n_gpu_layers, n_seq_max=options.n_seq_max,
                         kernels=options.kernels, verbose=options.verbose, cache_types=plan.cache_types, rpc_split=split,
-                        n_cpu_moe=-1 if plan.n_cpu_moe >= info.n_layer > 0 else plan.n_cpu_moe, pooling=computed,
+                        n_cpu_moe=-1 if plan.n_cpu_moe >= info.n_layer > 0 else plan.n_cpu_moe, pooling=computed, mmproj=images.path if images else None,
                         n_batch=max(EMBED_BATCH, n_ctx) if asked != "none" else LoadParams.n_batch)  # fmt: skip
     if split:  # llama.cpp ends its process when a worker goes: it runs in a child, so only the requests end
         backend: Backend = IsolatedBackend(choice.name, path, params, explain=lambda: workers_now(options.rpc))
@@ -175,7 +187,7 @@ def open_engine(ref: str | None, options: LoadOptions | None = None, progress: P
         return Engine(
             backend, slots=options.n_seq_max, defaults=defaults, load_ms=load_ms, prefill_chunk=options.prefill_chunk, decode_slowdown=options.decode_slowdown,
             draft=options.draft, drafter=drafter, name=src.name, info=info, memory=plan, choice=choice, warnings=warnings,
-            prompt_cache=open_prompt_cache(options.prompt_cache, path, info.architecture, choice.name, params), pooling=asked,
+            prompt_cache=open_prompt_cache(options.prompt_cache, path, info.architecture, choice.name, params), pooling=asked, projector=images,
         )  # fmt: skip
     except BaseException:  # a model the Engine refuses (a yes/no reranker without those tokens): its memory goes now
         if drafter is not None:

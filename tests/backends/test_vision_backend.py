@@ -105,20 +105,25 @@ def test_another_models_projector_is_refused_before_and_by_llamacpp(pairs: dict[
 
 def test_the_projector_beside_a_model_is_found_and_described(pairs: dict[str, tuple[Path, Path]]) -> None:
     model, mmproj = pairs["qwen2vl"]
-    assert projector.beside(model) == mmproj
-    found = projector.read(mmproj, inspect(model))
+    warnings: list[str] = []
+    found = projector.for_model(None, model, inspect(model), warnings)
+    assert found is not None and found.path == mmproj and not warnings
     assert (found.kind, found.patch_size, found.projection_dim) == ("qwen2vl_merger", 14, 64)
     assert found.describe().startswith(f"projector {mmproj.name} (qwen2vl_merger")
+    assert projector.for_model("none", model, inspect(model), warnings) is None
 
 
-def test_no_projector_two_projectors_and_a_text_model_named_as_one(pairs: dict[str, tuple[Path, Path]], tmp_path: Path) -> None:
+def test_none_two_or_a_stranger_beside_a_model_leave_it_text_only(pairs: dict[str, tuple[Path, Path]], tmp_path: Path) -> None:
     lone = tmp_path / "lone" / "model.gguf"
     lone.parent.mkdir()
     lone.write_bytes(pairs["llava"][0].read_bytes())
-    assert projector.beside(lone) is None
-    for name in ("mmproj-a.gguf", "mmproj-b.gguf"):
-        (lone.parent / name).write_bytes(pairs["llava"][1].read_bytes())
-    with pytest.raises(UserError, match="holds 2 projectors .* name the one for model.gguf with --mmproj"):
-        projector.beside(lone)
+    info, warnings = inspect(lone), []
+    assert projector.for_model(None, lone, info, warnings) is None and not warnings
+    write_mlp_projector(lone.parent / "mmproj-other.gguf", text_width=48)
+    assert projector.for_model(None, lone, info, warnings) is None
+    assert warnings == ["mmproj-other.gguf beside the model is not its projector, so images are off: mmproj-other.gguf makes 48-wide image "
+                        "embeddings but model.gguf is 64 wide: it is another model's projector"]  # fmt: skip
+    (lone.parent / "mmproj-b.gguf").write_bytes(pairs["llava"][1].read_bytes())
+    assert projector.for_model(None, lone, info, warnings) is None and "2 projectors lie beside model.gguf" in warnings[-1]
     with pytest.raises(InvalidModelFile, match="is not a projector: its architecture is 'llama'"):
-        projector.read(lone)
+        projector.for_model(str(lone), lone, info, warnings)
