@@ -318,7 +318,7 @@ def _inspect(path: Path) -> GGUFInfo:
         n_expert_used=n_expert_used,
         n_params_active=n_params_active,
         active_tensor_bytes=active_bytes,
-        pooling=pooling_of(fields.get(f"{arch}.pooling_type"), fields.get(f"{arch}.attention.causal", True) is not False),
+        pooling=pooling_of(fields.get(f"{arch}.pooling_type"), fields.get(f"{arch}.attention.causal", True) is not False, any(t.name == "cls.output.weight" for t in infos)),
         causal=fields.get(f"{arch}.attention.causal", True) is not False,
     )
 
@@ -327,13 +327,14 @@ def _inspect(path: Path) -> GGUFInfo:
 POOLINGS = ("none", "mean", "cls", "last", "rank")
 
 
-def pooling_of(value: object, causal: bool) -> str:
+def pooling_of(value: object, causal: bool, classifier: bool = False) -> str:
     """A GGUF's pooling_type as a POOLINGS name. An encoder that names none pools by the
     mean, as sentence-transformers models mostly do (llama.cpp's converter writes mean where
-    a folder says nothing)."""
+    a folder says nothing), unless it has a classifier head (cls.output): a cross-encoder
+    (bge-reranker-v2-m3's conversion writes no pooling type) ranks."""
     if type(value) is int and 0 <= value < len(POOLINGS) and (value or causal):
         return POOLINGS[value]
-    return "none" if causal else "mean"
+    return "none" if causal else "rank" if classifier else "mean"
 
 
 def active_share(tensors: list[TensorInfo], n_expert: int, n_expert_used: int) -> tuple[int, int]:

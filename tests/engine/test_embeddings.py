@@ -49,8 +49,9 @@ import llama_cpp as C  # noqa: E402  (after localinfer's import, which loads the
 TEXTS = ["the quick brown fox jumps over the lazy dog", "a cat sat on the mat", "paris is the capital of france", "rain today and sun tomorrow"]
 WRITERS = {"bert": write_bert, "nomic-bert": write_nomic_bert, "qwen3": write_qwen3_embedding, "xlm-roberta": write_xlm_roberta}
 # each reranker's writer and the pooling asked at load: bge-reranker-v2-m3's file names none
-# (llama.cpp's converter writes none for it), so rank is asked, as the catalog's default does
-RERANKERS = {"bert": (write_bert_reranker, None), "xlm-roberta": (write_xlm_roberta_reranker, "rank")}
+# (llama.cpp's converter writes none for it); its classifier head makes it a reranker anyway
+# (modelfile.pooling_of), and asking for rank, as the catalog's default does, changes nothing
+RERANKERS = {"bert": (write_bert_reranker, None), "xlm-roberta": (write_xlm_roberta_reranker, None), "xlm-roberta asked": (write_xlm_roberta_reranker, "rank")}
 # XLM-RoBERTa's vocabulary: known words, unknown characters (capitals, an emoji), other scripts
 UNIGRAM_TEXTS = ["the quick brown fox", "ZEBRA 🦊 xyzzy", "café über zürich", "東京 привет мир", "ｆｏｘ"]
 
