@@ -6,6 +6,8 @@ few KB, a 0 x 0 image or a truncated file is refused here in one line.
 
 from __future__ import annotations
 
+import base64
+import binascii
 import struct
 from pathlib import Path
 
@@ -91,3 +93,20 @@ def read_image(path: Path) -> bytes:
     except OSError as e:
         raise UserError(f"cannot read the image {path}: {e.strerror or e}") from None
     return checked_image(data, Path(path).name)
+
+
+def image_from_url(url: str, name: str = "the image") -> bytes:
+    """An image a request gives as a data: URL (data:image/...;base64,...), checked. Links are
+    not fetched: a server that fetched whatever a request names could be made to reach any
+    address it can."""
+    if url.startswith(("http://", "https://")):
+        raise UserError(f"{name} is a link, which this server does not fetch: send the image itself as a data: URL (data:image/png;base64,...)")
+    head, comma, payload = url.partition(",")
+    if not url.startswith("data:") or not comma or not head.endswith(";base64"):
+        raise UserError(f"{name} is not a data: URL with base64 bytes (data:image/png;base64,...)")
+    try:
+        data = base64.b64decode(payload, validate=True)
+    except (binascii.Error, ValueError):
+        raise UserError(f"{name}'s base64 bytes are damaged") from None
+    return checked_image(data, name)
+

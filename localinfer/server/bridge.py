@@ -96,16 +96,16 @@ class Bridge:
             raise ApiError(503, f"the server is busy ({self.parallel} running, {self.max_queue} waiting); retry shortly", "server_busy", headers={"Retry-After": "1"})
         return loaded
 
-    async def start(self, loaded: Loaded, tokens: list[int], params: list[SamplingParams], route: Route) -> list[Job]:
+    async def start(self, loaded: Loaded, tokens: list[int], params: list[SamplingParams], route: Route, media: dict | None = None) -> list[Job]:
         """One request's choices, a SamplingParams each. The first goes alone; once its
         prompt is in the cache (its first event has come), the others are submitted, and the
         scheduler copies the prompt's cache to their slots with kv_copy instead of prefilling
-        it n times."""
-        jobs = [self.submit(loaded, tokens, params[0], route)]
+        it n times. `media`: the prompt's images (Engine.tokenize_media)."""
+        jobs = [self.submit(loaded, tokens, params[0], route, media)]
         if len(params) > 1:
             try:
                 await self.first_event(jobs[0])
-                jobs += [self.submit(loaded, tokens, more, route) for more in params[1:]]
+                jobs += [self.submit(loaded, tokens, more, route, media) for more in params[1:]]
             except BaseException:
                 for job in jobs:
                     job.done()
@@ -121,12 +121,12 @@ class Bridge:
             await ready.wait()
             ready.clear()
 
-    def submit(self, loaded: Loaded, tokens: list[int], params: SamplingParams, route: Route) -> Job:
+    def submit(self, loaded: Loaded, tokens: list[int], params: SamplingParams, route: Route, media: dict | None = None) -> Job:
         engine, most = loaded.engine, route.max_field
         if len(tokens) + (params.max_tokens or 1) > engine.n_ctx:
             raise ApiError(400, f"the prompt is {len(tokens)} tokens and {most} {params.max_tokens or 1}, but a request's context holds {engine.n_ctx}", param=most)
         try:
-            stream = engine.submit(tokens, params)
+            stream = engine.submit(tokens, params, media)
         except ConstraintError as e:
             raise ApiError(400, str(e), param=route.constraint_field) from None
         except BackendError as e:  # the engine cannot run at all now (closed, or its file truncated)

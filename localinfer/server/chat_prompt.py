@@ -4,9 +4,10 @@ OpenAI's, and this renders them once with the model's template, tools and thinki
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from dataclasses import dataclass
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
 
+from localinfer.backends.base import MediaChunk
 from localinfer.engine.engine import Engine
 from localinfer.engine.tools import CallStream, Tool, ToolCall, ToolFormat, ToolPlan, parse_calls, plan_tools, prompt_messages, tool_format
 from localinfer.engine.types import Think
@@ -21,6 +22,7 @@ class ChatPrompt:
     tokens: list[int]
     plan: ToolPlan | None  # how the answer uses the tools; None: plain text
     fmt: ToolFormat = "generic"  # the model's tool-call syntax
+    media: dict[int, MediaChunk] = field(default_factory=dict)  # its images (Engine.tokenize_media)
 
     def answer(self, text: str) -> tuple[str, list[ToolCall]]:
         """A finished answer's text and tool calls."""
@@ -36,11 +38,12 @@ class ChatPrompt:
         return CallStream(self.fmt, keep=False) if self.fmt in CALLS_IN_TEXT else None
 
 
-def chat_prompt(engine: Engine, messages: list[dict], tools: Callable[[], list[Tool]], choice: str, think: Think) -> ChatPrompt:
+def chat_prompt(engine: Engine, messages: list[dict], tools: Callable[[], list[Tool]], choice: str, think: Think, images: Sequence[bytes] = ()) -> ChatPrompt:
     """`tools`: the request's tools, checked as they are built (a wire schema's tool_list);
     `choice`: "auto", "none", "required" or a tool's name; `think`: whether, or how hard, a
-    reasoning model thinks first. A bad tool or a template that fails on these messages is
-    a 400 naming the field."""
+    reasoning model thinks first; `images`: the image files' bytes, in the order their
+    MEDIA_MARKERs stand in the messages. A bad tool, an image the model cannot read or a
+    template that fails on these messages is a 400 naming the field."""
     template = engine.backend.facts.chat_template
     try:
         plan = plan_tools(template, tools(), choice)
@@ -50,7 +53,7 @@ def chat_prompt(engine: Engine, messages: list[dict], tools: Callable[[], list[T
     shown = prompt_messages(messages, plan.tools if plan else [], fmt)
     try:
         text = engine.render_chat(shown, tools=plan.template_tools() if plan else None, think=think)
-        tokens = engine.tokenize_prompt(text + (plan.prefix if plan else ""))
+        tokens, media = engine.tokenize_media(text + (plan.prefix if plan else ""), list(images))
     except UserError as e:
         raise ApiError(400, str(e), param="messages") from None
-    return ChatPrompt(tokens, plan, fmt)
+    return ChatPrompt(tokens, plan, fmt, media)

@@ -16,11 +16,13 @@ from typing import Any, Literal
 
 from pydantic import AliasChoices, BaseModel, ConfigDict, Field, SerializerFunctionWrapHandler, model_serializer
 
+from localinfer.backends.base import MEDIA_MARKER
 from localinfer.engine.constraints import Constraint
 from localinfer.engine.reasoning import CLOSE, effort_of
 from localinfer.engine.tools import Tool
 from localinfer.engine.types import MAX_COUNT, SAMPLING, Think
 from localinfer.errors import ConstraintError
+from localinfer.images import image_from_url
 
 
 class Lenient(BaseModel):
@@ -47,6 +49,16 @@ class TextPart(Lenient):
     text: str
 
 
+class ImageUrl(Lenient):
+    url: str  # a data: URL (data:image/png;base64,...); http(s) ones are refused (not fetched)
+    detail: str | None = None  # OpenAI's low/high/auto: the projector decides the resolution here
+
+
+class ImagePart(Lenient):
+    type: Literal["image_url"]
+    image_url: ImageUrl
+
+
 class FunctionCall(Lenient):
     name: str
     arguments: str  # JSON text
@@ -60,15 +72,19 @@ class MessageToolCall(Lenient):
 
 class ChatMessage(Lenient):
     role: Literal["system", "developer", "user", "assistant", "tool"]
-    content: str | list[TextPart] | None = None
+    content: str | list[TextPart | ImagePart] | None = None
     tool_calls: list[MessageToolCall] | None = None  # an assistant's earlier calls
     tool_call_id: str | None = None  # a tool's result: the call it answers
     reasoning_content: str | None = None  # an assistant's earlier thinking: the template decides whether it is shown
 
     def text(self) -> str:
+        """The content's text, MEDIA_MARKER where each image stands."""
         if isinstance(self.content, list):
-            return "".join(part.text for part in self.content)
+            return "".join(part.text if isinstance(part, TextPart) else MEDIA_MARKER for part in self.content)
         return self.content or ""
+
+    def image_urls(self) -> list[str]:
+        return [part.image_url.url for part in self.content if isinstance(part, ImagePart)] if isinstance(self.content, list) else []
 
     def for_template(self) -> dict[str, object]:
         content = self.text()
@@ -203,6 +219,11 @@ class ChatCompletionRequest(SamplingFields):
 
     def logprob_count(self) -> int | None:
         return (self.top_logprobs or 0) if self.logprobs else None
+
+    def images(self) -> list[bytes]:
+        """Every image_url part's bytes, in message order (UserError names a bad one)."""
+        urls = [url for m in self.messages for url in m.image_urls()]
+        return [image_from_url(url, f"image {i + 1}") for i, url in enumerate(urls)]
 
 
 class CompletionRequest(SamplingFields):

@@ -16,7 +16,7 @@ from localinfer.engine.constraints import Constraint
 from localinfer.engine.embedding import encode_base64, finish
 from localinfer.engine.engine import Engine
 from localinfer.engine.types import CompletionOutput, SamplingParams, TokenEvent
-from localinfer.errors import ConstraintError
+from localinfer.errors import ConstraintError, UserError
 from localinfer.server import deps
 from localinfer.server import protocol as p
 from localinfer.server.bridge import Bridge, Job, Route
@@ -45,13 +45,17 @@ async def models(host: Annotated[ModelHost, Depends(deps.host)]) -> p.ModelList:
 async def chat(body: p.ChatCompletionRequest, request: Request, bridge: BridgeDep):  # type: ignore[no-untyped-def]
     if body.top_logprobs is not None and not body.logprobs:
         raise ApiError(400, "top_logprobs needs logprobs: true", param="top_logprobs")
+    try:
+        images = body.images()  # before a model loads: a bad one costs nothing
+    except UserError as e:
+        raise ApiError(400, str(e), param="messages") from None
     loaded = await bridge.model(body.model, body.n)
     engine = loaded.engine
     choice = body.tool_choice.function.name if isinstance(body.tool_choice, p.NamedToolChoice) else (body.tool_choice or "auto")
-    prompt = chat_prompt(engine, [m.for_template() for m in body.messages], body.tool_list, choice, body.thinking())
+    prompt = chat_prompt(engine, [m.for_template() for m in body.messages], body.tool_list, choice, body.thinking(), images)
     plan, tokens = prompt.plan, prompt.tokens
     params, field = sampling(engine, body, plan.constraint if plan else None)
-    jobs = await bridge.start(loaded, tokens, params, Route(request.url.path, "chatcmpl", field))
+    jobs = await bridge.start(loaded, tokens, params, Route(request.url.path, "chatcmpl", field), prompt.media)
     if body.stream:
         return EventSourceResponse(chat_chunks(bridge, jobs, body, prompt), ping=15)
     results = await bridge.results(request, jobs)

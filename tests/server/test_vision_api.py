@@ -1,0 +1,90 @@
+"""Images through a real server on loopback (issue 50), with the openai SDK: an image_url part
+with a data: URL answers from llama.cpp's own logits after the image (tests/vision_models.py,
+in the same test); links, damaged or empty images and images sent to a text-only model are
+400s in OpenAI's shape, never a 500 and never an image silently dropped."""
+
+from __future__ import annotations
+
+import base64
+import shutil
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import numpy as np
+import pytest
+
+from localinfer.backends.base import MEDIA_MARKER
+from localinfer.backends.llamacpp import Tokenizer
+from localinfer.engine.loader import LoadOptions, open_engine
+from tests.vision_models import llamacpp_vision_logits, png_bytes, sample_image, write_pair
+
+from .test_serve import Server
+
+QUESTION = "What is in this picture?"
+
+
+@pytest.fixture(scope="module")
+def llava(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
+    return write_pair(tmp_path_factory.mktemp("vision-api"), "llava")
+
+
+@pytest.fixture(scope="module")
+def server(llava: tuple[Path, Path]) -> Iterator[Server]:
+    s = Server(str(llava[0]), "--allow-paths", "--max-loaded", "2")
+    s.model = str(llava[0])
+    yield s
+    assert s.stop()[0] == 0
+
+
+def data_url(data: bytes) -> str:
+    return "data:image/png;base64," + base64.b64encode(data).decode()
+
+
+def ask(server: Server, url: str, model: str | None = None) -> httpx.Response:
+    content = [{"type": "text", "text": QUESTION}, {"type": "image_url", "image_url": {"url": url}}]
+    body = {"model": model or server.model, "messages": [{"role": "user", "content": content}], "max_tokens": 1, "temperature": 0}
+    return httpx.post(server.url + "/v1/chat/completions", json=body, timeout=120)
+
+
+def test_an_image_url_part_answers_from_llamacpps_logits(server: Server, llava: tuple[Path, Path]) -> None:
+    image = sample_image(60, 80, seed=21)
+    content = [{"type": "text", "text": QUESTION}, {"type": "image_url", "image_url": {"url": data_url(png_bytes(image))}}]
+    got = server.client().chat.completions.create(model=server.model, messages=[{"role": "user", "content": content}], max_tokens=1, temperature=0)  # type: ignore[list-item]
+    engine = open_engine(str(llava[0]), LoadOptions(threads=2))  # the same chat template, rendered as the server renders it
+    try:
+        text = engine.render_chat([{"role": "user", "content": QUESTION + MEDIA_MARKER}])
+    finally:
+        engine.close()
+    want = int(np.argmax(llamacpp_vision_logits(*llava, text, [image])))
+    tokenizer = Tokenizer.load(llava[0])
+    try:
+        piece = "" if want in tokenizer.info.eog_ids else tokenizer.token_bytes(want).decode("utf-8", errors="replace")
+    finally:
+        tokenizer.close()
+    assert got.choices[0].message.content == piece and got.usage.completion_tokens == 1
+
+
+@pytest.mark.parametrize(
+    "url, message",
+    [
+        ("https://example.com/cat.png", "does not fetch: send the image itself as a data: URL"),
+        ("data:image/png;base64,%%%not-base64", "base64 bytes are damaged"),
+        ("data:image/png,rawbytes", "not a data: URL with base64 bytes"),
+        (data_url(b"\x89PNG\r\n\x1a\n\x00\x00\x00\x0dIHDR" + b"\x00" * 8 + b"\x08\x02\x00\x00\x00"), "is a 0 x 0 PNG"),
+        (data_url(b"GIF89a" + (30000).to_bytes(2, "little") * 2 + b"\x00" * 16), "is a 30000 x 30000 GIF"),
+    ],
+    ids=["link", "bad-base64", "not-base64", "zero-by-zero", "decompression-bomb"],
+)
+def test_a_bad_image_is_a_400_in_openais_shape(server: Server, url: str, message: str) -> None:
+    answer = ask(server, url)
+    assert answer.status_code == 400, answer.text
+    error = answer.json()["error"]
+    assert message in error["message"] and error["param"] == "messages"
+
+
+def test_an_image_to_a_text_only_model_is_a_400(server: Server, llava: tuple[Path, Path], tmp_path: Path) -> None:
+    alone = tmp_path / "text-only.gguf"
+    shutil.copy(llava[0], alone)  # the same text model, no projector beside it
+    answer = ask(server, data_url(png_bytes(sample_image(20, 20, seed=2))), model=str(alone))
+    assert answer.status_code == 400 and "reads no images" in answer.json()["error"]["message"], answer.text
