@@ -35,9 +35,9 @@ def test_chat_options_are_where_a_chat_starts_and_settings_show_and_change_them(
     submitted: list[SamplingParams] = []
     original_submit = Engine.submit
 
-    def submit(self, tokens, params=None):  # type: ignore[no-untyped-def]
+    def submit(self, tokens, params=None, media=None):  # type: ignore[no-untyped-def]
         submitted.append(params)
-        return original_submit(self, tokens, params)
+        return original_submit(self, tokens, params, media)
 
     shown: dict[str, str] = {}
 
