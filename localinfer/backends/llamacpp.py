@@ -24,7 +24,7 @@ from localinfer.modelfile import pooling_of
 
 import llama_cpp as C  # noqa: E402  (after our imports: its import loads the shared library)
 
-from localinfer.backends.mtmd import Projector  # noqa: E402  (mtmd's bindings load after llama.cpp's)
+from localinfer.backends.mtmd import Mtmd  # noqa: E402  (mtmd's bindings load after llama.cpp's)
 
 _log_lines: list[str] = []
 _listeners: list[Callable[[str], None]] = []
@@ -220,7 +220,7 @@ class LlamaCppBackend(LlamaTokenized, Backend):
         self._model = None
         self._ctx = None
         self._batch = None
-        self._projector: Projector | None = None
+        self._projector: Mtmd | None = None
         self._path = path
         self._params = params
 
@@ -266,7 +266,7 @@ class LlamaCppBackend(LlamaTokenized, Backend):
         self._seq_slots = [self._batch.seq_id[i] for i in range(self._n_batch)]
         self._view_nseq[:] = 1
 
-        self._projector = Projector(self._model, params.mmproj, threads, params.n_gpu_layers > 0, last_error, _on_log) if params.mmproj else None
+        self._projector = Mtmd(self._model, params.mmproj, threads, params.n_gpu_layers > 0, last_error, _on_log) if params.mmproj else None
         self._tok = Tokenizer(self._model)
         self._n_vocab = self._tok.info.n_vocab
         self._views: dict[tuple[int | None, int | None], np.ndarray] = {}  # numpy views of llama.cpp's logits, by address and rows

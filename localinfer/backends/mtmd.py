@@ -35,8 +35,8 @@ class OwnedChunk:
             self.ptr = None
 
 
-class Projector:
-    """mtmd's context for one text model and its projector file."""
+class Mtmd:
+    """mtmd's context for one text model and its projector file (projector.py describes the file)."""
 
     def __init__(self, model: C.llama_model_p, path: Path, n_threads: int, use_gpu: bool, last_error: Callable[[], str], log: object) -> None:
         """`log`: llama.cpp's log callback, which mtmd's and clip's lines then go through too
