@@ -563,8 +563,9 @@ def qwen3_metadata(w: GGUFWriter, n_ctx: int) -> None:
     w.add_layer_norm_rms_eps(1e-6)
 
 
-def bpe_metadata(w: GGUFWriter, tokens: list[str], types: list[int], merges: list[str], eos: int, add_eos: bool) -> None:
-    """A Qwen2-style byte-level BPE: <|endoftext|> (id 0) the BOS and padding, never added."""
+def bpe_metadata(w: GGUFWriter, tokens: list[str], types: list[int], merges: list[str], eos: int, add_eos: bool, add_bos: bool = False) -> None:
+    """A Qwen2-style byte-level BPE: <|endoftext|> (id 0) the BOS and padding, the BOS added
+    only where asked (a llama's habit; never Qwen's)."""
     w.add_tokenizer_model("gpt2")
     w.add_tokenizer_pre("qwen2")
     w.add_token_list(tokens)
@@ -573,7 +574,7 @@ def bpe_metadata(w: GGUFWriter, tokens: list[str], types: list[int], merges: lis
     w.add_bos_token_id(0)
     w.add_eos_token_id(eos)
     w.add_pad_token_id(0)
-    w.add_add_bos_token(False)
+    w.add_add_bos_token(add_bos)
     w.add_add_eos_token(add_eos)
 
 

@@ -58,7 +58,7 @@ import llama_cpp as C  # noqa: E402  (after localinfer's import, which loads the
 from llama_cpp import mtmd_cpp as M  # noqa: E402
 
 from .conftest import THREADS
-from .embedding_models import N_EMBD, RandomWeights, bpe_vocabulary, finish, llama_context
+from .embedding_models import N_EMBD, RandomWeights, bpe_metadata, bpe_vocabulary, finish, llama_context
 
 # the text models
 TEXT_HEAD, TEXT_HEAD_KV, TEXT_FF, TEXT_LAYER, TEXT_CTX = 4, 2, 128, 2, 512
@@ -87,19 +87,10 @@ def text_vocabulary() -> tuple[list[str], list[int], list[str]]:
 
 
 def tokenizer_metadata(w: GGUFWriter, add_bos: bool) -> None:
-    """A Qwen2-style byte-level BPE: <|endoftext|> (id 0) the BOS and padding, <|im_end|>
-    the EOS; the BOS added (a llama's habit) or not (Qwen's)."""
+    """embedding_models' byte-level BPE, <|im_end|> the EOS; the BOS added (a llama's habit)
+    or not (Qwen's)."""
     tokens, types, merges = text_vocabulary()
-    w.add_tokenizer_model("gpt2")
-    w.add_tokenizer_pre("qwen2")
-    w.add_token_list(tokens)
-    w.add_token_types(types)
-    w.add_token_merges(merges)
-    w.add_bos_token_id(0)
-    w.add_eos_token_id(tokens.index("<|im_end|>"))
-    w.add_pad_token_id(0)
-    w.add_add_bos_token(add_bos)
-    w.add_add_eos_token(False)
+    bpe_metadata(w, tokens, types, merges, tokens.index("<|im_end|>"), add_eos=False, add_bos=add_bos)
 
 
 def text_metadata(w: GGUFWriter) -> None:
