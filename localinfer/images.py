@@ -110,3 +110,14 @@ def image_from_url(url: str, name: str = "the image") -> bytes:
         raise UserError(f"{name}'s base64 bytes are damaged") from None
     return checked_image(data, name)
 
+
+def image_from_base64(text: str, name: str = "the image") -> bytes:
+    """An image a request gives as base64 text (Ollama's `images`; a data: URL is taken too), checked."""
+    if text.startswith("data:"):
+        return image_from_url(text, name)
+    try:
+        data = base64.b64decode(text, validate=True)
+    except (binascii.Error, ValueError):
+        raise UserError(f"{name}'s base64 bytes are damaged") from None
+    return checked_image(data, name)
+

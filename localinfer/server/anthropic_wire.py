@@ -12,9 +12,11 @@ from typing import Annotated, Literal
 
 from pydantic import BaseModel, Field
 
+from localinfer.backends.base import MEDIA_MARKER
 from localinfer.engine.reasoning import budget_effort
 from localinfer.engine.tools import Tool
 from localinfer.engine.types import Think
+from localinfer.images import image_from_base64, image_from_url
 from localinfer.server.protocol import ChatMessage, Lenient, count, limited
 
 
@@ -52,7 +54,23 @@ class RedactedThinkingBlock(Lenient):
     data: str = ""
 
 
-Block = Annotated[TextBlock | ToolUseBlock | ToolResultBlock | ThinkingBlock | RedactedThinkingBlock, Field(discriminator="type")]
+class ImageSource(Lenient):
+    type: Literal["base64", "url"]
+    media_type: str | None = None
+    data: str | None = None
+    url: str | None = None
+
+    def image(self, name: str) -> bytes:
+        """The image's bytes, checked (a url source is refused, not fetched)."""
+        return image_from_base64(self.data or "", name) if self.type == "base64" else image_from_url(self.url or "", name)
+
+
+class ImageBlock(Lenient):
+    type: Literal["image"]
+    source: ImageSource
+
+
+Block = Annotated[TextBlock | ImageBlock | ToolUseBlock | ToolResultBlock | ThinkingBlock | RedactedThinkingBlock, Field(discriminator="type")]
 
 
 class Message(Lenient):
@@ -98,7 +116,7 @@ class CountTokensRequest(Lenient):
         out = [{"role": "system", "content": system}] if system else []
         for m in self.messages:
             blocks = [TextBlock(type="text", text=m.content)] if isinstance(m.content, str) else m.content
-            text = "".join(b.text for b in blocks if isinstance(b, TextBlock))
+            text = "".join(b.text if isinstance(b, TextBlock) else MEDIA_MARKER for b in blocks if isinstance(b, (TextBlock, ImageBlock)))
             if m.role == "user":
                 out += [{"role": "tool", "tool_call_id": b.tool_use_id, "content": b.text()} for b in blocks if isinstance(b, ToolResultBlock)]
                 if text or not any(isinstance(b, ToolResultBlock) for b in blocks):
@@ -111,6 +129,11 @@ class CountTokensRequest(Lenient):
 
     def tool_list(self) -> list[Tool]:
         return [Tool(t.name, t.input_schema, t.description) for t in self.tools or []]
+
+    def images(self) -> list[bytes]:
+        """Every image block's bytes, in message order (UserError names a bad one)."""
+        blocks = [b for m in self.messages if not isinstance(m.content, str) for b in m.content if isinstance(b, ImageBlock)]
+        return [b.source.image(f"image {i + 1}") for i, b in enumerate(blocks)]
 
     def thinks(self) -> Think:
         """Thinking is the model's default (as in every dialect here) unless disabled; an

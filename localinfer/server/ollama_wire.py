@@ -9,10 +9,12 @@ from typing import Literal
 
 from pydantic import Field
 
+from localinfer.backends.base import MEDIA_MARKER
 from localinfer.engine.constraints import Constraint
 from localinfer.engine.types import MAX_COUNT, Think
 from localinfer.engine.tools import Tool
 from localinfer.errors import ConstraintError
+from localinfer.images import image_from_base64
 from localinfer.server.protocol import ChatMessage, Lenient, count, limited
 
 
@@ -104,8 +106,6 @@ class ChatRequest(Generating):
         message answers the oldest call not yet answered."""
         out, pending, n = [], [], 0
         for m in self.messages:
-            if m.images:
-                raise ConstraintError("images are not supported: this server runs text models")
             calls = []
             for call in m.tool_calls or []:
                 arguments = call.function.arguments if isinstance(call.function.arguments, str) else json.dumps(call.function.arguments, ensure_ascii=False)
@@ -113,8 +113,14 @@ class ChatRequest(Generating):
                 pending.append(f"call_{n}")
                 n += 1
             answers = pending.pop(0) if m.role == "tool" and pending else None
-            out.append(ChatMessage(role=m.role, content=m.content, tool_calls=calls or None, tool_call_id=answers, reasoning_content=m.thinking).for_template())
+            content = MEDIA_MARKER * len(m.images or ()) + m.content  # a message's images stand before its text
+            out.append(ChatMessage(role=m.role, content=content, tool_calls=calls or None, tool_call_id=answers, reasoning_content=m.thinking).for_template())
         return out
+
+    def images(self) -> list[bytes]:
+        """Every message's images, in order (UserError names a bad one)."""
+        listed = [text for m in self.messages for text in m.images or ()]
+        return [image_from_base64(text, f"image {i + 1}") for i, text in enumerate(listed)]
 
     def tool_list(self) -> list[Tool]:
         return [Tool(t.function.name, t.function.parameters or {"type": "object", "properties": {}}, t.function.description) for t in self.tools or []]
@@ -125,6 +131,10 @@ class GenerateRequest(Generating):
     system: str | None = None
     raw: bool = False
     images: list[str] | None = None
+
+    def image_bytes(self) -> list[bytes]:
+        """The images, in order (UserError names a bad one)."""
+        return [image_from_base64(text, f"image {i + 1}") for i, text in enumerate(self.images or ())]
 
 
 class EmbedRequest(Lenient):

@@ -1,7 +1,9 @@
-"""Images through a real server on loopback (issue 50), with the openai SDK: an image_url part
-with a data: URL answers from llama.cpp's own logits after the image (tests/vision_models.py,
-in the same test); links, damaged or empty images and images sent to a text-only model are
-400s in OpenAI's shape, never a 500 and never an image silently dropped."""
+"""Images through a real server on loopback (issue 50), with the openai, anthropic and ollama
+clients: an image_url part with a data: URL, an Anthropic image block with a base64 source, and
+Ollama's base64 `images` on /api/chat and /api/generate,
+answer from llama.cpp's own logits after the image (tests/vision_models.py, in the same test);
+links, damaged or empty images and images sent to a text-only model are 400s in the dialect's
+shape, never a 500 and never an image silently dropped."""
 
 from __future__ import annotations
 
@@ -10,8 +12,10 @@ import shutil
 from collections.abc import Iterator
 from pathlib import Path
 
+import anthropic
 import httpx
 import numpy as np
+import ollama
 import pytest
 
 from localinfer.backends.base import MEDIA_MARKER
@@ -47,22 +51,52 @@ def ask(server: Server, url: str, model: str | None = None) -> httpx.Response:
     return httpx.post(server.url + "/v1/chat/completions", json=body, timeout=120)
 
 
-def test_an_image_url_part_answers_from_llamacpps_logits(server: Server, llava: tuple[Path, Path]) -> None:
-    image = sample_image(60, 80, seed=21)
-    content = [{"type": "text", "text": QUESTION}, {"type": "image_url", "image_url": {"url": data_url(png_bytes(image))}}]
-    got = server.client().chat.completions.create(model=server.model, messages=[{"role": "user", "content": content}], max_tokens=1, temperature=0)  # type: ignore[list-item]
-    engine = open_engine(str(llava[0]), LoadOptions(threads=2))  # the same chat template, rendered as the server renders it
+def llamacpps_first_token(llava: tuple[Path, Path], content: str, image: np.ndarray, chat: bool = True) -> str:
+    """The text of llama.cpp's most likely token after `content` (in the model's chat template,
+    rendered as the server renders it, unless not `chat`), its marker standing for `image`."""
+    engine = open_engine(str(llava[0]), LoadOptions(threads=2))
     try:
-        text = engine.render_chat([{"role": "user", "content": QUESTION + MEDIA_MARKER}])
+        text = engine.render_chat([{"role": "user", "content": content}]) if chat else content
     finally:
         engine.close()
     want = int(np.argmax(llamacpp_vision_logits(*llava, text, [image])))
     tokenizer = Tokenizer.load(llava[0])
     try:
-        piece = "" if want in tokenizer.info.eog_ids else tokenizer.token_bytes(want).decode("utf-8", errors="replace")
+        return "" if want in tokenizer.info.eog_ids else tokenizer.token_bytes(want).decode("utf-8", errors="replace")
     finally:
         tokenizer.close()
-    assert got.choices[0].message.content == piece and got.usage.completion_tokens == 1
+
+
+def test_an_image_url_part_answers_from_llamacpps_logits(server: Server, llava: tuple[Path, Path]) -> None:
+    image = sample_image(60, 80, seed=21)
+    content = [{"type": "text", "text": QUESTION}, {"type": "image_url", "image_url": {"url": data_url(png_bytes(image))}}]
+    got = server.client().chat.completions.create(model=server.model, messages=[{"role": "user", "content": content}], max_tokens=1, temperature=0)  # type: ignore[list-item]
+    assert got.choices[0].message.content == llamacpps_first_token(llava, QUESTION + MEDIA_MARKER, image) and got.usage.completion_tokens == 1
+
+
+def test_an_anthropic_image_block_answers_from_llamacpps_logits(server: Server, llava: tuple[Path, Path]) -> None:
+    image = sample_image(60, 80, seed=23)
+    source = {"type": "base64", "media_type": "image/png", "data": base64.b64encode(png_bytes(image)).decode()}
+    client = anthropic.Anthropic(base_url=server.url, api_key="none", max_retries=0, timeout=120)
+    got = client.messages.create(model=server.model, max_tokens=1, extra_body={"temperature": 0},
+                                 messages=[{"role": "user", "content": [{"type": "image", "source": source}, {"type": "text", "text": QUESTION}]}])  # type: ignore[list-item]  # fmt: skip
+    text = "".join(block.text for block in got.content if block.type == "text")
+    assert text == llamacpps_first_token(llava, MEDIA_MARKER + QUESTION, image)
+    bad = httpx.post(server.url + "/v1/messages", json={"model": server.model, "max_tokens": 1, "messages": [{"role": "user", "content": [
+        {"type": "image", "source": {"type": "url", "url": "https://example.com/a.png"}}]}]}, timeout=60)  # fmt: skip
+    assert bad.status_code == 400 and "does not fetch" in bad.json()["error"]["message"], bad.text
+
+
+def test_ollamas_images_answer_from_llamacpps_logits(server: Server, llava: tuple[Path, Path]) -> None:
+    image = sample_image(60, 80, seed=22)
+    b64 = base64.b64encode(png_bytes(image)).decode()
+    client, options = ollama.Client(host=server.url, timeout=120), {"temperature": 0, "num_predict": 1}
+    chat = client.chat(model=server.model, messages=[{"role": "user", "content": QUESTION, "images": [b64]}], options=options)
+    assert chat.message.content == llamacpps_first_token(llava, MEDIA_MARKER + QUESTION, image)  # a message's images stand before its text
+    raw = client.generate(model=server.model, prompt=QUESTION, images=[b64], raw=True, options=options)
+    assert raw.response == llamacpps_first_token(llava, MEDIA_MARKER + QUESTION, image, chat=False)
+    bad = httpx.post(server.url + "/api/chat", json={"model": server.model, "messages": [{"role": "user", "content": "hi", "images": ["%%"]}]}, timeout=60)
+    assert bad.status_code == 400 and "base64 bytes are damaged" in bad.json()["error"], bad.text
 
 
 @pytest.mark.parametrize(

@@ -16,10 +16,12 @@ from sse_starlette.sse import EventSourceResponse
 
 from localinfer.engine.tools import ToolCall
 from localinfer.engine.types import CompletionOutput
+from localinfer.errors import UserError
 from localinfer.server import anthropic_wire as a
 from localinfer.server import deps
 from localinfer.server.bridge import Bridge, Job, Route
 from localinfer.server.chat_prompt import ChatPrompt, chat_prompt
+from localinfer.server.errors import ApiError
 from localinfer.server.host import Loaded
 
 router = APIRouter(dependencies=deps.AUTH)
@@ -29,9 +31,13 @@ STREAMED = {"text/event-stream": {"schema": {"type": "object", "properties": {"e
 
 
 async def prompt_for(bridge: Bridge, body: a.CountTokensRequest) -> tuple[Loaded, ChatPrompt]:
+    try:
+        images = body.images()  # before a model loads: a bad one costs nothing
+    except UserError as e:
+        raise ApiError(400, str(e), param="messages") from None
     loaded = await bridge.model(body.model)
     choice = body.tool_choice.openai() if body.tool_choice else "auto"
-    return loaded, chat_prompt(loaded.engine, body.conversation(), body.tool_list, choice, body.thinks())
+    return loaded, chat_prompt(loaded.engine, body.conversation(), body.tool_list, choice, body.thinks(), images)
 
 
 @router.post("/v1/messages/count_tokens", response_model=a.TokenCount, responses=ERRORS)
@@ -50,7 +56,7 @@ async def messages(body: a.MessagesRequest, request: Request, bridge: BridgeDep)
         stop=tuple(s for s in body.stop_sequences or [] if s) or None, think_budget=budget, reasoning=True,
         constraint=prompt.plan.constraint if prompt.plan else None,
     )  # fmt: skip
-    job = bridge.submit(loaded, prompt.tokens, params, Route(request.url.path, "msg", "tools"))
+    job = bridge.submit(loaded, prompt.tokens, params, Route(request.url.path, "msg", "tools"), prompt.media)
     if body.stream:
         return EventSourceResponse(events(bridge, job, prompt), ping=10, ping_message_factory=lambda: event("ping", {}))
     (out, _), = await bridge.results(request, [job])

@@ -15,11 +15,12 @@ from fastapi import APIRouter, Depends, Request
 from fastapi.responses import StreamingResponse
 
 from localinfer import __version__
+from localinfer.backends.base import MEDIA_MARKER
 from localinfer.engine.embedding import finish
 from localinfer.engine.engine import Engine
 from localinfer.engine.tools import ToolCall
 from localinfer.engine.types import CompletionOutput, SamplingParams
-from localinfer.errors import ConstraintError
+from localinfer.errors import ConstraintError, UserError
 from localinfer.server import deps
 from localinfer.server import ollama_wire as o
 from localinfer.server.bridge import Bridge, Job, Route
@@ -93,13 +94,13 @@ def assistant(text: str, thinking: str = "", calls: list[ToolCall] | None = None
 @router.post("/chat", responses=STREAMED)
 async def chat(body: o.ChatRequest, request: Request, bridge: BridgeDep):  # type: ignore[no-untyped-def]
     started = time.perf_counter()
-    loaded, load_ns = await model_for(bridge, body.model, body.keep_alive)
     try:
-        conversation = body.conversation()
-    except ConstraintError as e:  # images
+        images = body.images()  # before a model loads: a bad one costs nothing
+    except UserError as e:
         raise ApiError(400, str(e), param="messages") from None
-    prompt = chat_prompt(loaded.engine, conversation, body.tool_list, "auto", body.thinks())
-    job = bridge.submit(loaded, prompt.tokens, sampling(loaded.engine, body), Route(request.url.path, "chat", "format", "num_predict"))
+    loaded, load_ns = await model_for(bridge, body.model, body.keep_alive)
+    prompt = chat_prompt(loaded.engine, body.conversation(), body.tool_list, "auto", body.thinks(), images)
+    job = bridge.submit(loaded, prompt.tokens, sampling(loaded.engine, body), Route(request.url.path, "chat", "format", "num_predict"), prompt.media)
     lines = ChatLines(body.model, prompt, started, load_ns)
     if body.stream:
         return StreamingResponse(lines.stream(bridge, job), media_type=NDJSON)
@@ -154,19 +155,26 @@ async def _pieces(bridge: Bridge, job: Job) -> AsyncIterator[tuple[CompletionOut
 @router.post("/generate", responses=STREAMED)
 async def generate(body: o.GenerateRequest, request: Request, bridge: BridgeDep):  # type: ignore[no-untyped-def]
     started = time.perf_counter()
-    if body.images:
-        raise ApiError(400, "images are not supported: this server runs text models", param="images")
+    try:
+        images = body.image_bytes()
+    except UserError as e:
+        raise ApiError(400, str(e), param="images") from None
     loaded, load_ns = await model_for(bridge, body.model, body.keep_alive)
     engine = loaded.engine
     head = {"model": body.model, "created_at": now()}
     if not body.prompt:  # Ollama's way to load a model without answering
         return {**head, "response": "", "done": True, "done_reason": "load"}
+    text = MEDIA_MARKER * len(images) + body.prompt  # the images stand before the prompt
     if body.raw:
-        prompt = ChatPrompt(engine.tokenize_prompt(body.prompt), None)
+        try:
+            tokens, media = engine.tokenize_media(text, images)
+        except UserError as e:
+            raise ApiError(400, str(e), param="images") from None
+        prompt = ChatPrompt(tokens, None, media=media)
     else:
-        messages = ([{"role": "system", "content": body.system}] if body.system else []) + [{"role": "user", "content": body.prompt}]
-        prompt = chat_prompt(engine, messages, lambda: [], "auto", body.thinks())
-    job = bridge.submit(loaded, prompt.tokens, sampling(engine, body), Route(request.url.path, "gen", "format", "num_predict"))
+        messages = ([{"role": "system", "content": body.system}] if body.system else []) + [{"role": "user", "content": text}]
+        prompt = chat_prompt(engine, messages, lambda: [], "auto", body.thinks(), images)
+    job = bridge.submit(loaded, prompt.tokens, sampling(engine, body), Route(request.url.path, "gen", "format", "num_predict"), prompt.media)
     if body.stream:
         return StreamingResponse(generate_lines(bridge, job, head, started, load_ns, prompt), media_type=NDJSON)
     (out, _), = await bridge.results(request, [job])
