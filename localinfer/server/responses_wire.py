@@ -9,10 +9,12 @@ from typing import Annotated, Literal
 
 from pydantic import BaseModel, Field
 
+from localinfer.backends.base import MEDIA_MARKER
 from localinfer.engine.constraints import Constraint
 from localinfer.engine.reasoning import effort_of
 from localinfer.engine.tools import Tool
 from localinfer.engine.types import Think
+from localinfer.images import image_from_url
 from localinfer.server.protocol import ChatMessage, Lenient, limited
 
 
@@ -21,8 +23,9 @@ def new_id(prefix: str) -> str:
 
 
 class ContentPart(Lenient):
-    type: Literal["input_text", "output_text", "text", "refusal"]
+    type: Literal["input_text", "output_text", "text", "refusal", "input_image"]
     text: str = ""
+    image_url: str | None = None  # an input_image's: a data: URL (links are not fetched)
 
 
 class MessageItem(Lenient):
@@ -31,7 +34,13 @@ class MessageItem(Lenient):
     content: str | list[ContentPart]
 
     def text(self) -> str:
-        return self.content if isinstance(self.content, str) else "".join(part.text for part in self.content)
+        """The content's text, MEDIA_MARKER where each input_image stands."""
+        if isinstance(self.content, str):
+            return self.content
+        return "".join(MEDIA_MARKER if part.type == "input_image" else part.text for part in self.content)
+
+    def image_urls(self) -> list[str]:
+        return [part.image_url or "" for part in self.content if part.type == "input_image"] if isinstance(self.content, list) else []
 
 
 class FunctionCallItem(Lenient):
@@ -135,6 +144,12 @@ class ResponseRequest(Lenient):
 
     def tool_list(self) -> list[Tool]:
         return [Tool(t.name, t.parameters or {"type": "object", "properties": {}}, t.description or "") for t in self.tools or []]
+
+    def images(self) -> list[bytes]:
+        """The input's images, in order (UserError names a bad one). An earlier response's
+        turns carry none: their images are not kept."""
+        urls = [url for item in self.input if isinstance(item, MessageItem) for url in item.image_urls()] if isinstance(self.input, list) else []
+        return [image_from_url(url, f"image {i + 1}") for i, url in enumerate(urls)]
 
     def choice(self) -> str:
         return self.tool_choice.name if isinstance(self.tool_choice, NamedTool) else (self.tool_choice or "auto")

@@ -87,6 +87,16 @@ def test_an_anthropic_image_block_answers_from_llamacpps_logits(server: Server, 
     assert bad.status_code == 400 and "does not fetch" in bad.json()["error"]["message"], bad.text
 
 
+def test_a_responses_input_image_answers_from_llamacpps_logits(server: Server, llava: tuple[Path, Path]) -> None:
+    image = sample_image(60, 80, seed=24)
+    content = [{"type": "input_text", "text": QUESTION}, {"type": "input_image", "image_url": data_url(png_bytes(image))}]
+    got = server.client().responses.create(model=server.model, input=[{"role": "user", "content": content}], max_output_tokens=1, temperature=0, store=True)  # type: ignore[list-item]
+    assert got.output_text == llamacpps_first_token(llava, QUESTION + MEDIA_MARKER, image)
+    # a follow-up on the stored turn: its image is not kept, so it asks about the text alone
+    follow = server.client().responses.create(model=server.model, input="And now?", previous_response_id=got.id, max_output_tokens=1, temperature=0)
+    assert follow.error is None and follow.usage.output_tokens == 1  # an answer (cut at 1 token), not a 400 for a lost image
+
+
 def test_ollamas_images_answer_from_llamacpps_logits(server: Server, llava: tuple[Path, Path]) -> None:
     image = sample_image(60, 80, seed=22)
     b64 = base64.b64encode(png_bytes(image)).decode()

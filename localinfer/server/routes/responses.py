@@ -14,9 +14,10 @@ from fastapi import APIRouter, Depends, Request
 from sse_starlette import ServerSentEvent
 from sse_starlette.sse import EventSourceResponse
 
+from localinfer.backends.base import MEDIA_MARKER
 from localinfer.engine.tools import ToolCall
 from localinfer.engine.types import CompletionOutput
-from localinfer.errors import ConstraintError
+from localinfer.errors import ConstraintError, UserError
 from localinfer.server import deps
 from localinfer.server import responses_wire as r
 from localinfer.server.bridge import Bridge, Job, Route
@@ -47,6 +48,13 @@ class ResponseLog:
             self._items.popitem(last=False)
 
 
+def without_images(message: dict) -> dict:
+    """A turn as a stored response keeps it: its images' markers gone with the images (a
+    follow-up by previous_response_id sends its own)."""
+    content = message.get("content")
+    return {**message, "content": content.replace(MEDIA_MARKER, "")} if isinstance(content, str) else message
+
+
 def log_of(request: Request) -> ResponseLog:
     return request.app.state.responses
 
@@ -54,22 +62,26 @@ def log_of(request: Request) -> ResponseLog:
 @router.post("/v1/responses", response_model=r.Response, responses={200: {"content": STREAMED}, **SAMPLING_ERRORS})
 async def respond(body: r.ResponseRequest, request: Request, bridge: BridgeDep, log: Annotated[ResponseLog, Depends(log_of)]):  # type: ignore[no-untyped-def]
     history = log.get(body.previous_response_id) if body.previous_response_id else []
+    try:
+        images = body.images()  # before a model loads: a bad one costs nothing
+    except UserError as e:
+        raise ApiError(400, str(e), param="input") from None
     loaded = await bridge.model(body.model)
     try:
         constraint = body.constraint()
     except ConstraintError as e:
         raise ApiError(400, str(e), param="text.format") from None
     conversation = body.conversation(history)
-    prompt = chat_prompt(loaded.engine, conversation, body.tool_list, body.choice(), body.thinks())
+    prompt = chat_prompt(loaded.engine, conversation, body.tool_list, body.choice(), body.thinks(), images)
     if prompt.plan and prompt.plan.constraint and constraint:
         raise ApiError(400, "text.format and a required tool call cannot both shape the answer", param="text.format")
     params = loaded.engine.defaults.with_overrides(
         temperature=body.temperature, top_p=body.top_p, max_tokens=body.max_output_tokens, reasoning=True,
         constraint=(prompt.plan.constraint if prompt.plan else None) or constraint,
     )  # fmt: skip
-    job = bridge.submit(loaded, prompt.tokens, params, Route(request.url.path, "resp", "text.format", "max_output_tokens"))
+    job = bridge.submit(loaded, prompt.tokens, params, Route(request.url.path, "resp", "text.format", "max_output_tokens"), prompt.media)
     shell = r.Response(id=job.rid, model=loaded.engine.name, status="in_progress", **echo(body))
-    remember = (lambda out: log.put(job.rid, [m for m in conversation if m["role"] != "system"] + [turn(out)])) if body.store else (lambda out: None)
+    remember = (lambda out: log.put(job.rid, [without_images(m) for m in conversation if m["role"] != "system"] + [turn(out)])) if body.store else (lambda out: None)
     if body.stream:
         return EventSourceResponse(events(bridge, job, prompt, shell, remember), ping=15)
     (out, _), = await bridge.results(request, [job])
