@@ -350,7 +350,7 @@ def run(
     json_schema: opt.JsonSchema = None,
     grammar: opt.Grammar = None,
     regex: opt.Regex = None,
-    image: Annotated[Optional[list[Path]], typer.Option("--image", help="An image for a vision model to read with the prompt (PNG, JPEG, WebP, GIF's first frame, BMP); repeat it for several.", show_default=False)] = None,
+    image: Annotated[Optional[list[Path]], typer.Option("--image", metavar="PATH", help="An image for a vision model to read with the prompt (PNG, JPEG, WebP, GIF's first frame, BMP); repeat it for several.", show_default=False)] = None,
     mmproj: opt.Mmproj = None,
 ) -> None:
     """Answer a prompt with a model, streaming the text as it is generated."""
