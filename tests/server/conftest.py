@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from .test_serve import Server
+from .test_serve import Server, serving
 
 
 def check_nesting(steps: list[tuple[str, int]]) -> None:
@@ -29,7 +29,4 @@ def check_nesting(steps: list[tuple[str, int]]) -> None:
 
 @pytest.fixture(scope="session")
 def dialects(f32_path: Path) -> Iterator[Server]:
-    s = Server(str(f32_path), "--parallel", "2", "--allow-paths", "--max-loaded", "2", "--ctx", "1024")
-    s.model = str(f32_path)
-    yield s
-    assert s.stop()[0] == 0
+    yield from serving(f32_path, "--parallel", "2", "--allow-paths", "--max-loaded", "2", "--ctx", "1024")

@@ -25,7 +25,7 @@ from tests.embedding_models import (
     write_xlm_roberta_reranker,
 )
 
-from .test_serve import Server
+from .test_serve import Server, serving
 
 TEXTS = ["the quick brown fox jumps over the lazy dog", "a cat sat on the mat", "paris is the capital of france"]
 QUERY = "what is the capital of france"
@@ -49,10 +49,7 @@ def models(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
 
 @pytest.fixture(scope="module")
 def server(models: tuple[Path, Path]) -> Iterator[Server]:
-    s = Server(str(models[0]), "--parallel", "2", "--allow-paths", "--max-loaded", "2")
-    s.model = str(models[0])
-    yield s
-    assert s.stop()[0] == 0
+    yield from serving(models[0], "--parallel", "2", "--allow-paths", "--max-loaded", "2")
 
 
 def post(server: Server, path: str, body: dict) -> httpx.Response:
@@ -146,10 +143,7 @@ def xlmr_models(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
 
 @pytest.fixture(scope="module")
 def xlmr_server(xlmr_models: tuple[Path, Path]) -> Iterator[Server]:
-    s = Server(str(xlmr_models[1]), "--pooling", "rank", "--parallel", "2", "--allow-paths", "--max-loaded", "2")
-    s.model = str(xlmr_models[1])
-    yield s
-    assert s.stop()[0] == 0
+    yield from serving(xlmr_models[1], "--pooling", "rank", "--parallel", "2", "--allow-paths", "--max-loaded", "2")
 
 
 def test_an_xlm_roberta_embeds_and_ranks_as_llama_cpp(xlmr_server: Server, xlmr_models: tuple[Path, Path]) -> None:

@@ -17,7 +17,7 @@ import pytest
 
 from tests.embedding_models import llamacpp_rerank_scores, llamacpp_yes_no_scores, write_qwen3_reranker
 
-from .test_serve import Server
+from .test_serve import Server, serving
 
 QUERY = "what is the capital of france"
 DOCUMENTS = ["paris is the capital of france", "a cat sat on the mat", "rain today and sun tomorrow", "london is the capital of england", "coffee or tea"]
@@ -35,10 +35,7 @@ def models(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
 
 @pytest.fixture(scope="module")
 def server(models: dict[str, Path]) -> Iterator[Server]:
-    s = Server(str(models["plain"]), "--pooling", "rank", "--allow-paths", "--max-loaded", "3")
-    s.model = str(models["plain"])
-    yield s
-    assert s.stop()[0] == 0
+    yield from serving(models["plain"], "--pooling", "rank", "--allow-paths", "--max-loaded", "3")
 
 
 def post(server: Server, path: str, body: dict) -> httpx.Response:

@@ -67,6 +67,16 @@ class Server:
         return self.proc.returncode, self.log_text()
 
 
+def serving(model: Path, *args: str) -> Iterator[Server]:
+    """A server started on a model file, whose path requests name it by; stopped after, and
+    exiting 0 (a fixture's body: `yield from serving(...)`)."""
+    s = Server(str(model), *args)
+    s.model = str(model)
+    yield s
+    code, log = s.stop()
+    assert code == 0, log
+
+
 @pytest.fixture(scope="module")
 def server(f32_path: Path) -> Iterator[Server]:
     """On the F32 widening of the embedded model: several tests compare two greedy answers

@@ -23,7 +23,7 @@ from localinfer.backends.llamacpp import Tokenizer
 from localinfer.engine.loader import LoadOptions, open_engine
 from tests.vision_models import llamacpp_vision_logits, png_bytes, sample_image, write_pair
 
-from .test_serve import Server
+from .test_serve import Server, serving
 
 QUESTION = "What is in this picture?"
 
@@ -35,10 +35,7 @@ def llava(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
 
 @pytest.fixture(scope="module")
 def server(llava: tuple[Path, Path]) -> Iterator[Server]:
-    s = Server(str(llava[0]), "--allow-paths", "--max-loaded", "2")
-    s.model = str(llava[0])
-    yield s
-    assert s.stop()[0] == 0
+    yield from serving(llava[0], "--allow-paths", "--max-loaded", "2")
 
 
 def data_url(data: bytes) -> str:
