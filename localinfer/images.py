@@ -104,17 +104,16 @@ def image_from_url(url: str, name: str = "the image") -> bytes:
     head, comma, payload = url.partition(",")
     if not url.startswith("data:") or not comma or not head.endswith(";base64"):
         raise UserError(f"{name} is not a data: URL with base64 bytes (data:image/png;base64,...)")
-    try:
-        data = base64.b64decode(payload, validate=True)
-    except (binascii.Error, ValueError):
-        raise UserError(f"{name}'s base64 bytes are damaged") from None
-    return checked_image(data, name)
+    return _decoded(payload, name)
 
 
 def image_from_base64(text: str, name: str = "the image") -> bytes:
     """An image a request gives as base64 text (Ollama's `images`; a data: URL is taken too), checked."""
-    if text.startswith("data:"):
-        return image_from_url(text, name)
+    return image_from_url(text, name) if text.startswith("data:") else _decoded(text, name)
+
+
+def _decoded(text: str, name: str) -> bytes:
+    """The image in base64 text, checked."""
     try:
         data = base64.b64decode(text, validate=True)
     except (binascii.Error, ValueError):

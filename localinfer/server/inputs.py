@@ -1,9 +1,13 @@
-"""Embedding and rerank inputs from any dialect's request: tokenized and checked, every one
-before any is computed, so that a bad one is a 400 that names it and nothing is half done."""
+"""Embedding and rerank inputs, and a chat's images, from any dialect's request: checked, every
+one before any is computed (or a model loaded), so that a bad one is a 400 that names it and
+nothing is half done."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from localinfer.engine.engine import Engine
+from localinfer.errors import UserError
 from localinfer.server.errors import ApiError
 
 MAX_INPUTS = 2048  # inputs of one request, as OpenAI's embeddings API takes
@@ -34,3 +38,13 @@ def check_dimensions(engine: Engine, dimensions: int | None) -> None:
     n_embd = engine.backend.facts.n_embd
     if dimensions is not None and dimensions > n_embd:
         raise ApiError(400, f"this model's embeddings have {n_embd} dimensions; dimensions can only cut them shorter", param="dimensions")
+
+
+def request_images(read: Callable[[], list[bytes]], field: str) -> list[bytes]:
+    """A request's images as `read` decodes and checks them from its body (before a model
+    loads: a bad one costs nothing); a bad one is a 400 naming `field`."""
+    try:
+        return read()
+    except UserError as e:
+        raise ApiError(400, str(e), param=field) from None
+

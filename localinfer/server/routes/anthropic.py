@@ -16,12 +16,11 @@ from sse_starlette.sse import EventSourceResponse
 
 from localinfer.engine.tools import ToolCall
 from localinfer.engine.types import CompletionOutput
-from localinfer.errors import UserError
 from localinfer.server import anthropic_wire as a
 from localinfer.server import deps
 from localinfer.server.bridge import Bridge, Job, Route
 from localinfer.server.chat_prompt import ChatPrompt, chat_prompt
-from localinfer.server.errors import ApiError
+from localinfer.server.inputs import request_images
 from localinfer.server.host import Loaded
 
 router = APIRouter(dependencies=deps.AUTH)
@@ -31,10 +30,7 @@ STREAMED = {"text/event-stream": {"schema": {"type": "object", "properties": {"e
 
 
 async def prompt_for(bridge: Bridge, body: a.CountTokensRequest) -> tuple[Loaded, ChatPrompt]:
-    try:
-        images = body.images()  # before a model loads: a bad one costs nothing
-    except UserError as e:
-        raise ApiError(400, str(e), param="messages") from None
+    images = request_images(body.images, "messages")
     loaded = await bridge.model(body.model)
     choice = body.tool_choice.openai() if body.tool_choice else "auto"
     return loaded, chat_prompt(loaded.engine, body.conversation(), body.tool_list, choice, body.thinks(), images)

@@ -27,7 +27,7 @@ from localinfer.server.bridge import Bridge, Job, Route
 from localinfer.server.chat_prompt import ChatPrompt, chat_prompt
 from localinfer.server.errors import ApiError
 from localinfer.server.host import Loaded, seconds
-from localinfer.server.inputs import check_dimensions, input_tokens
+from localinfer.server.inputs import check_dimensions, input_tokens, request_images
 
 router = APIRouter(prefix="/api", dependencies=deps.AUTH)
 BridgeDep = Annotated[Bridge, Depends(deps.bridge)]
@@ -94,10 +94,7 @@ def assistant(text: str, thinking: str = "", calls: list[ToolCall] | None = None
 @router.post("/chat", responses=STREAMED)
 async def chat(body: o.ChatRequest, request: Request, bridge: BridgeDep):  # type: ignore[no-untyped-def]
     started = time.perf_counter()
-    try:
-        images = body.images()  # before a model loads: a bad one costs nothing
-    except UserError as e:
-        raise ApiError(400, str(e), param="messages") from None
+    images = request_images(body.images, "messages")
     loaded, load_ns = await model_for(bridge, body.model, body.keep_alive)
     prompt = chat_prompt(loaded.engine, body.conversation(), body.tool_list, "auto", body.thinks(), images)
     job = bridge.submit(loaded, prompt.tokens, sampling(loaded.engine, body), Route(request.url.path, "chat", "format", "num_predict"), prompt.media)
@@ -155,10 +152,7 @@ async def _pieces(bridge: Bridge, job: Job) -> AsyncIterator[tuple[CompletionOut
 @router.post("/generate", responses=STREAMED)
 async def generate(body: o.GenerateRequest, request: Request, bridge: BridgeDep):  # type: ignore[no-untyped-def]
     started = time.perf_counter()
-    try:
-        images = body.image_bytes()
-    except UserError as e:
-        raise ApiError(400, str(e), param="images") from None
+    images = request_images(body.image_bytes, "images")
     loaded, load_ns = await model_for(bridge, body.model, body.keep_alive)
     engine = loaded.engine
     head = {"model": body.model, "created_at": now()}

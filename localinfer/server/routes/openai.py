@@ -16,14 +16,14 @@ from localinfer.engine.constraints import Constraint
 from localinfer.engine.embedding import encode_base64, finish
 from localinfer.engine.engine import Engine
 from localinfer.engine.types import CompletionOutput, SamplingParams, TokenEvent
-from localinfer.errors import ConstraintError, UserError
+from localinfer.errors import ConstraintError
 from localinfer.server import deps
 from localinfer.server import protocol as p
 from localinfer.server.bridge import Bridge, Job, Route
 from localinfer.server.chat_prompt import ChatPrompt, chat_prompt
 from localinfer.server.errors import SAMPLING_ERRORS, ApiError, errors
 from localinfer.server.host import ModelHost
-from localinfer.server.inputs import check_dimensions, input_tokens
+from localinfer.server.inputs import check_dimensions, input_tokens, request_images
 from localinfer.server.openai_wire import chat_logprobs, completion_logprobs, model_card, usage, wire_call
 from localinfer.store.inventory import local_names
 
@@ -45,10 +45,7 @@ async def models(host: Annotated[ModelHost, Depends(deps.host)]) -> p.ModelList:
 async def chat(body: p.ChatCompletionRequest, request: Request, bridge: BridgeDep):  # type: ignore[no-untyped-def]
     if body.top_logprobs is not None and not body.logprobs:
         raise ApiError(400, "top_logprobs needs logprobs: true", param="top_logprobs")
-    try:
-        images = body.images()  # before a model loads: a bad one costs nothing
-    except UserError as e:
-        raise ApiError(400, str(e), param="messages") from None
+    images = request_images(body.images, "messages")
     loaded = await bridge.model(body.model, body.n)
     engine = loaded.engine
     choice = body.tool_choice.function.name if isinstance(body.tool_choice, p.NamedToolChoice) else (body.tool_choice or "auto")

@@ -17,12 +17,13 @@ from sse_starlette.sse import EventSourceResponse
 from localinfer.backends.base import MEDIA_MARKER
 from localinfer.engine.tools import ToolCall
 from localinfer.engine.types import CompletionOutput
-from localinfer.errors import ConstraintError, UserError
+from localinfer.errors import ConstraintError
 from localinfer.server import deps
 from localinfer.server import responses_wire as r
 from localinfer.server.bridge import Bridge, Job, Route
 from localinfer.server.chat_prompt import ChatPrompt, chat_prompt
 from localinfer.server.errors import SAMPLING_ERRORS, ApiError
+from localinfer.server.inputs import request_images
 
 router = APIRouter(dependencies=deps.AUTH)
 BridgeDep = Annotated[Bridge, Depends(deps.bridge)]
@@ -62,10 +63,7 @@ def log_of(request: Request) -> ResponseLog:
 @router.post("/v1/responses", response_model=r.Response, responses={200: {"content": STREAMED}, **SAMPLING_ERRORS})
 async def respond(body: r.ResponseRequest, request: Request, bridge: BridgeDep, log: Annotated[ResponseLog, Depends(log_of)]):  # type: ignore[no-untyped-def]
     history = log.get(body.previous_response_id) if body.previous_response_id else []
-    try:
-        images = body.images()  # before a model loads: a bad one costs nothing
-    except UserError as e:
-        raise ApiError(400, str(e), param="input") from None
+    images = request_images(body.images, "input")
     loaded = await bridge.model(body.model)
     try:
         constraint = body.constraint()
