@@ -177,11 +177,15 @@ class Engine:
         as llama-server joins them where it has none."""
         return rerank_tokens(self.backend, query, document, self.rerank_template)
 
+    def _bos_written(self, text: str) -> bool:
+        """The template already wrote the BOS the model wants added: it must not come twice."""
+        v = self.backend.vocab
+        return v.add_bos and bool(v.bos_text) and text.startswith(v.bos_text)
+
     def tokenize_prompt(self, text: str) -> list[int]:
         """Tokens for a prompt, with BOS where the model wants it but never twice."""
         v = self.backend.vocab
-        add_bos = v.add_bos and not (v.bos_text and text.startswith(v.bos_text))
-        tokens = self.backend.tokenize(text, add_special=add_bos, parse_special=True)
+        tokens = self.backend.tokenize(text, add_special=v.add_bos and not self._bos_written(text), parse_special=True)
         if not tokens and v.bos_id is not None:
             tokens = [v.bos_id]
         return tokens
@@ -192,9 +196,8 @@ class Engine:
         starts, for submit(). BOS as tokenize_prompt adds it."""
         if not images:
             return self.tokenize_prompt(text), {}
-        v = self.backend.vocab
-        if v.add_bos and v.bos_text and text.startswith(v.bos_text):  # the backend adds it: never twice
-            text = text[len(v.bos_text) :]
+        if self._bos_written(text):  # the backend adds it
+            text = text[len(self.backend.vocab.bos_text) :]
         return media_prompt(self.backend.media_chunks(text, images))
 
     # --- requests (any thread) ------------------------------------------------------
