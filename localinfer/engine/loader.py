@@ -96,7 +96,7 @@ def choose_engine(asked: str, info: GGUFInfo, gpu_layers: int | str, cache: tupl
         if rpc and not get_backend(asked).capabilities().rpc:
             raise UserError(f"the {asked} engine runs a model on this machine alone; --rpc needs an engine that reaches RPC workers (llama.cpp, built by install.sh)")
         if images is not None and not get_backend(asked).capabilities().vision:
-            raise UserError(f"the {asked} engine reads no images, and {images.path.name} lies beside the model: use --engine auto, or --mmproj none for text alone")
+            raise UserError(f"the {asked} engine reads no images, and the model has the projector {images.path.name}: use --engine auto, or --mmproj none for text alone")
         return EngineChoice(asked, "asked for with --engine")
     engines: dict[str, Capabilities | BackendError] = {}
     for name in BACKENDS:
