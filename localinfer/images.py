@@ -1,4 +1,4 @@
-"""An image a user hands us (a file, a data: URL's bytes), checked before any decoder sees it:
+"""An image a user hands us (a file, a data: URL's bytes, a link the server fetches), checked before any decoder sees it:
 its format and size read from its header alone. The decoder (stb_image, inside mtmd) would
 otherwise allocate whatever a header claims, so a 30,000 x 30,000 "decompression bomb" of a
 few KB, a 0 x 0 image or a truncated file is refused here in one line.
@@ -9,6 +9,7 @@ from __future__ import annotations
 import base64
 import binascii
 import struct
+from dataclasses import dataclass
 from pathlib import Path
 
 from localinfer.errors import UserError
@@ -95,21 +96,40 @@ def read_image(path: Path) -> bytes:
     return checked_image(data, Path(path).name)
 
 
-def image_from_url(url: str, name: str = "the image") -> bytes:
-    """An image a request gives as a data: URL (data:image/...;base64,...), checked. Links are
-    not fetched: a server that fetched whatever a request names could be made to reach any
-    address it can."""
-    if url.startswith(("http://", "https://")):
-        raise UserError(f"{name} is a link, which this server does not fetch: send the image itself as a data: URL (data:image/png;base64,...)")
-    head, comma, payload = url.partition(",")
-    if not url.startswith("data:") or not comma or not head.endswith(";base64"):
-        raise UserError(f"{name} is not a data: URL with base64 bytes (data:image/png;base64,...)")
-    return _decoded(payload, name)
+@dataclass(frozen=True)
+class ImageLink:
+    """An image a request names by an http(s) URL: fetched only by a server started with
+    --allow-fetch (server/fetch.py), since a server that fetched whatever a request names
+    could be made to reach any address it can."""
+
+    url: str
+    name: str  # "image 2": what an error calls it
+
+
+ImageInput = bytes | ImageLink  # a request's image: its checked bytes, or a link to fetch
+
+
+def is_link(url: str) -> bool:
+    return url[:8].lower().startswith(("http://", "https://"))
+
+
+def image_from_url(url: str, name: str = "the image") -> ImageInput:
+    """An image a request gives as a data: URL (data:image/...;base64,...), checked; an
+    http(s) URL is handed back as an ImageLink, for the server to fetch or refuse."""
+    return ImageLink(url, name) if is_link(url) else _from_data_url(url, name)
 
 
 def image_from_base64(text: str, name: str = "the image") -> bytes:
     """An image a request gives as base64 text (Ollama's `images`; a data: URL is taken too), checked."""
-    return image_from_url(text, name) if text.startswith("data:") else _decoded(text, name)
+    return _from_data_url(text, name) if text.startswith("data:") else _decoded(text, name)
+
+
+def _from_data_url(url: str, name: str) -> bytes:
+    """The image in a data: URL with base64 bytes, checked."""
+    head, comma, payload = url.partition(",")
+    if not url.startswith("data:") or not comma or not head.endswith(";base64"):
+        raise UserError(f"{name} is not a data: URL with base64 bytes (data:image/png;base64,...)")
+    return _decoded(payload, name)
 
 
 def _decoded(text: str, name: str) -> bytes:

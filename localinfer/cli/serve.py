@@ -57,11 +57,13 @@ def serve(
     draft_ngram_min: opt.DraftNgramMin = 2,
     draft_ngram_max: opt.DraftNgramMax = 4,
     allow_paths: Annotated[bool, typer.Option("--allow-paths", help="Let a request's 'model' name any .gguf file on this machine (by default only the models given here, the catalog's and the downloaded ones).")] = False,
+    allow_fetch: Annotated[bool, typer.Option("--allow-fetch", help="Fetch the http(s) image URLs that requests name (bounded in time, bytes and redirects); off by default, such a link is a 400 and requests cannot make the server reach other addresses.")] = False,
     allow_pull: Annotated[bool, typer.Option("--allow-pull", help="Let Ollama clients download and delete models (POST /api/pull, DELETE /api/delete); off, a client cannot fill the disk.")] = False,
     decode_slowdown: Annotated[float, typer.Option(help="While others decode, a step that prefills may take this many times a decode step (fewer prompt tokens per step); 0: no limit.", callback=opt.at_least(0))] = 2.0,
 ) -> None:
     """Serve models over HTTP in four dialects: OpenAI's (/v1/chat/completions, /v1/completions, /v1/embeddings, /v1/models), OpenAI's Responses (/v1/responses), Anthropic's Messages (/v1/messages) and Ollama's (/api/chat, /api/generate, /api/tags...; use --port 11434 for Ollama's clients); plus /health and /metrics."""
     from localinfer.server.app import create_app
+    from localinfer.server.fetch import FetchLimits
     from localinfer.server.host import ModelHost
     from localinfer.server.run import serve_app
 
@@ -74,7 +76,7 @@ def serve(
     # keep_alive is in seconds already: duration() is its callback
     models = ModelHost(model, options, max_loaded=max_loaded, keep_alive=keep_alive, allow_paths=allow_paths)  # type: ignore[arg-type]
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s", datefmt="%H:%M:%S")
-    app = create_app(models, api_key=api_key, parallel=parallel, max_queue=max_queue, allow_pull=allow_pull)
+    app = create_app(models, api_key=api_key, parallel=parallel, max_queue=max_queue, allow_pull=allow_pull, fetch=FetchLimits() if allow_fetch else None)
     serve_app(app, host, port)
 
 

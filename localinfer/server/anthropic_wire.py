@@ -16,7 +16,7 @@ from localinfer.backends.base import MEDIA_MARKER
 from localinfer.engine.reasoning import budget_effort
 from localinfer.engine.tools import Tool
 from localinfer.engine.types import Think
-from localinfer.images import image_from_base64, image_from_url
+from localinfer.images import ImageInput, image_from_base64, image_from_url
 from localinfer.server.protocol import ChatMessage, Lenient, count, limited
 
 
@@ -60,8 +60,8 @@ class ImageSource(Lenient):
     data: str | None = None
     url: str | None = None
 
-    def image(self, name: str) -> bytes:
-        """The image's bytes, checked (a url source is refused, not fetched)."""
+    def image(self, name: str) -> ImageInput:
+        """The image's bytes, checked, or a url source's link (fetched under --allow-fetch)."""
         return image_from_base64(self.data or "", name) if self.type == "base64" else image_from_url(self.url or "", name)
 
 
@@ -130,8 +130,8 @@ class CountTokensRequest(Lenient):
     def tool_list(self) -> list[Tool]:
         return [Tool(t.name, t.input_schema, t.description) for t in self.tools or []]
 
-    def images(self) -> list[bytes]:
-        """Every image block's bytes, in message order (UserError names a bad one)."""
+    def images(self) -> list[ImageInput]:
+        """Every image block's bytes (or link), in message order (UserError names a bad one)."""
         blocks = [b for m in self.messages if not isinstance(m.content, str) for b in m.content if isinstance(b, ImageBlock)]
         return [b.source.image(f"image {i + 1}") for i, b in enumerate(blocks)]
 

@@ -12,13 +12,15 @@ from fastapi import FastAPI
 
 from localinfer.server import errors
 from localinfer.server.bridge import Bridge
+from localinfer.server.fetch import FetchLimits
 from localinfer.server.host import ModelHost
 from localinfer.server.metrics import Metrics
 from localinfer.server.middleware import BodyLimit
 from localinfer.server.routes import anthropic, health, ollama, ollama_models, openai, rerank, responses
 
 
-def create_app(host: ModelHost, api_key: str | None = None, parallel: int = 4, max_queue: int = 32, reap_every: float = 5.0, allow_pull: bool = False) -> FastAPI:
+def create_app(host: ModelHost, api_key: str | None = None, parallel: int = 4, max_queue: int = 32, reap_every: float = 5.0, allow_pull: bool = False,
+               fetch: FetchLimits | None = None) -> FastAPI:
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         await host.start()
@@ -37,6 +39,7 @@ def create_app(host: ModelHost, api_key: str | None = None, parallel: int = 4, m
     app.state.bridge = Bridge(host, engine_metrics(host), parallel, max_queue)
     app.state.api_key = api_key
     app.state.allow_pull = allow_pull  # may Ollama's /api/pull and /api/delete change the model store?
+    app.state.fetch = fetch  # how requests' image links are fetched (None: they are refused)
     app.state.responses = responses.ResponseLog()  # for previous_response_id
     errors.install(app)
     app.add_middleware(BodyLimit)

@@ -4,11 +4,13 @@ create_app, and the API-key check."""
 from __future__ import annotations
 
 import hmac
+from typing import Annotated
 
 from fastapi import Depends, Request
 
 from localinfer.server.bridge import Bridge
 from localinfer.server.errors import ApiError
+from localinfer.server.fetch import FetchLimits
 from localinfer.server.host import ModelHost
 from localinfer.server.metrics import Metrics
 
@@ -23,6 +25,14 @@ def host(request: Request) -> ModelHost:
 
 def metrics(request: Request) -> Metrics:
     return request.app.state.bridge.metrics
+
+
+def fetch_limits(request: Request) -> FetchLimits | None:
+    """How a request's image links are fetched: None unless `serve --allow-fetch`."""
+    return request.app.state.fetch
+
+
+Fetch = Annotated[FetchLimits | None, Depends(fetch_limits)]
 
 
 async def authorized(request: Request) -> None:

@@ -4,11 +4,13 @@ nothing is half done."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 from localinfer.engine.engine import Engine
 from localinfer.errors import UserError
+from localinfer.images import ImageInput
 from localinfer.server.errors import ApiError
+from localinfer.server.fetch import FetchLimits, fetched_images
 
 MAX_INPUTS = 2048  # inputs of one request, as OpenAI's embeddings API takes
 
@@ -40,11 +42,11 @@ def check_dimensions(engine: Engine, dimensions: int | None) -> None:
         raise ApiError(400, f"this model's embeddings have {n_embd} dimensions; dimensions can only cut them shorter", param="dimensions")
 
 
-def request_images(read: Callable[[], list[bytes]], field: str) -> list[bytes]:
-    """A request's images as `read` decodes and checks them from its body (before a model
-    loads: a bad one costs nothing); a bad one is a 400 naming `field`."""
+async def request_images(read: Callable[[], Sequence[ImageInput]], field: str, fetch: FetchLimits | None) -> list[bytes]:
+    """A request's images as `read` decodes and checks them from its body, its links fetched
+    under `fetch` (None: refused), before a model loads: a bad one costs nothing and is a 400
+    naming `field`."""
     try:
-        return read()
+        return await fetched_images(read(), fetch)
     except UserError as e:
         raise ApiError(400, str(e), param=field) from None
-

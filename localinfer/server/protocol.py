@@ -22,7 +22,7 @@ from localinfer.engine.reasoning import CLOSE, effort_of
 from localinfer.engine.tools import Tool
 from localinfer.engine.types import MAX_COUNT, SAMPLING, Think
 from localinfer.errors import ConstraintError
-from localinfer.images import image_from_url
+from localinfer.images import ImageInput, image_from_url
 
 
 class Lenient(BaseModel):
@@ -220,8 +220,8 @@ class ChatCompletionRequest(SamplingFields):
     def logprob_count(self) -> int | None:
         return (self.top_logprobs or 0) if self.logprobs else None
 
-    def images(self) -> list[bytes]:
-        """Every image_url part's bytes, in message order (UserError names a bad one)."""
+    def images(self) -> list[ImageInput]:
+        """Every image_url part's bytes (or link), in message order (UserError names a bad one)."""
         urls = [url for m in self.messages for url in m.image_urls()]
         return [image_from_url(url, f"image {i + 1}") for i, url in enumerate(urls)]
 

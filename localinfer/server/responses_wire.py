@@ -14,7 +14,7 @@ from localinfer.engine.constraints import Constraint
 from localinfer.engine.reasoning import effort_of
 from localinfer.engine.tools import Tool
 from localinfer.engine.types import Think
-from localinfer.images import image_from_url
+from localinfer.images import ImageInput, image_from_url
 from localinfer.server.protocol import ChatMessage, Lenient, limited
 
 
@@ -25,7 +25,7 @@ def new_id(prefix: str) -> str:
 class ContentPart(Lenient):
     type: Literal["input_text", "output_text", "text", "refusal", "input_image"]
     text: str = ""
-    image_url: str | None = None  # an input_image's: a data: URL (links are not fetched)
+    image_url: str | None = None  # an input_image's: a data: URL, or a link (fetched under --allow-fetch)
 
 
 class MessageItem(Lenient):
@@ -145,8 +145,8 @@ class ResponseRequest(Lenient):
     def tool_list(self) -> list[Tool]:
         return [Tool(t.name, t.parameters or {"type": "object", "properties": {}}, t.description or "") for t in self.tools or []]
 
-    def images(self) -> list[bytes]:
-        """The input's images, in order (UserError names a bad one). An earlier response's
+    def images(self) -> list[ImageInput]:
+        """The input's images (bytes or links), in order (UserError names a bad one). An earlier response's
         turns carry none: their images are not kept."""
         urls = [url for item in self.input if isinstance(item, MessageItem) for url in item.image_urls()] if isinstance(self.input, list) else []
         return [image_from_url(url, f"image {i + 1}") for i, url in enumerate(urls)]

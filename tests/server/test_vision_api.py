@@ -2,8 +2,9 @@
 clients: an image_url part with a data: URL, an Anthropic image block with a base64 source, and
 Ollama's base64 `images` on /api/chat and /api/generate,
 answer from llama.cpp's own logits after the image (tests/vision_models.py, in the same test);
-links, damaged or empty images and images sent to a text-only model are 400s in the dialect's
-shape, never a 500 and never an image silently dropped."""
+links (without serve --allow-fetch; with it: tests/server/test_image_fetch.py), damaged or
+empty images and images sent to a text-only model are 400s in the dialect's shape, never a
+500 and never an image silently dropped."""
 
 from __future__ import annotations
 
@@ -109,7 +110,7 @@ def test_ollamas_images_answer_from_llamacpps_logits(server: Server, llava: tupl
 @pytest.mark.parametrize(
     "url, message",
     [
-        ("https://example.com/cat.png", "does not fetch: send the image itself as a data: URL"),
+        ("https://example.com/cat.png", "does not fetch: send the image itself as a data: URL (data:image/png;base64,...), or start the server with --allow-fetch"),
         ("data:image/png;base64,%%%not-base64", "base64 bytes are damaged"),
         ("data:image/png,rawbytes", "not a data: URL with base64 bytes"),
         (data_url(b"\x89PNG\r\n\x1a\n\x00\x00\x00\x0dIHDR" + b"\x00" * 8 + b"\x08\x02\x00\x00\x00"), "is a 0 x 0 PNG"),

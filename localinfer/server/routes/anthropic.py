@@ -20,6 +20,7 @@ from localinfer.server import anthropic_wire as a
 from localinfer.server import deps
 from localinfer.server.bridge import Bridge, Job, Route
 from localinfer.server.chat_prompt import ChatPrompt, chat_prompt
+from localinfer.server.fetch import FetchLimits
 from localinfer.server.inputs import request_images
 from localinfer.server.host import Loaded
 
@@ -29,22 +30,22 @@ ERRORS = {status: {"model": a.ErrorResponse} for status in (400, 401, 403, 404, 
 STREAMED = {"text/event-stream": {"schema": {"type": "object", "properties": {"event": {"type": "string"}, "data": {"type": "string"}}}}}
 
 
-async def prompt_for(bridge: Bridge, body: a.CountTokensRequest) -> tuple[Loaded, ChatPrompt]:
-    images = request_images(body.images, "messages")
+async def prompt_for(bridge: Bridge, body: a.CountTokensRequest, fetch: FetchLimits | None) -> tuple[Loaded, ChatPrompt]:
+    images = await request_images(body.images, "messages", fetch)
     loaded = await bridge.model(body.model)
     choice = body.tool_choice.openai() if body.tool_choice else "auto"
     return loaded, chat_prompt(loaded.engine, body.conversation(), body.tool_list, choice, body.thinks(), images)
 
 
 @router.post("/v1/messages/count_tokens", response_model=a.TokenCount, responses=ERRORS)
-async def count_tokens(body: a.CountTokensRequest, bridge: BridgeDep) -> a.TokenCount:
-    _, prompt = await prompt_for(bridge, body)
+async def count_tokens(body: a.CountTokensRequest, bridge: BridgeDep, fetch: deps.Fetch) -> a.TokenCount:
+    _, prompt = await prompt_for(bridge, body, fetch)
     return a.TokenCount(input_tokens=len(prompt.tokens))
 
 
 @router.post("/v1/messages", response_model=a.MessageResponse, responses={200: {"content": STREAMED}, **ERRORS})
-async def messages(body: a.MessagesRequest, request: Request, bridge: BridgeDep):  # type: ignore[no-untyped-def]
-    loaded, prompt = await prompt_for(bridge, body)
+async def messages(body: a.MessagesRequest, request: Request, bridge: BridgeDep, fetch: deps.Fetch):  # type: ignore[no-untyped-def]
+    loaded, prompt = await prompt_for(bridge, body, fetch)
     engine = loaded.engine
     budget = body.thinking.budget_tokens if body.thinking and body.thinking.type == "enabled" else None
     params = engine.defaults.with_overrides(

@@ -94,7 +94,7 @@ def assistant(text: str, thinking: str = "", calls: list[ToolCall] | None = None
 @router.post("/chat", responses=STREAMED)
 async def chat(body: o.ChatRequest, request: Request, bridge: BridgeDep):  # type: ignore[no-untyped-def]
     started = time.perf_counter()
-    images = request_images(body.images, "messages")
+    images = await request_images(body.images, "messages", None)  # Ollama sends base64, never links
     loaded, load_ns = await model_for(bridge, body.model, body.keep_alive)
     prompt = chat_prompt(loaded.engine, body.conversation(), body.tool_list, "auto", body.thinks(), images)
     job = bridge.submit(loaded, prompt.tokens, sampling(loaded.engine, body), Route(request.url.path, "chat", "format", "num_predict"), prompt.media)
@@ -152,7 +152,7 @@ async def _pieces(bridge: Bridge, job: Job) -> AsyncIterator[tuple[CompletionOut
 @router.post("/generate", responses=STREAMED)
 async def generate(body: o.GenerateRequest, request: Request, bridge: BridgeDep):  # type: ignore[no-untyped-def]
     started = time.perf_counter()
-    images = request_images(body.image_bytes, "images")
+    images = await request_images(body.image_bytes, "images", None)
     loaded, load_ns = await model_for(bridge, body.model, body.keep_alive)
     engine = loaded.engine
     head = {"model": body.model, "created_at": now()}

@@ -42,10 +42,10 @@ async def models(host: Annotated[ModelHost, Depends(deps.host)]) -> p.ModelList:
 
 
 @router.post("/v1/chat/completions", response_model=p.ChatCompletion, responses={200: {"content": STREAMED}, **SAMPLING_ERRORS})
-async def chat(body: p.ChatCompletionRequest, request: Request, bridge: BridgeDep):  # type: ignore[no-untyped-def]
+async def chat(body: p.ChatCompletionRequest, request: Request, bridge: BridgeDep, fetch: deps.Fetch):  # type: ignore[no-untyped-def]
     if body.top_logprobs is not None and not body.logprobs:
         raise ApiError(400, "top_logprobs needs logprobs: true", param="top_logprobs")
-    images = request_images(body.images, "messages")
+    images = await request_images(body.images, "messages", fetch)
     loaded = await bridge.model(body.model, body.n)
     engine = loaded.engine
     choice = body.tool_choice.function.name if isinstance(body.tool_choice, p.NamedToolChoice) else (body.tool_choice or "auto")

@@ -61,9 +61,9 @@ def log_of(request: Request) -> ResponseLog:
 
 
 @router.post("/v1/responses", response_model=r.Response, responses={200: {"content": STREAMED}, **SAMPLING_ERRORS})
-async def respond(body: r.ResponseRequest, request: Request, bridge: BridgeDep, log: Annotated[ResponseLog, Depends(log_of)]):  # type: ignore[no-untyped-def]
+async def respond(body: r.ResponseRequest, request: Request, bridge: BridgeDep, log: Annotated[ResponseLog, Depends(log_of)], fetch: deps.Fetch):  # type: ignore[no-untyped-def]
     history = log.get(body.previous_response_id) if body.previous_response_id else []
-    images = request_images(body.images, "input")
+    images = await request_images(body.images, "input", fetch)
     loaded = await bridge.model(body.model)
     try:
         constraint = body.constraint()
