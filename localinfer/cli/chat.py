@@ -38,6 +38,7 @@ def chat(
     cpu_moe: opt.CpuMoe = False,
     n_cpu_moe: opt.NCpuMoe = None,
     rpc: opt.Rpc = None,
+    mmproj: opt.Mmproj = None,
     kernels: opt.Kernels = None,
     cache_type: opt.CacheType = None,
     cache_type_k: opt.CacheTypeK = None,
@@ -61,7 +62,7 @@ def chat(
 
     The sampling options are where every chat starts (a saved chat keeps its own); Ctrl+S changes them.
 
-    Keys: Enter sends, Shift+Enter (or Ctrl+J) breaks the line, Esc stops a reply; the footer lists the rest, and Ctrl+P finds any action. Chats are kept in chats.db in the data folder (LOCALINFER_HOME if set)."""
+    Keys: Enter sends, Shift+Enter (or Ctrl+J) breaks the line, Esc stops a reply, Ctrl+O (or /image PATH) attaches an image for a vision model; the footer lists the rest, and Ctrl+P finds any action. Chats are kept in chats.db in the data folder (LOCALINFER_HOME if set)."""
     from localinfer.tui.store import ChatStore
 
     model = opt.one_model(model, model_option)
@@ -85,7 +86,7 @@ def chat(
         from localinfer.tui.app import ChatApp
         from localinfer.tui.threads import UI_NICE
 
-        options = opt.load_options(engine_name, ctx, threads, kernels, (cache_type, cache_type_k, cache_type_v), (draft, draft_max, draft_ngram_min, draft_ngram_max), gpu_layers, draft_engine=draft_engine, cpu_moe=opt.cpu_moe_choice(cpu_moe, n_cpu_moe), prompt_cache=opt.prompt_cache(no_prompt_cache, cache_ram, cache_disk, cache_dir), rpc=rpc)
+        options = opt.load_options(engine_name, ctx, threads, kernels, (cache_type, cache_type_k, cache_type_v), (draft, draft_max, draft_ngram_min, draft_ngram_max), gpu_layers, draft_engine=draft_engine, cpu_moe=opt.cpu_moe_choice(cpu_moe, n_cpu_moe), prompt_cache=opt.prompt_cache(no_prompt_cache, cache_ram, cache_disk, cache_dir), rpc=rpc, mmproj=mmproj)
         sampling = {"temperature": temperature, "top_k": top_k, "top_p": top_p, "min_p": min_p, "repeat_penalty": repeat_penalty, "seed": seed, "max_tokens": max_tokens}
         ChatApp(store, model_loader(options, think_of(think, think_budget), think_budget), model=model, url=url, sampling=sampling, ui_nice=UI_NICE).run()
     finally:

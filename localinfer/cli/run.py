@@ -407,9 +407,9 @@ def run(
 def prompt_tokens(engine: Engine, prompt: str, system: str | None, raw: bool, thinks: Think, images: list[bytes]) -> tuple[list[int], dict]:
     """The prompt's tokens (in the chat template unless raw) and its images, each standing
     before the text as llama-mtmd-cli places them."""
-    from localinfer.backends.base import MEDIA_MARKER
+    from localinfer.engine.media import marked
 
-    text = MEDIA_MARKER * len(images) + ("\n" if images else "") + prompt
+    text = marked(prompt, len(images))
     messages = ([{"role": "system", "content": system}] if system else []) + [{"role": "user", "content": text}]
     return engine.tokenize_media(text if raw else engine.render_chat(messages, think=thinks), images)
 

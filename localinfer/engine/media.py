@@ -8,7 +8,12 @@ run's start to hand the whole chunk to forward_media: an image is encoded whole 
 
 from __future__ import annotations
 
-from localinfer.backends.base import MediaChunk
+from localinfer.backends.base import MEDIA_MARKER, MediaChunk
+
+
+def marked(text: str, n_images: int) -> str:
+    """A message's text with its images' markers before it, where llama-mtmd-cli places them."""
+    return MEDIA_MARKER * n_images + "\n" + text if n_images else text
 
 
 def placeholder(key: str) -> int:

@@ -25,6 +25,7 @@ from textual.widgets import Footer, Input, Label, ListView
 from localinfer.engine.templates import Message
 from localinfer.engine.types import SamplingParams
 from localinfer.errors import UserError
+from localinfer.tui.attachments import Attachment
 from localinfer.tui.export import export_chat
 from localinfer.tui.replies import Reply, ReplyFigures
 from localinfer.tui.screens import SETTINGS, AskScreen, ConfirmScreen, SettingsScreen
@@ -50,6 +51,7 @@ class ChatApp(App):
         Binding("ctrl+t", "edit", "Edit"),
         Binding("ctrl+f", "search", "Search"),
         Binding("ctrl+s", "settings", "Settings"),
+        Binding("ctrl+o", "attach_image", "Image"),
         Binding("f2", "rename", "Rename"),
         Binding("f3", "copy", "Copy"),
         Binding("f4", "export", "Export"),
@@ -64,6 +66,7 @@ class ChatApp(App):
         ("Regenerate", "Write the last reply again (the earlier one stays: Other reply)", "regenerate"),
         ("Other reply", "Show the last reply's other versions, in turn", "other_reply"),
         ("Edit message", "Change the focused (or last) message of yours and resend from there", "edit"),
+        ("Attach image", "Attach an image file to your next message, for a vision model to read (or type /image PATH)", "attach_image"),
         ("Search chats", "Filter the chat list by title or content", "search"),
         ("Chat settings", "System prompt, sampling, max tokens, seed and model", "settings"),
         ("Rename chat", "Give this chat a new title", "rename"),
@@ -94,6 +97,7 @@ class ChatApp(App):
         self.reply: Reply | None = None  # the reply streaming now
         self._dropped_told = 0  # how many trimmed messages the user has been told of, for the reply streaming now
         self.editing: int | None = None  # the position of the user message being edited
+        self.attached: list[Attachment] = []  # images that go with the next message sent
         self._view: MessageView | None = None
         self._text: list[str] = []
         self._last_figures: ReplyFigures | None = None
@@ -217,6 +221,7 @@ class ChatApp(App):
         self.action_stop()
         self.chat = chat
         self.editing = None
+        self.attached = []
         self.pending_settings = dict(self.given_sampling)
         self._last_figures = None
         self.ensure_model()
@@ -227,12 +232,20 @@ class ChatApp(App):
         conversation = self.query_one("#conversation", VerticalScroll)
         conversation.remove_children()
         messages = self.store.messages(self.chat.id) if self.chat else []
-        conversation.mount_all([MessageView(m.role, m.content, m, self._alternatives_note(m)) for m in messages])
+        images = self.store.images(self.chat.id) if self.chat else {}
+        conversation.mount_all([MessageView(m.role, m.content, m, self._alternatives_note(m), images=images.get(m.id, ())) for m in messages])
         conversation.scroll_end(animate=False)
         last = next((m for m in reversed(messages) if m.role == "assistant"), None)
         self._last_figures = _stored_figures(last) if last else None
         self.show_status()
-        self.query_one("#mode", Label).update("")
+        self.show_mode()
+
+    def show_mode(self) -> None:
+        """The line above the prompt: a message being edited, and the images that go with the next one."""
+        lines = ["Editing a message: Enter resends from there (the replies after it are replaced), Esc cancels."] if self.editing is not None else []
+        if self.attached:
+            lines.append("With your next message: " + "; ".join(a.describe() for a in self.attached) + " (/image none drops them)")
+        self.query_one("#mode", Label).update("\n".join(lines))
 
     def _alternatives_note(self, message: ChatMessage | None) -> str:
         if message is None or message.role != "assistant" or self.chat is None:
@@ -253,6 +266,11 @@ class ChatApp(App):
     # --- sending and streaming ---------------------------------------------------------
     @on(PromptInput.Submitted)
     async def send(self, event: PromptInput.Submitted) -> None:
+        command, _, argument = event.text.strip().partition(" ")
+        if command == "/image":  # a command, not a message
+            self.query_one(PromptInput).clear()
+            self.attach(argument.strip())
+            return
         if self.reply is not None:
             self.notify("A reply is being written; Esc stops it.", severity="warning")
             return
@@ -268,12 +286,14 @@ class ChatApp(App):
             if self.pending_settings:
                 self.store.save_settings(self.chat.id, self.pending_settings)
         position, self.editing = self.editing, None
-        message = self.store.add(self.chat.id, "user", text, position=position)
+        images, self.attached = tuple(self.attached), []
+        message = self.store.add(self.chat.id, "user", text, position=position, images=images)
         self.query_one(PromptInput).clear()
+        self.show_mode()
         if new:
             await self._list_new_chat()  # an older chat's item is brought up to date when the reply ends
         if position is None:  # only the new message is mounted, not the whole chat again
-            await self._add_view(MessageView("user", message.content, message))
+            await self._add_view(MessageView("user", message.content, message, images=images))
         else:  # an edit: the messages after it are gone
             self.show_conversation()
         await self.start_reply()
@@ -284,14 +304,16 @@ class ChatApp(App):
         conversation.scroll_end(animate=False)
 
     def conversation(self, before: int | None = None) -> list[Message]:
-        """The messages the model sees: the system prompt, then the chat up to `before`."""
+        """The messages the model sees: the system prompt, then the chat up to `before`, each
+        with its images' bytes."""
         system = self.settings().get("system")
         messages: list[Message] = [{"role": "system", "content": str(system)}] if system else []
+        images = self.store.images(self.chat.id)
         for m in self.store.messages(self.chat.id):
             if before is not None and m.position >= before:
                 break
             if m.content or m.role != "assistant":
-                messages.append({"role": m.role, "content": m.content})
+                messages.append({"role": m.role, "content": m.content, **({"images": [a.data for a in images[m.id]]} if m.id in images else {})})
         return messages
 
     async def start_reply(self, position: int | None = None) -> None:
@@ -383,9 +405,9 @@ class ChatApp(App):
         if self.reply is not None:
             self.reply.cancel()
         elif self.editing is not None:
-            self.editing = None
+            self.editing, self.attached = None, []
             self.query_one(PromptInput).clear()
-            self.query_one("#mode", Label).update("")
+            self.show_mode()
 
     def action_new_chat(self) -> None:
         if self.chat is not None:
@@ -444,10 +466,37 @@ class ChatApp(App):
         if message is None:
             return
         self.editing = message.position
+        self.attached = list(self.store.images(self.chat.id).get(message.id, ()))  # resent with it, unless dropped
         prompt = self.query_one(PromptInput)
         prompt.text = message.content
         prompt.focus()
-        self.query_one("#mode", Label).update("Editing a message: Enter resends from there (the replies after it are replaced), Esc cancels.")
+        self.show_mode()
+
+    def action_attach_image(self) -> None:
+        self.push_screen(AskScreen("Attach an image (its path)", ""), lambda path: self.attach(path) if path else None)
+
+    def attach(self, path: str) -> None:
+        """Attach the image at `path` to the next message ("none": drop those attached; "": ask
+        for a path). Checked now, so a bad file is said before anything is sent."""
+        if not path:
+            self.action_attach_image()
+            return
+        if path == "none":
+            self.attached = []
+            self.show_mode()
+            return
+        if self.model is not None and self.model.reads_images is False:
+            self.notify(f"{self.model.name} reads no images: chat with a vision model (its mmproj-*.gguf projector beside it, or --mmproj FILE).", title="Not attached", severity="error")
+            return
+        try:
+            attachment = Attachment.from_file(Path(path).expanduser())
+            if self.model is not None:
+                self.model.check_image(attachment.data, attachment.name)
+        except UserError as e:
+            self.notify(str(e), title="Not attached", severity="error")
+            return
+        self.attached.append(attachment)
+        self.show_mode()
 
     def action_search(self) -> None:
         self.query_one("#search", Input).focus()

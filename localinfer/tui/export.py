@@ -1,7 +1,10 @@
-"""A saved chat as Markdown (to read) or JSON (to process), from the app or `chat --export`."""
+"""A saved chat as Markdown (to read) or JSON (to process), from the app or `chat --export`.
+A message's images are a line each in Markdown (name, size and hash: the file stays one
+readable text) and whole in JSON (base64), so the JSON is the chat entire."""
 
 from __future__ import annotations
 
+import base64
 import json
 from dataclasses import asdict
 from datetime import datetime
@@ -9,6 +12,7 @@ from pathlib import Path
 
 from localinfer.errors import UserError
 from localinfer.paths import write_atomic
+from localinfer.tui.attachments import Attachment
 from localinfer.tui.store import ChatStore
 
 ROLE_NAMES = {"system": "System", "user": "You", "assistant": "Assistant"}
@@ -20,9 +24,11 @@ def as_markdown(store: ChatStore, chat_id: int) -> str:
     system = store.settings(chat_id).get("system")
     if system:
         lines += ["## System", "", str(system), ""]
+    images = store.images(chat_id)
     for m in store.messages(chat_id):
         note = " (stopped)" if m.finish_reason == "abort" else ""
         lines += [f"## {ROLE_NAMES.get(m.role, m.role)}{note}", ""]
+        lines += [f"*Image: {a.describe()}, sha256 {a.sha256}*\n" for a in images.get(m.id, ())]
         if m.reasoning:
             lines += ["<details><summary>Thinking</summary>", "", m.reasoning.strip(), "", "</details>", ""]
         lines += [m.content, ""]
@@ -32,8 +38,16 @@ def as_markdown(store: ChatStore, chat_id: int) -> str:
 def as_json(store: ChatStore, chat_id: int) -> str:
     """The chat, its settings and its active messages with their figures."""
     chat = store.chat(chat_id)
-    messages = [{k: v for k, v in asdict(m).items() if k not in ("chat_id", "active")} for m in store.messages(chat_id)]
+    images = store.images(chat_id)
+    messages = [
+        {**{k: v for k, v in asdict(m).items() if k not in ("chat_id", "active")}, **({"images": [_image_json(a) for a in images[m.id]]} if m.id in images else {})}
+        for m in store.messages(chat_id)
+    ]
     return json.dumps({**asdict(chat), "settings": store.settings(chat_id), "messages": messages}, indent=2, ensure_ascii=False)
+
+
+def _image_json(a: Attachment) -> dict[str, object]:
+    return {"name": a.name, "format": a.format, "width": a.width, "height": a.height, "bytes": len(a.data), "sha256": a.sha256, "data": base64.b64encode(a.data).decode("ascii")}
 
 
 def export_chat(store: ChatStore, chat_id: int, path: Path) -> str:

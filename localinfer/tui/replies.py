@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from urllib.parse import urlsplit
 
+from localinfer.backends.base import MEDIA_MARKER
 from localinfer.engine.constraints import Constraint
 from localinfer.engine.conversation import answer_room, fit_conversation
 from localinfer.engine.engine import Engine
@@ -22,6 +23,7 @@ from localinfer.engine.templates import Message
 from localinfer.engine.types import CompletionOutput, SamplingParams
 from localinfer.errors import UserError
 from localinfer.store.refs import is_path_ref
+from localinfer.tui.attachments import data_url
 
 
 @dataclass
@@ -102,6 +104,7 @@ class LocalModel:
         self.name = display_name(engine)
         self.engine_name = engine.backend.name  # the one --engine auto chose, for the status line
         self.engine_reason = f"{engine.choice.name}: {engine.choice.reason}" if engine.choice else ""  # its tooltip
+        self.reads_images: bool | None = engine.projector is not None
         engine.start()  # an owner thread: the UI and worker threads only submit and abort
 
     @property
@@ -118,6 +121,14 @@ class LocalModel:
         settings = dict(settings)
         constraint = Constraint("json_object") if settings.pop("json_mode", None) else None
         return _LocalReply(self, messages, self.engine.defaults.with_overrides(**settings, constraint=constraint, think_budget=self.think_budget))
+
+    def check_image(self, image: bytes, name: str) -> None:
+        """Decode `image` as a reply will, so that a damaged file is said when it is attached,
+        not after it is saved with a message every later reply would fail on."""
+        try:
+            self.engine.tokenize_media(MEDIA_MARKER, [image])
+        except UserError as e:
+            raise UserError(f"{name}: {e}") from None
 
     def close(self) -> None:
         self.engine.close()
@@ -140,7 +151,7 @@ class _LocalReply(Reply):
         self.dropped = fitted.dropped
         self.figures = ReplyFigures(prompt_tokens=len(fitted.tokens), n_ctx=engine.n_ctx, cache_types=engine.cache_types)
         self.clock = _Clock()  # from the submit, as the engine counts TTFT
-        self.stream = engine.submit(fitted.tokens, params)
+        self.stream = engine.submit(fitted.tokens, params, fitted.media)
         self.request_id = self.stream.request_id
 
     def __iter__(self) -> Iterator[Piece]:
@@ -195,6 +206,7 @@ class RemoteModel:
         self.name = model or self._first_model()
         self.defaults = SamplingParams()  # what the settings screen shows; the endpoint's own may differ
         self.n_ctx: int | None = None  # an OpenAI endpoint does not say
+        self.reads_images: bool | None = None  # nor whether its model reads images: its answer to one will
 
     def _first_model(self) -> str:
         with remote_errors(self.url):
@@ -206,6 +218,9 @@ class RemoteModel:
     def reply(self, messages: list[Message], settings: dict[str, object]) -> Reply:
         """A reply to `messages`; what `settings` leaves out, the endpoint picks."""
         return _RemoteReply(self, messages, settings)
+
+    def check_image(self, image: bytes, name: str) -> None:
+        """Nothing to check here: the endpoint decodes images, and its answer says if it cannot."""
 
     def close(self) -> None:
         self.client.close()
@@ -236,9 +251,19 @@ def _context_overflow(error: Exception) -> bool:
     return "context" in str(getattr(error, "message", error)).lower()
 
 
+def openai_message(m: Message) -> Message:
+    """A message as OpenAI's chat API takes it: one with images is a list of image_url parts
+    (data: URLs), then its text. `images`: the image files' bytes."""
+    images = m.get("images")
+    if not images:
+        return m
+    parts = [{"type": "image_url", "image_url": {"url": data_url(image)}} for image in images]
+    return {**{k: v for k, v in m.items() if k != "images"}, "content": [*parts, {"type": "text", "text": m["content"]}]}
+
+
 class _RemoteReply(Reply):
     def __init__(self, model: RemoteModel, messages: list[Message], settings: dict[str, object]) -> None:
-        self.model, self.messages, self.settings = model, messages, settings
+        self.model, self.messages, self.settings = model, [openai_message(m) for m in messages], settings
         self.figures = ReplyFigures()
         self._cancelled = threading.Event()
         self._response = None

@@ -7,6 +7,8 @@ Why these choices:
   so a crash or Ctrl-C mid-reply loses that reply and nothing else.
 - The schema's version is `PRAGMA user_version`; MIGRATIONS[n] takes version n to n + 1 in
   one transaction, so a later release changes the schema without losing anyone's chats.
+- A message's images are kept as their files' bytes (tui/attachments.py says why), in
+  their own table, so listing and searching chats never reads them.
 - Regenerate and edit never delete: the message they replace stays, marked inactive, at
   the same position, so earlier replies remain reachable (`alternatives`).
 """
@@ -23,6 +25,7 @@ from pathlib import Path
 
 from localinfer.errors import UserError
 from localinfer.paths import data_dir, ensure_dir
+from localinfer.tui.attachments import Attachment
 
 # MIGRATIONS[n] takes a database at user_version n to n + 1.
 MIGRATIONS = [
@@ -66,6 +69,18 @@ MIGRATIONS = [
     ALTER TABLE messages ADD COLUMN reasoning TEXT;           -- a reasoning model's thinking, apart from its answer
     ALTER TABLE messages ADD COLUMN reasoning_tokens INTEGER;
     ALTER TABLE messages ADD COLUMN reasoning_ms REAL;        -- how long it thought
+    """,
+    """
+    CREATE TABLE images (
+        id INTEGER PRIMARY KEY,
+        message_id INTEGER NOT NULL REFERENCES messages(id) ON DELETE CASCADE,
+        name TEXT NOT NULL,       -- the file's name when attached
+        format TEXT NOT NULL,
+        width INTEGER NOT NULL,
+        height INTEGER NOT NULL,
+        data BLOB NOT NULL        -- the file's bytes
+    );
+    CREATE INDEX images_by_message ON images(message_id, id);
     """,
 ]
 SCHEMA_VERSION = len(MIGRATIONS)
@@ -220,9 +235,22 @@ class ChatStore:
         names = ", ".join(f.name for f in fields(ChatMessage))
         return [ChatMessage(*row) for row in self.db.execute(f"SELECT {names} FROM messages {where}", args)]
 
-    def add(self, chat_id: int, role: str, content: str, position: int | None = None, now: float | None = None, **figures: object) -> ChatMessage:
-        """Append a message, or put it at `position`: a reply there becomes an earlier version of
-        this one (regenerate); a message of the user's leaves everything from there behind (edit)."""
+    def images(self, chat_id: int) -> dict[int, list[Attachment]]:
+        """The images of the chat's messages, by message id, in the order they were attached."""
+        found: dict[int, list[Attachment]] = {}
+        rows = self.db.execute(
+            "SELECT message_id, name, format, width, height, data FROM images WHERE message_id IN (SELECT id FROM messages WHERE chat_id = ?) ORDER BY id",
+            (chat_id,),
+        )
+        for message_id, *image in rows:
+            found.setdefault(message_id, []).append(Attachment(*image))
+        return found
+
+    def add(self, chat_id: int, role: str, content: str, position: int | None = None, now: float | None = None,
+            images: tuple[Attachment, ...] = (), **figures: object) -> ChatMessage:  # fmt: skip
+        """Append a message (with its `images`), or put it at `position`: a reply there becomes an
+        earlier version of this one (regenerate); a message of the user's leaves everything from
+        there behind (edit)."""
         unknown = set(figures) - set(FIGURES)
         if unknown:
             raise TypeError(f"unknown message fields: {sorted(unknown)}")
@@ -238,6 +266,10 @@ class ChatStore:
             names = ", ".join(("chat_id", "position", "role", "content", "created", *figures))
             marks = ", ".join("?" * (5 + len(figures)))
             cur = self.db.execute(f"INSERT INTO messages ({names}) VALUES ({marks})", (chat_id, position, role, content, now, *figures.values()))
+            self.db.executemany(
+                "INSERT INTO images (message_id, name, format, width, height, data) VALUES (?, ?, ?, ?, ?, ?)",
+                [(cur.lastrowid, a.name, a.format, a.width, a.height, a.data) for a in images],
+            )
             self.db.execute("UPDATE chats SET updated = ? WHERE id = ?", (now, chat_id))
         return self._messages("WHERE id = ?", (cur.lastrowid,))[0]
 

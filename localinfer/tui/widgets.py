@@ -4,6 +4,8 @@ messages up (Textual's "attributes down, messages up")."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 from markdown_it import MarkdownIt
 from textual import events
 from textual.app import ComposeResult
@@ -12,6 +14,7 @@ from textual.css.scalar import Scalar
 from textual.message import Message
 from textual.widgets import Collapsible, Label, ListItem, Markdown, Static, TextArea
 
+from localinfer.tui.attachments import Attachment
 from localinfer.tui.replies import ReplyFigures
 from localinfer.tui.store import Chat, ChatMessage
 
@@ -47,10 +50,12 @@ class MessageView(Vertical, can_focus=True):
     """A message: a title line, a reasoning model's thinking (collapsed: "Thinking", with how
     long and how many tokens), and its Markdown. A reply streams into it while it is written."""
 
-    def __init__(self, role: str, content: str = "", message: ChatMessage | None = None, note: str = "", streaming: bool = False) -> None:
+    def __init__(self, role: str, content: str = "", message: ChatMessage | None = None, note: str = "", streaming: bool = False,
+                 images: Sequence[Attachment] = ()) -> None:  # fmt: skip
         super().__init__(classes=f"message {role}")
         self.role = role
         self.message = message
+        self.images = tuple(images)  # a line each: name, pixels, format and size
         self.content = content
         self.note = note
         self.reasoning = (message.reasoning or "") if message is not None else ""
@@ -59,6 +64,8 @@ class MessageView(Vertical, can_focus=True):
 
     def compose(self) -> ComposeResult:
         yield Label(self._title(), classes="title")
+        for image in self.images:
+            yield Label(f"Image: {image.describe()}", classes="attachment", markup=False)
         if self.reasoning:
             yield self._thinking()
         yield Markdown(self.content)

@@ -9,6 +9,7 @@ from pathlib import Path
 from localinfer.cli.chat import model_loader
 from localinfer.engine.loader import LoadOptions
 from localinfer.tui.app import ChatApp
+from localinfer.tui.attachments import Attachment
 from localinfer.tui.store import ChatStore
 
 from ..conftest import THREADS
@@ -26,7 +27,8 @@ def saved_chat(tmp_path: Path) -> tuple[ChatStore, int]:
     store = ChatStore.open(tmp_path / "chats.db")
     store.new_chat("Cooking pasta", "smollm2:135m", now=1.0)
     chat = store.new_chat("Why is the sky blue?", "smollm2:135m", now=2.0)
-    store.add(chat.id, "user", "Why is the sky blue?", now=3.0)
+    sky = Attachment("sky.jpg", "JPEG", 1600, 1200, bytes(231_400))  # the snapshot shows its line, never its pixels
+    store.add(chat.id, "user", "Why is the sky blue?", now=3.0, images=(sky,))
     store.add(chat.id, "assistant", REPLY, now=4.0, model="smollm2:135m", engine="llama.cpp", ttft_ms=41.0, tokens_per_s=152.3, tokens=48, prompt_tokens=36, n_ctx=1024, kv_cells=83, kv_cells_total=1024, finish_reason="stop")
     store.save_settings(chat.id, {"temperature": 0.2, "system": "Answer like a physicist."})
     return store, chat.id
