@@ -3,8 +3,8 @@
 llama.cpp's own multimodal library (mtmd, through llama-cpp-python's bindings) makes of them:
 the reference every image test holds our engine to.
 
-Writers (text models 350 KB, projectors 140 and 250 KB; loaded and run in milliseconds; the
-same bytes for a seed):
+Writers (text models 350 KB, Gemma 3's 800 KB, projectors 110 to 250 KB; written, loaded and
+run in milliseconds; the same bytes for a seed):
 
   llava text       arch "llama": GQA, SwiGLU, RMSNorm, the byte-level BPE of
                    embedding_models (so any text tokenizes), BOS added, tied output head
@@ -26,15 +26,25 @@ same bytes for a seed):
                    of 28 becomes (h / 28) x (w / 28) tokens, any other is first resized by
                    mtmd's smart resize (ratio kept, 8 to 4096 tokens); its chunk advances
                    the position by max(rows, columns), not by its token count.
+  gemma3 text      arch "gemma3" as Gemma3Model converts gemma-3-4b-it: a SentencePiece
+                   vocabulary (byte fallback; <start_of_image>, <end_of_image> and the turn
+                   markers as control tokens), its chat template, a 32-wide head of its own,
+                   q/k norms, post-attention and post-FFN norms, GeGLU, 6 layers: 5 with a
+                   16-token sliding window and a global one (llama.cpp's default pattern)
+  gemma3 projector  Gemma 3's ("gemma3"): a SigLIP ViT (patch bias, learned positions, GELU,
+                   v.post_ln), clip's 4 x 4 average pool, mm.soft_emb_norm and
+                   mm.input_projection. A fixed 64 x 64 input, 4-pixel patches: 16 tokens per
+                   image between <start_of_image> and <end_of_image>, which mtmd decodes with
+                   causal attention off (mtmd_decode_use_non_causal): each sees the whole image.
 
-Both projectors output the text model's width (64): mtmd refuses a pair that differs.
+Every projector outputs the text model's width (64): mtmd refuses a pair that differs.
 
 The reference does what llama-mtmd-cli does: mtmd_init_from_file with the text model,
 mtmd_bitmap_init from RGB bytes (or mtmd_helper_bitmap_init_from_buf from a PNG file's
 bytes), mtmd_tokenize of the prompt with the default marker (<__media__>) standing for each
 image, then mtmd_helper_eval_chunks into a fresh sequence: text chunks as tokens, image
 chunks encoded by the projector (mtmd_encode_chunk) and decoded as embedding rows with their
-positions (M-RoPE's 2-D ones for Qwen2-VL), both through llama_batch_ext and llama_process. The logits are the last text token's: an image chunk
+positions (M-RoPE's 2-D ones for Qwen2-VL; causal attention off for Gemma 3's), both through llama_batch_ext and llama_process. The logits are the last text token's: an image chunk
 never asks for any, so a prompt must end in text (Qwen2-VL's <|vision_end|> always does).
 """
 
@@ -50,7 +60,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
-from gguf import GGUFWriter, TokenType
+from gguf import GGUFWriter, RopeScalingType, TokenType
 
 from localinfer.backends.llamacpp import _init_once, _on_log, last_error
 
@@ -58,7 +68,7 @@ import llama_cpp as C  # noqa: E402  (after localinfer's import, which loads the
 from llama_cpp import mtmd_cpp as M  # noqa: E402
 
 from .conftest import THREADS
-from .embedding_models import N_EMBD, RandomWeights, bpe_metadata, bpe_vocabulary, finish, llama_context
+from .embedding_models import N_EMBD, PUNCTUATION, WORDS, RandomWeights, bpe_metadata, bpe_vocabulary, finish, llama_context
 
 # the text models
 TEXT_HEAD, TEXT_HEAD_KV, TEXT_FF, TEXT_LAYER, TEXT_CTX = 4, 2, 128, 2, 512
@@ -74,6 +84,59 @@ QWEN_MERGE = 2  # 2 x 2 patches per token
 CLIP_MEAN, CLIP_STD = [0.48145466, 0.4578275, 0.40821073], [0.26862954, 0.26130258, 0.27577711]  # OpenAI CLIP's (LLaVA, Qwen2-VL)
 
 MARKER = M.mtmd_default_marker().decode()  # "<__media__>"
+
+# Gemma 3 (gemma3:4b's shapes, shrunk): its head size is its own (key_length 256 there, not
+# n_embd / n_head); no pattern key in its files, so llama.cpp's default of 6 holds: layers 0-4
+# slide, layer 5 attends globally. A window shorter than the prompts, so that it matters.
+GEMMA_HEAD_DIM, GEMMA_LAYER, GEMMA_WINDOW = 32, 6, 16
+GEMMA_IMAGE, GEMMA_PATCH, GEMMA_POOL = 64, 4, 4  # 16 x 16 patches, average-pooled 4 x 4 (clip's default n_merge): 4 x 4 tokens
+GEMMA_IMAGE_TOKENS = (GEMMA_IMAGE // GEMMA_PATCH // GEMMA_POOL) ** 2  # 16, whatever the image's size (gemma3:4b: 256)
+SIGLIP_MEAN = SIGLIP_STD = [0.5, 0.5, 0.5]
+GEMMA_SPECIALS = ("<pad>", "<eos>", "<bos>", "<unk>")  # at Gemma's ids 0..3
+GEMMA_CONTROLS = ("<start_of_turn>", "<end_of_turn>", "<start_of_image>", "<end_of_image>")  # mtmd wraps an image in the last two
+# google/gemma-3-4b-it's chat template (tokenizer_config.json); an image part renders as
+# <start_of_image>, but a prompt here carries MARKER in its text, as llama-server's does
+GEMMA3_TEMPLATE = """{{ bos_token }}
+{%- if messages[0]['role'] == 'system' -%}
+    {%- if messages[0]['content'] is string -%}
+        {%- set first_user_prefix = messages[0]['content'] + '\n\n' -%}
+    {%- else -%}
+        {%- set first_user_prefix = messages[0]['content'][0]['text'] + '\n\n' -%}
+    {%- endif -%}
+    {%- set loop_messages = messages[1:] -%}
+{%- else -%}
+    {%- set first_user_prefix = "" -%}
+    {%- set loop_messages = messages -%}
+{%- endif -%}
+{%- for message in loop_messages -%}
+    {%- if (message['role'] == 'user') != (loop.index0 % 2 == 0) -%}
+        {{ raise_exception("Conversation roles must alternate user/assistant/user/assistant/...") }}
+    {%- endif -%}
+    {%- if (message['role'] == 'assistant') -%}
+        {%- set role = "model" -%}
+    {%- else -%}
+        {%- set role = message['role'] -%}
+    {%- endif -%}
+    {{ '<start_of_turn>' + role + '\n' + (first_user_prefix if loop.first else "") }}
+    {%- if message['content'] is string -%}
+        {{ message['content'] | trim }}
+    {%- elif message['content'] is iterable -%}
+        {%- for item in message['content'] -%}
+            {%- if item['type'] == 'image' -%}
+                {{ '<start_of_image>' }}
+            {%- elif item['type'] == 'text' -%}
+                {{ item['text'] | trim }}
+            {%- endif -%}
+        {%- endfor -%}
+    {%- else -%}
+        {{ raise_exception("Invalid content type") }}
+    {%- endif -%}
+    {{ '<end_of_turn>\n' }}
+{%- endfor -%}
+{%- if add_generation_prompt -%}
+    {{'<start_of_turn>model\n'}}
+{%- endif -%}
+"""
 
 
 # --- writers ---------------------------------------------------------------------------------
@@ -93,11 +156,11 @@ def tokenizer_metadata(w: GGUFWriter, add_bos: bool) -> None:
     bpe_metadata(w, tokens, types, merges, tokens.index("<|im_end|>"), add_eos=False, add_bos=add_bos)
 
 
-def text_metadata(w: GGUFWriter) -> None:
+def text_metadata(w: GGUFWriter, n_layer: int = TEXT_LAYER) -> None:
     w.add_context_length(TEXT_CTX)
     w.add_embedding_length(N_EMBD)
     w.add_feed_forward_length(TEXT_FF)
-    w.add_block_count(TEXT_LAYER)
+    w.add_block_count(n_layer)
     w.add_head_count(TEXT_HEAD)
     w.add_head_count_kv(TEXT_HEAD_KV)
     w.add_rope_dimension_count(TEXT_HEAD_DIM)
@@ -157,27 +220,30 @@ def write_qwen2vl_text(path: Path, seed: int = 0) -> Path:
     return path
 
 
-def clip_metadata(w: GGUFWriter, projector: str, image_size: int, eps: float, text_width: int) -> None:
+def clip_metadata(
+    w: GGUFWriter, projector: str, image_size: int, eps: float, text_width: int,
+    patch: int = PATCH, mean: Sequence[float] = CLIP_MEAN, std: Sequence[float] = CLIP_STD,
+) -> None:  # fmt: skip
     """What MmprojModel.set_gguf_parameters (and the legacy LLaVA converter) write."""
     w.add_type("mmproj")
     w.add_clip_has_vision_encoder(True)
     w.add_clip_projector_type(projector)
     w.add_vision_projection_dim(text_width)
     w.add_vision_image_size(image_size)
-    w.add_vision_patch_size(PATCH)
+    w.add_vision_patch_size(patch)
     w.add_vision_embedding_length(VISION_EMBD)
     w.add_vision_feed_forward_length(VISION_FF)
     w.add_vision_block_count(VISION_LAYER)
     w.add_vision_head_count(VISION_HEAD)
     w.add_vision_attention_layernorm_eps(eps)
-    w.add_vision_image_mean(CLIP_MEAN)
-    w.add_vision_image_std(CLIP_STD)
+    w.add_vision_image_mean(list(mean))
+    w.add_vision_image_std(list(std))
 
 
-def patch_kernel(r: RandomWeights) -> np.ndarray:
-    """A patch embedding's Conv2D kernel [out = VISION_EMBD, in = 3, PATCH, PATCH], in F16
-    as both converters write 4-D kernels."""
-    return (r.rng.standard_normal((VISION_EMBD, 3, PATCH, PATCH)) / np.sqrt(3 * PATCH * PATCH)).astype(np.float16)
+def patch_kernel(r: RandomWeights, patch: int = PATCH) -> np.ndarray:
+    """A patch embedding's Conv2D kernel [out = VISION_EMBD, in = 3, patch, patch], in F16
+    as the converters write 4-D kernels."""
+    return (r.rng.standard_normal((VISION_EMBD, 3, patch, patch)) / np.sqrt(3 * patch * patch)).astype(np.float16)
 
 
 def vision_block(w: GGUFWriter, r: RandomWeights, i: int, fc1_name: str, fc2_name: str) -> None:
@@ -248,7 +314,111 @@ def write_qwen2vl_projector(path: Path, seed: int = 0) -> Path:
     return path
 
 
-PAIRS = {"llava": (write_llava_text, write_mlp_projector), "qwen2vl": (write_qwen2vl_text, write_qwen2vl_projector)}
+def gemma_vocabulary() -> tuple[list[str], list[float], list[int]]:
+    """A SentencePiece vocabulary as _set_vocab_sentencepiece converts Gemma's: pad, eos, bos,
+    unk at Gemma's ids (unk UNKNOWN, the others CONTROL), the turn and image delimiters
+    (CONTROL: tokenizer_config's special added tokens), the 256 byte pieces (BYTE: any text
+    falls back to them), then single characters and, for each word in WORDS, the pieces that
+    build "\u2581word" one character at a time. A piece's score is minus its place: llama.cpp's
+    SPM tokenizer merges the best-scored pair first."""
+    tokens = [*GEMMA_SPECIALS, *GEMMA_CONTROLS, *(f"<0x{b:02X}>" for b in range(256))]
+    types = [int(TokenType.CONTROL)] * len(tokens)
+    types[GEMMA_SPECIALS.index("<unk>")] = int(TokenType.UNKNOWN)
+    types[-256:] = [int(TokenType.BYTE)] * 256
+    pieces: dict[str, None] = dict.fromkeys(["\u2581", *"abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789", *PUNCTUATION])
+    for word in WORDS:
+        pieces.update((("\u2581" + word)[: n + 1], None) for n in range(1, len(word) + 1))
+    tokens += list(pieces)
+    types += [int(TokenType.NORMAL)] * len(pieces)
+    scores = [0.0] * (len(tokens) - len(pieces)) + [-float(i) for i in range(len(pieces))]
+    return tokens, scores, types
+
+
+def write_gemma3_text(path: Path, seed: int = 0) -> Path:
+    """The language half of the Gemma 3 pair, as Gemma3Model converts gemma-3-4b-it: arch
+    gemma3, its SentencePiece vocabulary (BOS added, no space prefix) and chat template, q/k
+    RMSNorm per head, a norm after attention and after the GeGLU FFN, no output head (the
+    embeddings', which llama.cpp scales by sqrt(n_embd), except an image's rows), the
+    converter's +1 already in every norm, 5 sliding-window layers and a global one."""
+    r = RandomWeights(seed)
+    tokens, scores, types = gemma_vocabulary()
+    q_dim, kv_dim = TEXT_HEAD * GEMMA_HEAD_DIM, TEXT_HEAD_KV * GEMMA_HEAD_DIM
+    w = GGUFWriter(str(path), "gemma3")
+    w.add_name("tiny-gemma3-text")
+    text_metadata(w, n_layer=GEMMA_LAYER)
+    w.add_key_length(GEMMA_HEAD_DIM)
+    w.add_value_length(GEMMA_HEAD_DIM)
+    w.add_rope_freq_base(1e6)  # the global layers'
+    w.add_rope_freq_base_swa(1e4)  # the sliding ones'
+    w.add_rope_scaling_type(RopeScalingType.LINEAR)
+    w.add_rope_scaling_factor(8.0)
+    w.add_sliding_window(GEMMA_WINDOW)
+    w.add_tokenizer_model("llama")
+    w.add_tokenizer_pre("default")
+    w.add_token_list(tokens)
+    w.add_token_scores(scores)
+    w.add_token_types(types)
+    w.add_add_space_prefix(False)
+    for name, add in (("bos", w.add_bos_token_id), ("eos", w.add_eos_token_id), ("unk", w.add_unk_token_id), ("pad", w.add_pad_token_id)):
+        add(tokens.index(f"<{name}>"))
+    w.add_add_bos_token(True)
+    w.add_add_eos_token(False)
+    w.add_chat_template(GEMMA3_TEMPLATE)
+
+    def matrix(name: str, rows: int, cols: int) -> None:
+        w.add_tensor(name, r.matrix(rows, cols).astype(np.float16))  # [rows (out), cols (in)]
+
+    w.add_tensor("token_embd.weight", r.embedding(len(tokens), scale=1 / np.sqrt(N_EMBD)).astype(np.float16))  # [n_vocab, n_embd]
+    w.add_tensor("output_norm.weight", r.norm())
+    for i in range(GEMMA_LAYER):
+        p = f"blk.{i}."
+        w.add_tensor(p + "attn_norm.weight", r.norm())
+        for kind, rows in (("attn_q", q_dim), ("attn_k", kv_dim), ("attn_v", kv_dim)):
+            matrix(p + kind + ".weight", rows, N_EMBD)
+        w.add_tensor(p + "attn_q_norm.weight", r.norm(GEMMA_HEAD_DIM))
+        w.add_tensor(p + "attn_k_norm.weight", r.norm(GEMMA_HEAD_DIM))
+        matrix(p + "attn_output.weight", N_EMBD, q_dim)
+        w.add_tensor(p + "post_attention_norm.weight", r.norm())
+        w.add_tensor(p + "ffn_norm.weight", r.norm())
+        matrix(p + "ffn_gate.weight", TEXT_FF, N_EMBD)
+        matrix(p + "ffn_up.weight", TEXT_FF, N_EMBD)
+        matrix(p + "ffn_down.weight", N_EMBD, TEXT_FF)
+        w.add_tensor(p + "post_ffw_norm.weight", r.norm())
+    finish(w)
+    return path
+
+
+def write_gemma3_projector(path: Path, seed: int = 0) -> Path:
+    """Gemma 3's projector ("gemma3") for write_gemma3_text, as Gemma3VisionModel converts it:
+    a SigLIP ViT (a patch bias, learned positions, no class embedding and no pre-LayerNorm,
+    GELU, mlp.fc1 -> ffn_up, post_layernorm -> v.post_ln), then clip's 4 x 4 average pool,
+    mm.soft_emb_norm (an RMSNorm, the converter's +1 in it) and mm.input_projection, stored
+    [vision width, text width] as HF's parameter is (F16, as the converter forces it). A fixed
+    64 x 64 input: GEMMA_IMAGE_TOKENS tokens per image, whatever its size."""
+    r = RandomWeights(seed)
+    n_patches = (GEMMA_IMAGE // GEMMA_PATCH) ** 2
+    w = GGUFWriter(str(path), "clip")
+    w.add_name("tiny-gemma3-mmproj")
+    clip_metadata(w, "gemma3", GEMMA_IMAGE, eps=1e-6, text_width=N_EMBD, patch=GEMMA_PATCH, mean=SIGLIP_MEAN, std=SIGLIP_STD)
+    w.add_vision_use_gelu(True)  # no projector scale factor: 4, clip's default, is not written
+    w.add_tensor("v.patch_embd.weight", patch_kernel(r, GEMMA_PATCH))
+    w.add_tensor("v.patch_embd.bias", r.bias(VISION_EMBD))
+    w.add_tensor("v.position_embd.weight", (0.5 * r.rng.standard_normal((n_patches, VISION_EMBD))).astype(np.float32))
+    for i in range(VISION_LAYER):
+        vision_block(w, r, i, fc1_name="ffn_up", fc2_name="ffn_down")
+    w.add_tensor("v.post_ln.weight", r.norm(VISION_EMBD))
+    w.add_tensor("v.post_ln.bias", r.bias(VISION_EMBD))
+    w.add_tensor("mm.soft_emb_norm.weight", r.norm(VISION_EMBD))
+    w.add_tensor("mm.input_projection.weight", np.ascontiguousarray(r.matrix(N_EMBD, VISION_EMBD).T).astype(np.float16))  # [vision, text]
+    finish(w)
+    return path
+
+
+PAIRS = {
+    "llava": (write_llava_text, write_mlp_projector),
+    "qwen2vl": (write_qwen2vl_text, write_qwen2vl_projector),
+    "gemma3": (write_gemma3_text, write_gemma3_projector),
+}
 
 
 def write_pair(folder: Path, name: str, seed: int = 0) -> tuple[Path, Path]:

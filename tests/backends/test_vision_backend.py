@@ -1,7 +1,9 @@
 """Images on the llama.cpp backend (issue 50): a text model loaded with its projector cuts a
 prompt into text tokens and image chunks, and prefilling them (text through forward, images
 through forward_media) gives llama.cpp's own logits after the image: llama-mtmd-cli's path
-(tests/vision_models.llamacpp_vision_logits), run in the same test. Also the projector found
+(tests/vision_models.llamacpp_vision_logits), run in the same test, on each pair of PAIRS:
+Gemma 3's among them, whose image mtmd decodes with causal attention off (the fixtures' test
+shows its logits would differ otherwise). Also the projector found
 beside its model and checked against it, and each bad input as one clear error."""
 
 from __future__ import annotations

@@ -17,6 +17,8 @@ from llama_cpp import mtmd_cpp as M
 
 from ..embedding_models import N_EMBD, tokenize
 from ..vision_models import (
+    GEMMA_CONTROLS,
+    GEMMA_IMAGE_TOKENS,
     LLAVA_IMAGE_TOKENS,
     MARKER,
     PAIRS,
@@ -54,12 +56,12 @@ def layout_of(pair: tuple[Path, Path], prompt: str, images: list[np.ndarray]) ->
 
 @pytest.mark.parametrize("name", PAIRS)
 def test_each_projector_loads_with_its_text_model(pairs: dict[str, tuple[Path, Path]], name: str) -> None:
-    """Vision only, M-RoPE exactly for the Qwen2-VL pair (its text model's rope type), causal
-    attention over image tokens for both (Gemma 3's would not be), the default marker."""
+    """Vision only, M-RoPE exactly for the Qwen2-VL pair (its text model's rope type),
+    attention both ways inside an image exactly for Gemma 3's, the default marker."""
     with vision_context(*pairs[name]) as (_, _, mctx):
         assert M.mtmd_support_vision(mctx) and not M.mtmd_support_audio(mctx)
         assert M.mtmd_decode_use_mrope(mctx) is (name == "qwen2vl")
-        assert not M.mtmd_decode_use_non_causal(mctx, None)
+        assert M.mtmd_decode_use_non_causal(mctx, None) is (name == "gemma3")
         assert M.mtmd_get_marker(mctx).decode() == MARKER == "<__media__>"
 
 
@@ -90,6 +92,34 @@ def test_a_qwen2vl_image_is_its_grid_of_28_pixel_cells(pairs: dict[str, tuple[Pa
         start, end = (tokenize(vocab, t, add_special=False, parse_special=True) for t in VISION_TOKENS)
     assert len(start) == len(end) == 1
     assert text.tokens[-1] == start[0] and rest.tokens[0] == end[0]
+
+
+@pytest.mark.parametrize("size", [(64, 64), (84, 112), (300, 17)])
+def test_a_gemma3_image_is_16_tokens_between_its_delimiters(pairs: dict[str, tuple[Path, Path]], size: tuple[int, int]) -> None:
+    """Resized to the fixed 64 x 64 input, 16 x 16 patches pooled 4 x 4: 16 tokens, one
+    position each, after <start_of_image> and before <end_of_image> (mtmd adds both)."""
+    text, image, rest = layout_of(pairs["gemma3"], PROMPT, [sample_image(*size, seed=0)])
+    assert image.kind == "image" and image.n_tokens == image.n_pos == GEMMA_IMAGE_TOKENS == 16
+    with vision_context(*pairs["gemma3"]) as (model, _, _):
+        vocab = C.llama_model_get_vocab(model)
+        start, end = (tokenize(vocab, t, add_special=False, parse_special=True) for t in GEMMA_CONTROLS[2:])
+    assert len(start) == len(end) == 1
+    assert text.tokens[0] == C.llama_vocab_bos(vocab) and text.tokens[-1] == start[0] and rest.tokens[0] == end[0]
+
+
+def test_gemma3s_image_tokens_attend_both_ways(pairs: dict[str, tuple[Path, Path]]) -> None:
+    """mtmd decodes a Gemma 3 image with causal attention off, so each of its tokens sees the
+    whole image; decoded causally, the logits after it are another's by far more than
+    rounding. So an engine that missed the switch fails the equality tests on this pair."""
+    image = sample_image(84, 112, seed=6)
+    with vision_context(*pairs["gemma3"]) as (_, ctx, mctx), rgb_bitmaps([image]) as bitmaps, tokenized(mctx, PROMPT, bitmaps) as chunks:
+        image_chunk = M.mtmd_input_chunks_get(chunks, 1)  # text, image, text
+        assert M.mtmd_input_chunk_get_type(image_chunk) == M.MTMD_INPUT_CHUNK_TYPE_IMAGE
+        assert M.mtmd_decode_use_non_causal(mctx, image_chunk)
+        helper = eval_logits(ctx, mctx, chunks)[0]
+        np.testing.assert_array_equal(eval_by_hand(ctx, mctx, chunks), helper)
+        assert np.abs(eval_by_hand(ctx, mctx, chunks, non_causal=False) - helper).max() > 1e-2
+        assert C.llama_get_causal_attn(ctx)  # restored for the text that follows
 
 
 @pytest.mark.parametrize("size", [(10, 10), (100, 150), (1, 500)])
@@ -155,11 +185,12 @@ def test_bad_inputs_are_errors_not_aborts(pairs: dict[str, tuple[Path, Path]], t
         pass
 
 
-def eval_by_hand(ctx: C.llama_context_p, mctx: M.mtmd_context_p, chunks: M.mtmd_input_chunks_p) -> np.ndarray:
+def eval_by_hand(ctx: C.llama_context_p, mctx: M.mtmd_context_p, chunks: M.mtmd_input_chunks_p, non_causal: bool = True) -> np.ndarray:
     """mtmd_helper_eval_chunks spelled out with llama_batch_ext, as an engine that builds its
     own batches would: text tokens at one position each; an image chunk encoded
     (mtmd_encode_chunk), its [n_tokens, n_embd] rows read (mtmd_get_output_embd) and added
-    one row per entry at mtmd's decoder positions, four of them (t, y, x, z) under M-RoPE;
+    one row per entry at mtmd's decoder positions, four of them (t, y, x, z) under M-RoPE,
+    and decoded with causal attention off where mtmd says so (unless not `non_causal`);
     the position then advanced by the chunk's n_pos. [n_vocab] logits of the last token."""
     C.llama_memory_clear(C.llama_get_memory(ctx), True)
     mrope, pos = M.mtmd_decode_use_mrope(mctx), 0
@@ -187,7 +218,12 @@ def eval_by_hand(ctx: C.llama_context_p, mctx: M.mtmd_context_p, chunks: M.mtmd_
                     p = M.mtmd_image_tokens_get_decoder_pos(image, pos, j)
                     at = (C.llama_pos * 4)(p.t, p.y, p.x, p.z) if mrope else (C.llama_pos * 1)(p.t)
                     C.llama_batch_ext_set_pos(batch, idx, at)
-            assert C.llama_process(ctx, C.LLAMA_PROCESS_TYPE_DECODE, batch) == 0
+            both_ways = rows is not None and non_causal and M.mtmd_decode_use_non_causal(mctx, chunk)
+            C.llama_set_causal_attn(ctx, not both_ways)
+            try:
+                assert C.llama_process(ctx, C.LLAMA_PROCESS_TYPE_DECODE, batch) == 0
+            finally:
+                C.llama_set_causal_attn(ctx, True)
             pos += M.mtmd_input_chunk_get_n_pos(chunk)
     finally:
         C.llama_batch_ext_free(batch)

@@ -2,8 +2,9 @@
 and one whole image chunk, answers from llama.cpp's own logits after the image (llama-mtmd-
 cli's path, tests/vision_models.py, in the same test), and the same image twice reuses its
 prefix: the second request prefills only the text after it and answers as a fresh engine does.
-On a LLaVA pair and a Qwen2-VL pair (M-RoPE: an image moves the position on by its grid's
-side, not its token count)."""
+On a LLaVA pair, a Qwen2-VL pair (M-RoPE: an image moves the position on by its grid's
+side, not its token count) and a Gemma 3 pair (an image's tokens attend to each other both
+ways, as mtmd decodes them; its own chat template too)."""
 
 from __future__ import annotations
 
@@ -17,11 +18,11 @@ from localinfer.backends.base import MEDIA_MARKER, LoadParams
 from localinfer.backends.llamacpp import LlamaCppBackend
 from localinfer.engine.engine import Engine
 from localinfer.engine.media import placeholder
-from localinfer.engine.types import CompletionOutput, SamplingParams
+from localinfer.engine.types import CompletionOutput, SamplingParams, TokenEvent
 from localinfer.errors import UserError
 
 from ..conftest import THREADS
-from ..vision_models import PAIRS, llamacpp_vision_logits, png_bytes, sample_image, write_pair
+from ..vision_models import GEMMA_CONTROLS, GEMMA_IMAGE_TOKENS, PAIRS, llamacpp_vision_logits, png_bytes, sample_image, write_pair
 
 GREEDY = SamplingParams(temperature=0.0, max_tokens=6, logprobs=0)
 FIRST = "Look at this " + MEDIA_MARKER
@@ -69,6 +70,30 @@ def test_the_same_image_twice_reuses_its_prefix(pairs: dict[str, tuple[Path, Pat
     with engine_of(pairs[name]) as fresh:
         alone = ask(fresh, FIRST + ASKS[1], image)
     assert again.tokens == alone.tokens and again.cached_tokens > 0 == alone.cached_tokens
+
+
+def test_a_gemma3_chat_reads_its_image_as_llamacpp_does(pairs: dict[str, tuple[Path, Path]]) -> None:
+    """Gemma 3's own chat template around a user turn that holds the image's marker: the
+    engine's prompt is mtmd's (one BOS, though the template writes one and the model adds
+    one; the image between <start_of_image> and <end_of_image>), and its first answer token's
+    top log-probabilities are those of llama.cpp's logits after the same rendered text, as
+    llama-server hands it to mtmd (the template's BOS left to the tokenizer)."""
+    image = sample_image(84, 112, seed=10)
+    with engine_of(pairs["gemma3"]) as engine:
+        rendered = engine.render_chat([{"role": "user", "content": MEDIA_MARKER + "\nWhat is in this picture?"}])
+        assert rendered == "<bos><start_of_turn>user\n" + MEDIA_MARKER + "\nWhat is in this picture?<end_of_turn>\n<start_of_turn>model\n"
+        tokens, media = engine.tokenize_media(rendered, [png_bytes(image)])
+        (start, chunk), = media.items()
+        assert tokens.count(engine.backend.vocab.bos_id) == 1 and chunk.n_pos == GEMMA_IMAGE_TOKENS
+        before, after = (engine.backend.tokenize(t, add_special=False, parse_special=True) for t in GEMMA_CONTROLS[2:])
+        assert tokens[start - 1 : start] == before and tokens[start + chunk.n_pos : start + chunk.n_pos + 1] == after
+        first, *_ = engine.generate(tokens, SamplingParams(temperature=0.0, max_tokens=1, logprobs=5), media)
+    want = llamacpp_vision_logits(*pairs["gemma3"], rendered.removeprefix("<bos>"), [image]).astype(np.float64)
+    want -= want.max() + np.log(np.exp(want - want.max()).sum())  # log-softmax
+    top = np.argsort(-want)[:5]
+    assert isinstance(first, TokenEvent) and first.top_logprobs is not None and first.token == top[0]
+    assert [t for t, _ in first.top_logprobs] == top.tolist()
+    np.testing.assert_allclose([lp for _, lp in first.top_logprobs], want[top], rtol=0, atol=1e-5)
 
 
 def test_images_and_plain_prompts_share_the_engine_side_by_side(pairs: dict[str, tuple[Path, Path]]) -> None:
