@@ -108,10 +108,12 @@ def engines_report() -> dict[str, object]:
 
 
 def model_report(ref: str, ctx: int | None = None, cache: tuple[str | None, str | None] | str = (None, None)) -> dict[str, object]:
-    """Which engine `--engine auto` takes for a model on this machine, and why; and where
-    `run` would put it with this context and KV-cache type (its defaults where None): the
-    memory plan's split, bytes per device, and the cache's bytes at that context."""
+    """Which engine `--engine auto` takes for a model on this machine, and why (a vision
+    model's projector counts: it needs an engine that reads images); and where `run` would
+    put it with this context and KV-cache type (its defaults where None): the memory plan's
+    split, bytes per device, and the cache's bytes at that context."""
     from localinfer.backends import get_backend
+    from localinfer.cli.show import vision_json, vision_of
     from localinfer.engine.loader import LoadOptions, cache_types, choose_engine, context_of, plan_memory
     from localinfer.errors import ModelNotFound, OutOfMemory
     from localinfer.modelfile import inspect
@@ -125,9 +127,10 @@ def model_report(ref: str, ctx: int | None = None, cache: tuple[str | None, str 
     info = inspect(path)
     options = LoadOptions(ctx=ctx, cache=cache)
     types = cache_types(options.cache, src.defaults)
-    choice = choose_engine("auto", info, "auto", types)
+    projector, notes = vision_of(src, path)
+    choice = choose_engine("auto", info, "auto", types, images=projector)
     report: dict[str, object] = {"path": str(path), "architecture": info.architecture, "tensor_types": sorted(info.tensor_types), **model_kind(info),
-                                 "engine": choice.name, "reason": choice.reason}  # fmt: skip
+                                 **vision_json(projector, notes), "engine": choice.name, "reason": choice.reason}  # fmt: skip
     n_ctx = context_of(options, src, info)
     try:
         plan, _ = plan_memory(info, n_ctx, options, get_backend(choice.name), types)
@@ -158,6 +161,15 @@ def kind_text(model: dict[str, object]) -> str | None:
     if model["kind"] == "rerank":
         return f"reranking model, pooling: {model['pooling']}"
     return None
+
+
+def vision_line(model: dict[str, object]) -> str | None:
+    """'vision: yes (projector …, gemma3, image tokens per image 256)' from the report's JSON,
+    'vision: no (why)' where a projector was meant to be, None for a text model."""
+    v, notes = model.get("vision"), model.get("vision_notes")
+    if isinstance(v, dict):
+        return f"vision: yes ({v['summary']})"
+    return f"vision: no ({'; '.join(notes)})" if notes else None  # type: ignore[arg-type]
 
 
 def workers_report(endpoints: tuple[str, ...]) -> list[dict[str, object]]:
@@ -266,6 +278,8 @@ def print_report(report: dict[str, object]) -> None:
         t.add_row("model", f"{m['path']} ({m['architecture']}): engine {m['engine']}, because {m['reason']}")  # type: ignore[index]
         if kind := kind_text(m):  # type: ignore[arg-type]
             t.add_row("", kind)
+        if vision := vision_line(m):  # type: ignore[arg-type]
+            t.add_row("", vision)
         mem = m["memory"]  # type: ignore[index]
         if mem["fits"]:
             t.add_row("", f"memory at {mem['ctx']} tokens of context: {mem['total']}")

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 from contextlib import contextmanager
+from pathlib import Path
 from typing import Annotated, Iterator
 
 import typer
@@ -49,7 +50,7 @@ def pull(
     with_draft: Annotated[bool, typer.Option("--with-draft", help="Also pull the catalog's draft model for it (a small model of the same tokenizer that --draft auto speculates with).")] = False,
     json_out: Annotated[bool, typer.Option("--json", help="Print the pulled model as JSON.")] = False,
 ) -> None:
-    """Download a model from the Hugging Face hub. An interrupted pull resumes where it stopped."""
+    """Download a model from the Hugging Face hub (a vision model with its projector). An interrupted pull resumes where it stopped."""
     src = resolve(model)
     if with_draft and src.draft is None:
         raise typer.BadParameter(f"the catalog names no draft model for {src.name}", param_hint="--with-draft")
@@ -71,9 +72,15 @@ def _pull_one(src: ModelSource, json_out: bool) -> dict[str, object]:
         "sha256": local.sha256 if local else (src.sha256 or sha256_of(path)),  # pull() verified src.sha256
         "verified": local.verified if local else True,
     }
+    if local and local.projector:
+        projector = Path(local.projector)
+        info["projector"] = {"path": str(projector), "size": projector.stat().st_size, "sha256": local.projector_sha256}
     if not json_out:
         check = "" if info["verified"] else ", not verified"
         err.print(f"pulled [bold]{src.name}[/bold] ({info['size'] / 1e6:.1f} MB, sha256 {str(info['sha256'])[:12]}…{check}) → {path}")  # type: ignore[operator]
+        if "projector" in info:
+            p = info["projector"]
+            err.print(f"  and its projector, for images ({p['size'] / 1e6:.1f} MB, sha256 {str(p['sha256'])[:12]}…) → {p['path']}")  # type: ignore[index]
     return info
 
 

@@ -1,8 +1,10 @@
-"""`localinfer show MODEL`: what a GGUF file holds, read from its metadata."""
+"""`localinfer show MODEL`: what a GGUF file holds, read from its metadata (and a vision
+model's projector's)."""
 
 from __future__ import annotations
 
 import json
+from pathlib import Path
 from typing import Annotated
 
 import typer
@@ -12,8 +14,9 @@ from rich.table import Table
 
 from localinfer.errors import ModelNotFound
 from localinfer.modelfile import inspect
+from localinfer.projector import Projector, of_model
 from localinfer.store.pull import local_path
-from localinfer.store.refs import resolve
+from localinfer.store.refs import ModelSource, resolve
 
 
 def show(
@@ -21,7 +24,7 @@ def show(
     json_out: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False,
     template: Annotated[bool, typer.Option("--template", help="Print only the chat template.")] = False,
 ) -> None:
-    """Show a model's architecture, size (a mixture of experts: its experts and active parameters), pooling (an embedding or reranking model), tensor types, context length, chat template and license."""
+    """Show a model's architecture, size (a mixture of experts: its experts and active parameters), pooling (an embedding or reranking model), its projector (a vision model), tensor types, context length, chat template and license."""
     src = resolve(model)
     path = local_path(src)
     if path is None:
@@ -30,8 +33,9 @@ def show(
     if template:
         print(info.chat_template or "")
         return
+    projector, notes = vision_of(src, path)
     if json_out:
-        print(json.dumps({"name": src.name, **info.as_dict()}, indent=2, ensure_ascii=False))
+        print(json.dumps({"name": src.name, **info.as_dict(), **vision_json(projector, notes)}, indent=2, ensure_ascii=False))
         return
     table = Table.grid(padding=(0, 2))
     table.add_column(style="bold")
@@ -45,6 +49,7 @@ def show(
         ("layers", str(info.n_layer)),
         ("embedding length", str(info.n_embd)),
         *([("pooling", f"{info.pooling} ({'reranking' if info.pooling == 'rank' else 'embedding'} model)")] if info.embeds else []),
+        *([("vision", line)] if (line := vision_text(projector, notes)) else []),
         ("vocabulary", str(info.n_vocab)),
         ("file size", f"{info.file_size / 1e6:.1f} MB"),
         ("tensor types", ", ".join(f"{t} × {n}" for t, n in info.tensor_types.items())),
@@ -56,6 +61,29 @@ def show(
     console.print(table)
     if info.chat_template:
         console.print(Panel(info.chat_template, title="chat template", title_align="left", expand=False), markup=False)
+
+
+def vision_of(src: ModelSource, path: Path) -> tuple[Projector | None, list[str]]:
+    """The projector `run` loads with this model, and why there is none where one was meant
+    to be: one beside it that does not pair, or the catalog's not pulled yet."""
+    notes: list[str] = []
+    projector = of_model(path, notes)
+    if projector is None and not notes and src.mmproj_file:
+        notes.append(f"its projector {src.mmproj_file} is not downloaded; run 'localinfer pull {src.name}'")
+    return projector, notes
+
+
+def vision_text(projector: Projector | None, notes: list[str]) -> str | None:
+    """'yes (projector mmproj-….gguf, gemma3, image tokens per image 256)', 'no (why)', or
+    None for a text model."""
+    if projector is not None:
+        return f"yes ({projector.summary()})"
+    return f"no ({'; '.join(notes)})" if notes else None
+
+
+def vision_json(projector: Projector | None, notes: list[str]) -> dict[str, object]:
+    """{"vision": the projector's facts, or false}, and why not where one was meant to be."""
+    return {"vision": projector.as_dict() if projector else False, **({"vision_notes": notes} if notes else {})}
 
 
 def count_text(n: int) -> str:

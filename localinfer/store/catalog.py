@@ -24,6 +24,10 @@ class CatalogEntry:
     checked: bool = False  # repo and file name verified against a public listing
     defaults: dict[str, object] = field(default_factory=dict)  # sampling defaults and ctx
     draft: str | None = None  # the catalog alias of a small model of the same vocabulary, for --draft auto
+    # a vision model's projector (llama.cpp's mmproj GGUF), in the same repo at the same revision;
+    # pull fetches it beside the model file, where the loader finds it
+    mmproj_file: str | None = None
+    mmproj_sha256: str | None = None
 
 
 @dataclass(frozen=True)

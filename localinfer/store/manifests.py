@@ -20,7 +20,9 @@ class LocalModel:
     sha256: str
     source: str  # "hf://owner/repo/file@revision" or "package://pkg/file"
     pulled_at: str
-    verified: bool = True  # False: the hub published no sha256 to check the file against
+    verified: bool = True  # False: the hub published no sha256 to check a file (the projector's too) against
+    projector: str | None = None  # a vision model's projector, pulled beside it (where the loader looks)
+    projector_sha256: str | None = None
 
     @property
     def exists(self) -> bool:
@@ -49,6 +51,8 @@ def _read(path: Path) -> LocalModel | None:
         return None
     texts = (model.name, model.path, model.sha256, model.source, model.pulled_at)
     if not all(isinstance(t, str) for t in texts) or type(model.size) is not int or type(model.verified) is not bool:
+        return None
+    if not all(t is None or isinstance(t, str) for t in (model.projector, model.projector_sha256)):
         return None
     return model
 

@@ -3,24 +3,30 @@
 Downloads go through huggingface-hub (repo listing, metadata, HTTP) into
 `<data>/models/<owner>/<repo>/`: bytes land in a `.partial` file that a later pull
 resumes, which is renamed only after its sha256 checks out; then the manifest that makes
-the model visible to `list` and `run` is written.
+the model visible to `list` and `run` is written. A vision model's projector (the catalog's
+`mmproj_file`, or a hub repo's mmproj GGUF) comes in the same pull, with the same checks, and
+lands beside the model file named mmproj-*.gguf: where the loader looks for it.
 """
 
 from __future__ import annotations
 
 import errno
+import functools
 import hashlib
 import os
 import re
 import shutil
 import threading
+from dataclasses import dataclass
 from datetime import datetime, timezone
+from fnmatch import fnmatch
 import importlib.util
 from pathlib import Path
 from typing import Callable
 
 from localinfer.errors import DownloadError, ModelNotFound
 from localinfer.paths import ensure_dir, models_dir
+from localinfer.projector import PROJECTOR_GLOB
 from localinfer.store import manifests
 from localinfer.store.lock import model_lock
 from localinfer.store.refs import ModelSource
@@ -121,6 +127,42 @@ def choose_files(files: list[str], quant: str | None, repo: str) -> list[str]:
     return [first]
 
 
+def choose_projector(files: list[str], model_file: str) -> str | None:
+    """A hub repo's projector for its model: the mmproj GGUF in the model file's folder, the
+    F16 one where there are several (the converter's default type), else the first by name."""
+    folder = os.path.dirname(model_file)
+    found = sorted(f for f in files if f.lower().endswith(".gguf") and "mmproj" in f.lower() and os.path.dirname(f) == folder)
+    f16 = [f for f in found if re.search(r"(^|[-_.])F16([-_.]|$)", os.path.basename(f), re.IGNORECASE)]
+    return (f16 or found or [None])[0]
+
+
+def projector_dest(model: Path, file: str) -> Path:
+    """Where a projector lands: beside its model, under a name the loader's glob matches."""
+    name = os.path.basename(file)
+    return model.parent / (name if fnmatch(name, PROJECTOR_GLOB) else f"mmproj-{name}")
+
+
+@dataclass(frozen=True)
+class _Wanted:
+    """One file of a pull: its name in the repo, where it lands, the catalog's sha256 for it."""
+
+    file: str
+    dest: Path
+    sha256: str | None
+    projector: bool = False
+
+
+def _wanted(src: ModelSource, target: Path, listing: Callable[[], list[str]]) -> list[_Wanted]:
+    """The model's file(s), then its projector where it has one. The catalog names its
+    files; a hub reference's come from the repo's listing."""
+    files = [src.file] if src.file else choose_files(listing(), src.quant, src.repo or "")
+    own = [_Wanted(f, target / f, src.sha256 if len(files) == 1 else None) for f in files]
+    projector = src.mmproj_file if src.file else choose_projector(listing(), files[0])
+    if projector is None:
+        return own
+    return own + [_Wanted(projector, projector_dest(own[0].dest, projector), src.mmproj_sha256 if src.file else None, projector=True)]
+
+
 def _pull_hub(src: ModelSource, progress: Progress | None, warn: Warn | None) -> Path:
     import huggingface_hub as hf
     from huggingface_hub.utils import disable_progress_bars
@@ -128,21 +170,21 @@ def _pull_hub(src: ModelSource, progress: Progress | None, warn: Warn | None) ->
     disable_progress_bars()  # we draw our own, from _watch
     repo = src.repo or ""
     target = ensure_dir(models_dir() / repo)  # before the hub is asked anything
+    listing = functools.cache(lambda: hf.list_repo_files(repo, revision=src.revision))  # the repo's files, asked for once
     with model_lock(target, warn):  # the download and the manifest: one writer per model folder
         try:
-            files = [src.file] if src.file else choose_files(hf.list_repo_files(repo, revision=src.revision), src.quant, repo)
-            urls = [hf.hf_hub_url(repo, f, revision=src.revision) for f in files]
+            wanted = _wanted(src, target, listing)
+            urls = [hf.hf_hub_url(repo, w.file, revision=src.revision) for w in wanted]
             metas = [hf.get_hf_file_metadata(url) for url in urls]
-            check_space(target, files, [m.size for m in metas])
-            paths, digests, unverified = [], [], False
+            check_space(target, [w.dest for w in wanted], [m.size for m in metas])
+            digests: list[str | None] = []
+            unverified = False
             with _watch(target, sum(m.size or 0 for m in metas), progress):
-                for name, url, meta in zip(files, urls, metas):
-                    expected = _expected_sha(src, meta.etag, len(files))
+                for w, url, meta in zip(wanted, urls, metas):
+                    expected = w.sha256 or _etag_sha(meta.etag)
                     if expected is None and warn:
-                        warn(f"no sha256 is published for {repo}/{name}: its download cannot be verified")
-                    path, digest = _download(url, target / name, meta.size, expected)
-                    paths.append(path)
-                    digests.append(digest)
+                        warn(f"no sha256 is published for {repo}/{w.file}: its download cannot be verified")
+                    digests.append(_download(url, w.dest, meta.size, expected)[1])
                     unverified = unverified or expected is None
         except DownloadError:
             raise
@@ -150,26 +192,35 @@ def _pull_hub(src: ModelSource, progress: Progress | None, warn: Warn | None) ->
             if type(e).__module__.split(".")[0] in ("huggingface_hub", "httpx", "httpx2", "requests", "urllib3") or isinstance(e, OSError):
                 raise _hub_errors(repo)(e) from None
             raise
-        manifests.save(
-            manifests.LocalModel(
-                name=src.name,
-                path=str(paths[0]),
-                size=sum(p.stat().st_size for p in paths),
-                sha256=digests[0] or sha256_of(paths[0]),
-                source=f"hf://{repo}/{paths[0].name}@{src.revision}",
-                pulled_at=datetime.now(timezone.utc).isoformat(timespec="seconds"),
-                verified=not unverified,
-            )
-        )
-    return paths[0]
+        manifests.save(_manifest(src, wanted, digests, unverified))
+    return wanted[0].dest
 
 
-def check_space(target: Path, files: list[str], sizes: list[int | None]) -> None:
+def _manifest(src: ModelSource, wanted: list[_Wanted], digests: list[str | None], unverified: bool) -> manifests.LocalModel:
+    """The record that makes a finished pull visible: the model's first file (llama.cpp finds
+    the other parts), their bytes together, and its projector. A digest is None for a file an
+    earlier pull finished, so it is computed again here."""
+    parts = [(w, d) for w, d in zip(wanted, digests) if not w.projector]
+    projector = next(((w, d) for w, d in zip(wanted, digests) if w.projector), None)
+    first = parts[0][0].dest
+    return manifests.LocalModel(
+        name=src.name,
+        path=str(first),
+        size=sum(w.dest.stat().st_size for w, _ in parts),
+        sha256=parts[0][1] or sha256_of(first),
+        source=f"hf://{src.repo}/{first.name}@{src.revision}",
+        pulled_at=datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        verified=not unverified,
+        projector=str(projector[0].dest) if projector else None,
+        projector_sha256=(projector[1] or sha256_of(projector[0].dest)) if projector else None,
+    )
+
+
+def check_space(target: Path, dests: list[Path], sizes: list[int | None]) -> None:
     """Refuse before the first byte if what is left to download cannot fit."""
     need = 0
-    for name, size in zip(files, sizes):
-        done = target / name
-        partial = done.with_name(name + ".partial")
+    for done, size in zip(dests, sizes):
+        partial = done.with_name(done.name + ".partial")
         if size and not (done.is_file() and done.stat().st_size == size):
             need += size - (partial.stat().st_size if partial.is_file() else 0)
     free = shutil.disk_usage(target).free
@@ -177,10 +228,8 @@ def check_space(target: Path, files: list[str], sizes: list[int | None]) -> None
         raise DownloadError(f"not enough disk space in {target}: the download needs {need / 1e9:.2f} GB and {free / 1e9:.2f} GB are free")
 
 
-def _expected_sha(src: ModelSource, etag: str | None, n_files: int) -> str | None:
-    """The catalog's sha256, else the hub's: for LFS files the ETag is the file's sha256."""
-    if src.sha256 and n_files == 1:
-        return src.sha256
+def _etag_sha(etag: str | None) -> str | None:
+    """The hub's sha256 of a file, where the catalog gives none: for LFS files the ETag is the file's sha256."""
     tag = (etag or "").strip('"').removeprefix("W/").strip('"')
     return tag if re.fullmatch(r"[0-9a-f]{64}", tag) else None
 

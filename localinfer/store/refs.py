@@ -34,6 +34,8 @@ class ModelSource:
     sha256: str | None = None
     defaults: dict[str, object] = field(default_factory=dict)
     draft: str | None = None  # the catalog's draft model for it (--draft auto)
+    mmproj_file: str | None = None  # a vision model's projector in the same repo (the catalog's)
+    mmproj_sha256: str | None = None
 
 
 def _from_entry(entry: CatalogEntry) -> ModelSource:
@@ -48,6 +50,8 @@ def _from_entry(entry: CatalogEntry) -> ModelSource:
         sha256=entry.sha256,
         defaults=dict(entry.defaults),
         draft=entry.draft,
+        mmproj_file=entry.mmproj_file,
+        mmproj_sha256=entry.mmproj_sha256,
     )
 
 

@@ -1,6 +1,6 @@
-"""Deleting a pulled model: its files (every shard), then its manifest, under the model
-folder's lock so that a pull of it cannot run meanwhile. `rm` and the server's Ollama
-`DELETE /api/delete` both come here."""
+"""Deleting a pulled model: its files (every shard, and its projector unless another pull
+still uses it), then its manifest, under the model folder's lock so that a pull of it cannot
+run meanwhile. `rm` and the server's Ollama `DELETE /api/delete` both come here."""
 
 from __future__ import annotations
 
@@ -29,10 +29,31 @@ def remove_model(name: str, notify: Callable[[str], None]) -> int:
         pulled = manifests.find(name)
         if pulled is None:
             raise ModelNotFound(f"'{name}' was removed meanwhile")
+        freed = pulled.size + _delete(_projector_of(pulled))
         for part in [path, *sorted(path.parent.glob(path.name.replace("-00001-of-", "-*-of-")))]:
-            try:
-                part.unlink(missing_ok=True)
-            except OSError as e:
-                raise UserError(f"cannot delete {part}: {e.strerror or e}") from None
+            _delete(part)
         manifests.remove(name)
-    return pulled.size
+    return freed
+
+
+def _projector_of(pulled: manifests.LocalModel) -> Path | None:
+    """The model's projector, unless another pull shares it (two quantizations of one repo
+    lie in one folder, beside one projector)."""
+    if pulled.projector is None:
+        return None
+    others = [m for m in manifests.all_models() if m.name != pulled.name and m.projector == pulled.projector]
+    return None if others else Path(pulled.projector)
+
+
+def _delete(path: Path | None) -> int:
+    """Delete a file; the bytes it held (0 for none, or one already gone)."""
+    if path is None or not path.is_file():
+        return 0
+    size = path.stat().st_size
+    try:
+        path.unlink()
+    except FileNotFoundError:
+        return 0
+    except OSError as e:
+        raise UserError(f"cannot delete {path}: {e.strerror or e}") from None
+    return size

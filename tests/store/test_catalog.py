@@ -52,3 +52,17 @@ def test_an_embedding_model_says_what_it_is_and_its_context() -> None:
         assert ("reranking model" if "rerank" in alias else "embedding model") in entry.description, alias
         assert entry.defaults.get("ctx") in (512, 2048, 8192) and not entry.draft, alias
     assert catalog.get("qwen3-embedding").alias == "qwen3-embedding:0.6b" and catalog.get("qwen3").alias == "qwen3:0.6b"
+
+
+def test_a_vision_entry_names_its_projector_in_its_repo() -> None:
+    """Issue 50: a catalog entry's projector is a hub file of the same repo and revision, named as
+    llama.cpp's converter names them (the loader looks for mmproj*.gguf beside the model), with a
+    sha256 where one is known; gemma3:4b carries ggml-org's F16 projector (docs/models.md)."""
+    vision = {alias: e for alias, e in load_catalog().entries.items() if e.mmproj_file}
+    assert "gemma3:4b" in vision
+    for alias, e in vision.items():
+        assert e.repo and e.mmproj_file.startswith("mmproj") and e.mmproj_file.endswith(".gguf") and e.mmproj_file != e.file, alias
+        assert e.mmproj_sha256 is None or re.fullmatch(r"[0-9a-f]{64}", e.mmproj_sha256), alias
+        src = resolve(alias)
+        assert (src.mmproj_file, src.mmproj_sha256) == (e.mmproj_file, e.mmproj_sha256), alias
+    assert all(not e.mmproj_sha256 for e in load_catalog().entries.values() if not e.mmproj_file)
