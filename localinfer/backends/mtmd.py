@@ -65,6 +65,8 @@ class Mtmd:
 
     def decode(self, lctx: C.llama_context_p, chunk: MediaChunk, seq_id: int, position: int, n_batch: int) -> None:
         """Encode an image chunk and decode its embeddings into sequence seq_id at `position`."""
+        if M.mtmd_decode_use_non_causal(self._ctx, chunk.handle.ptr) and chunk.n_tokens > C.llama_n_ubatch(lctx):  # llama.cpp would abort the process
+            raise UserError(f"an image of {chunk.n_tokens} tokens attends to itself whole, which needs a batch of as many; this context's is {C.llama_n_ubatch(lctx)}")
         after = C.llama_pos(0)
         rc = M.mtmd_helper_eval_chunk_single(self._ctx, lctx, chunk.handle.ptr, position, seq_id, n_batch, False, ctypes.byref(after))
         if rc != 0:

@@ -1,12 +1,18 @@
 """Images in a prompt, as the engine schedules them. Each image's chunk (Backend.media_chunks)
 stands in the request's token list as a run of placeholder ids, one per position it moves
-the sequence on, all the same negative id made from its pixels' hash (never a vocabulary
-id). So context checks, timings and prefix reuse count it as they count tokens, the same
-image twice is the same run (its KV reused, as a text prefix is), and a prefill stops at a
-run's start to hand the whole chunk to forward_media: an image is encoded whole or not at all.
+the sequence on: negative ids (never a vocabulary id) drawn from its pixels' hash, a
+different one at each position, so that two images' runs differ unless their hashes do. So
+context checks, timings, prefix reuse and the prompt cache's block keys count an image as
+they count tokens, the same image twice is the same run (its KV reused, as a text prefix is),
+and a prefill stops at a run's start to hand the whole chunk to forward_media: an image is
+encoded whole or not at all.
 """
 
 from __future__ import annotations
+
+import hashlib
+
+import numpy as np
 
 from localinfer.backends.base import MEDIA_MARKER, MediaChunk
 
@@ -16,9 +22,19 @@ def marked(text: str, n_images: int) -> str:
     return MEDIA_MARKER * n_images + "\n" + text if n_images else text
 
 
-def placeholder(key: str) -> int:
-    """The id an image's positions stand as: negative, from its pixels' hash."""
-    return -1 - int(key[:15] or "0", 16) % (2**31 - 1)
+def placeholders(key: str, n: int) -> list[int]:
+    """The ids an image's n positions stand as: negative int32s drawn from its pixels' hash.
+    One id alone has 31 bits, which a prompt cache on disk holding many images could see two
+    images share; a run of n of them cannot."""
+    drawn = np.frombuffer(hashlib.shake_128(key.encode()).digest(4 * n), dtype=np.uint32)
+    return (-1 - (drawn.astype(np.int64) % (2**31 - 1))).tolist()
+
+
+def flat(media: dict[int, MediaChunk]) -> bool:
+    """Does every image fill one cell per position? Then its KV can be cut into blocks by
+    position like text's, and the prompt cache keeps it. Not so where an image is laid out in
+    2-D (M-RoPE): all its cells sit at its first position."""
+    return all(chunk.n_tokens == chunk.n_pos for chunk in media.values())
 
 
 def media_prompt(pieces: list[list[int] | MediaChunk]) -> tuple[list[int], dict[int, MediaChunk]]:
@@ -29,7 +45,7 @@ def media_prompt(pieces: list[list[int] | MediaChunk]) -> tuple[list[int], dict[
     for piece in pieces:
         if isinstance(piece, MediaChunk):
             media[len(tokens)] = piece
-            tokens += [placeholder(piece.key)] * piece.n_pos
+            tokens += placeholders(piece.key, piece.n_pos)
         else:
             tokens += piece
     return tokens, media

@@ -6,9 +6,10 @@ cache shares the longest token prefix with its prompt, cut to that prefix, so on
 is prefilled (the second turn of a chat does not recompute the first). If a busy slot holds
 a longer prefix (a long system prompt shared by many requests), it is copied with kv_copy
 instead. Past that, the prompt cache (prompt_cache.py) puts back the blocks it kept, from RAM
-or disk, and is given every whole block a slot computes. A prompt with images reuses a slot's
-prefix up to an image's edge (media.py) and leaves the prompt cache alone, whose blocks could
-cut an image in two.
+or disk, and is given every whole block a slot computes. A prompt with images reuses a
+slot's prefix, or the prompt cache's blocks, up to an image's edge (media.py): a block may end
+inside an image, and an image is prefilled whole or not at all. Images laid out in 2-D
+(M-RoPE), whose cells all sit at one position, are kept out of the prompt cache.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from localinfer.backends.base import Backend
-from localinfer.engine.media import whole
+from localinfer.engine.media import flat, whole
 from localinfer.engine.prefix import common_prefix
 from localinfer.engine.prompt_cache import PromptCache
 from localinfer.engine.request import Request
@@ -112,7 +113,7 @@ class Slots:
             del self.tokens[slot][reuse:]
         req.seq_id, req.cached_from = slot, {"slot": reuse} if reuse else {}
         self._blocks[slot] = _Blocks()
-        if self.prompt_cache is not None and self.prompt_cache.ready and not req.media:  # its blocks could cut an image
+        if self.prompt_cache is not None and self.prompt_cache.ready and flat(req.media):
             reuse = self._restore(req, reuse, limit)
         req.n_past = req.cached_tokens = reuse
 
@@ -138,7 +139,7 @@ class Slots:
         if pos != first * block:  # a cache that cannot resume there (a sliding window let it go)
             self.tokens[slot], req.cached_from = [], {}
             return 0
-        req.cached_from = {"slot": pos} if pos else {}
+        start, written = pos, []
         for key, data, tier in found:
             size = min(block, limit - pos)  # the tail's is shorter
             after = self.backend.kv_write(slot, pos, data)
@@ -147,7 +148,10 @@ class Slots:
                 self.backend.kv_truncate(slot, pos)
                 break
             pos = after
-            req.cached_from[tier] = req.cached_from.get(tier, 0) + size
+            written.append((tier, size))
+        if (edge := whole(req.media, pos)) < pos:  # the blocks ended inside an image: back to its start
+            pos = self.backend.kv_truncate(slot, edge)
+        req.cached_from = _tally(start, written, pos)
         self.tokens[slot] = req.prompt[:pos]
         blocks.stored, blocks.tail_stored = pos // block, pos == limit
         return pos
@@ -156,7 +160,7 @@ class Slots:
         """Give the prompt cache the whole blocks the request's slot now holds that it was
         not given yet (prompt and answer alike: the next turn of a chat starts with both)."""
         cache, slot = self.prompt_cache, req.seq_id
-        if cache is None or not cache.ready or slot < 0 or req.media:  # a block could cut an image
+        if cache is None or not cache.ready or slot < 0 or not flat(req.media):
             return
         tokens, block, blocks = self.tokens[slot], cache.block, self._blocks[slot]
         whole = len(tokens) // block
@@ -172,3 +176,17 @@ class Slots:
             keys = blocks.keys[: limit // block]
             cache.put(cache.tail(keys, req.prompt[start:limit]), limit - start, self.backend.kv_read(slot, start, limit))
             blocks.tail_stored = True
+
+
+def _tally(start: int, written: list[tuple[str, int]], end: int) -> dict[str, int]:
+    """Where a restored slot's tokens up to `end` came from: `start` of them from the slot,
+    then each block's from its tier (RAM or disk), the last cut at `end`."""
+    counts = {"slot": start} if start else {}
+    at = start
+    for tier, size in written:
+        n = min(size, end - at)
+        if n <= 0:
+            break
+        counts[tier] = counts.get(tier, 0) + n
+        at += n
+    return counts

@@ -17,7 +17,7 @@ import pytest
 from localinfer.backends.base import MEDIA_MARKER, LoadParams
 from localinfer.backends.llamacpp import LlamaCppBackend
 from localinfer.engine.engine import Engine
-from localinfer.engine.media import placeholder
+from localinfer.engine.media import placeholders
 from localinfer.engine.types import CompletionOutput, SamplingParams, TokenEvent
 from localinfer.errors import UserError
 
@@ -51,7 +51,7 @@ def test_an_answer_after_an_image_starts_from_llamacpps_logits(pairs: dict[str, 
     with engine_of(pairs[name]) as engine:
         tokens, media = engine.tokenize_media(FIRST + ASKS[0], [png_bytes(image)])
         (start, chunk), = media.items()
-        assert tokens[start : start + chunk.n_pos] == [placeholder(chunk.key)] * chunk.n_pos
+        assert tokens[start : start + chunk.n_pos] == placeholders(chunk.key, chunk.n_pos) and all(t < 0 for t in tokens[start : start + chunk.n_pos])
         out = engine.complete(tokens, GREEDY, media)
     assert out.tokens[0] == int(np.argmax(want))
     assert out.prompt_tokens == len(tokens)
