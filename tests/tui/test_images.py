@@ -20,7 +20,7 @@ from localinfer.engine.loader import LoadOptions
 from localinfer.tui.app import ChatApp
 from localinfer.tui.attachments import Attachment
 from localinfer.tui.export import as_json, as_markdown
-from localinfer.tui.store import ChatStore
+from localinfer.tui.store import Chat, ChatStore
 from localinfer.tui.widgets import MessageView, PromptInput
 
 from ..conftest import THREADS
@@ -45,6 +45,14 @@ def picture(folder: Path, seed: int, name: str = "picture.png"):
     return image, path
 
 
+def one_token_chat(folder: Path, model: str, url: str | None = None) -> tuple[ChatStore, Chat]:
+    """A store with one greedy chat on `model` whose replies are one token long."""
+    store = ChatStore.open(folder / "chats.db")
+    chat = store.new_chat("Vision", model, url)
+    store.save_settings(chat.id, ONE_TOKEN)
+    return store, chat
+
+
 def vision_app(store: ChatStore, model: Path, **kw) -> ChatApp:
     return ChatApp(store, model_loader(LoadOptions(threads=THREADS, ctx=512)), model=str(model), **kw)
 
@@ -59,9 +67,7 @@ async def command(pilot, app: ChatApp, text: str) -> None:
 
 def test_an_attached_image_is_shown_saved_and_read_by_the_model(tmp_path: Path, llava: tuple[Path, Path]) -> None:
     image, path = picture(tmp_path, seed=31)
-    store = ChatStore.open(tmp_path / "chats.db")
-    chat = store.new_chat("Vision", str(llava[0]))
-    store.save_settings(chat.id, ONE_TOKEN)
+    store, chat = one_token_chat(tmp_path, str(llava[0]))
 
     async def test() -> None:
         app = vision_app(store, llava[0], chat_id=chat.id)
@@ -95,9 +101,7 @@ def test_an_attached_image_is_shown_saved_and_read_by_the_model(tmp_path: Path, 
 
 def test_edit_resends_a_messages_images_unless_dropped(tmp_path: Path, llava: tuple[Path, Path]) -> None:
     image, path = picture(tmp_path, seed=32)
-    store = ChatStore.open(tmp_path / "chats.db")
-    chat = store.new_chat("Vision", str(llava[0]))
-    store.save_settings(chat.id, ONE_TOKEN)
+    store, chat = one_token_chat(tmp_path, str(llava[0]))
 
     async def test() -> None:
         app = vision_app(store, llava[0], chat_id=chat.id)
@@ -160,9 +164,7 @@ def test_the_url_mode_sends_images_to_a_real_localinfer_serve(tmp_path: Path, ll
     image, path = picture(tmp_path, seed=34)
     server = Server(str(llava[0]), "--allow-paths")
     try:
-        store = ChatStore.open(tmp_path / "chats.db")
-        chat = store.new_chat("Remote vision", str(llava[0]), server.url)
-        store.save_settings(chat.id, ONE_TOKEN)
+        store, chat = one_token_chat(tmp_path, str(llava[0]), server.url)
 
         async def test() -> None:
             app = ChatApp(store, model_loader(LoadOptions(threads=THREADS)), chat_id=chat.id)
