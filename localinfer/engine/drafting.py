@@ -78,7 +78,9 @@ class Drafting:
         model_cost = self._model_cost(verify, len(decoding)) if self.drafter is not None and verify is not None else None
         for seq in decoding:
             spec = seq.spec
-            spec.source, spec.proposals = None, None  # type: ignore[union-attr]
+            if spec is None:  # a request that does not speculate (one with images)
+                continue
+            spec.source, spec.proposals = None, None
             room = seq.draft_room()
             if room <= 0 or verify is None:
                 continue

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import concurrent.futures
 import itertools
+import logging
 import secrets
 import threading
 import time
@@ -574,7 +575,12 @@ class Engine:
                 self._wake.wait_for(lambda: self._inbox or self._waiting or self._running or self._calls or self._stopping)
                 if self._stopping and not self.has_work():
                     return
-            self.step()
+            try:
+                self.step()
+            except Exception as e:  # noqa: BLE001 - a bug in a step ends the requests in it, never the thread, which readers would wait on forever
+                logging.getLogger(__name__).exception("an engine step failed")
+                for req in list(self._running.values()):
+                    self._finish(req, "error", flush=False, error=BackendError(f"the engine failed: {type(e).__name__}: {e}"))
             if self._running and not self.last_step.decoded and not self.last_step.prefilled:
                 time.sleep(0.001)  # every reader is behind: let them catch up
 

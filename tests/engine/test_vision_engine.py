@@ -18,6 +18,7 @@ from localinfer.backends.base import MEDIA_MARKER, LoadParams
 from localinfer.backends.llamacpp import LlamaCppBackend
 from localinfer.engine.engine import Engine
 from localinfer.engine.media import placeholders
+from localinfer.engine.speculative import DraftConfig
 from localinfer.engine.types import CompletionOutput, SamplingParams, TokenEvent
 from localinfer.errors import UserError
 
@@ -125,3 +126,31 @@ def test_a_prompt_ending_in_an_image_or_marking_the_wrong_count_is_refused(pairs
         (start, chunk), = media.items()
         with pytest.raises(UserError, match="ends with an image"):
             engine.submit(tokens[: start + chunk.n_pos], GREEDY, media)
+
+
+def test_an_engine_that_speculates_answers_image_requests_beside_drafted_ones(pairs: dict[str, tuple[Path, Path]]) -> None:
+    """Speculation (prompt lookup, made to draft whenever it can) leaves an image request
+    undrafted and drafts the text one decoded beside it, on the engine's own thread: both
+    answer as an engine that does not speculate answers them."""
+    image = png_bytes(sample_image(56, 56, seed=9))
+    model, mmproj = pairs["llava"]
+    backend = LlamaCppBackend.load(model, LoadParams(n_ctx=512, n_threads=THREADS, n_seq_max=2, mmproj=mmproj))
+    prompts = ["Look at this " + MEDIA_MARKER + " and say what it is", "Repeat: the cat sat on the mat, the cat sat on the mat, the cat"]
+    with closing(Engine(backend, slots=2, draft=DraftConfig(assumed_costs=tuple(np.linspace(1.0, 1.5, DraftConfig().max_draft + 1))))) as engine:
+        asks = [engine.tokenize_media(prompts[0], [image]), (engine.tokenize_prompt(prompts[1]), {})]
+        engine.start()
+        streams = [engine.submit(tokens, GREEDY, media) for tokens, media in asks]
+        drafted = [final(stream) for stream in streams]
+    with engine_of(pairs["llava"]) as plain:
+        want = [plain.complete(tokens, GREEDY, media).tokens for tokens, media in [plain.tokenize_media(prompts[0], [image]), (plain.tokenize_prompt(prompts[1]), {})]]
+    assert [out.error for out in drafted] == [None, None]
+    assert [out.tokens for out in drafted] == want
+
+
+def final(stream) -> CompletionOutput:  # type: ignore[no-untyped-def]
+    """The stream's CompletionOutput, waited for a bounded time."""
+    for _ in range(10_000):
+        event = stream.get(timeout=120)
+        if isinstance(event, CompletionOutput):
+            return event
+    raise AssertionError("the stream never ended")
