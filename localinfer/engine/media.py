@@ -30,11 +30,14 @@ def placeholders(key: str, n: int) -> list[int]:
     return (-1 - (drawn.astype(np.int64) % (2**31 - 1))).tolist()
 
 
-def flat(media: dict[int, MediaChunk]) -> bool:
-    """Does every image fill one cell per position? Then its KV can be cut into blocks by
-    position like text's, and the prompt cache keeps it. Not so where an image is laid out in
-    2-D (M-RoPE): all its cells sit at its first position."""
-    return all(chunk.n_tokens == chunk.n_pos for chunk in media.values())
+def cells_end(media: dict[int, MediaChunk], end: int) -> int:
+    """One past the last position a sequence's cells sit at once it holds the prompt's first
+    `end` positions: `end`, but where that cuts an image laid out in 2-D (Qwen-VL's M-RoPE),
+    whose cells all sit at its first position, one past that position."""
+    for start, chunk in media.items():
+        if chunk.n_tokens != chunk.n_pos and start < end < start + chunk.n_pos:
+            return start + 1
+    return end
 
 
 def media_prompt(pieces: list[list[int] | MediaChunk]) -> tuple[list[int], dict[int, MediaChunk]]:

@@ -8,8 +8,7 @@ a longer prefix (a long system prompt shared by many requests), it is copied wit
 instead. Past that, the prompt cache (prompt_cache.py) puts back the blocks it kept, from RAM
 or disk, and is given every whole block a slot computes. A prompt with images reuses a
 slot's prefix, or the prompt cache's blocks, up to an image's edge (media.py): a block may end
-inside an image, and an image is prefilled whole or not at all. Images laid out in 2-D
-(M-RoPE), whose cells all sit at one position, are kept out of the prompt cache.
+inside an image, and an image is prefilled whole or not at all.
 """
 
 from __future__ import annotations
@@ -17,7 +16,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from localinfer.backends.base import Backend
-from localinfer.engine.media import flat, whole
+from localinfer.engine.media import cells_end, whole
 from localinfer.engine.prefix import common_prefix
 from localinfer.engine.prompt_cache import PromptCache
 from localinfer.engine.request import Request
@@ -113,7 +112,7 @@ class Slots:
             del self.tokens[slot][reuse:]
         req.seq_id, req.cached_from = slot, {"slot": reuse} if reuse else {}
         self._blocks[slot] = _Blocks()
-        if self.prompt_cache is not None and self.prompt_cache.ready and flat(req.media):
+        if self.prompt_cache is not None and self.prompt_cache.ready:
             reuse = self._restore(req, reuse, limit)
         req.n_past = req.cached_tokens = reuse
 
@@ -142,12 +141,11 @@ class Slots:
         start, written = pos, []
         for key, data, tier in found:
             size = min(block, limit - pos)  # the tail's is shorter
-            after = self.backend.kv_write(slot, pos, data)
-            if after != pos + size:  # bytes this backend does not take: never offered again
+            if self.backend.kv_write(slot, pos, data) != cells_end(req.media, pos + size):  # bytes this backend does not take: never offered again
                 cache.discard(key)
                 self.backend.kv_truncate(slot, pos)
                 break
-            pos = after
+            pos += size
             written.append((tier, size))
         if (edge := whole(req.media, pos)) < pos:  # the blocks ended inside an image: back to its start
             pos = self.backend.kv_truncate(slot, edge)
@@ -160,7 +158,7 @@ class Slots:
         """Give the prompt cache the whole blocks the request's slot now holds that it was
         not given yet (prompt and answer alike: the next turn of a chat starts with both)."""
         cache, slot = self.prompt_cache, req.seq_id
-        if cache is None or not cache.ready or slot < 0 or not flat(req.media):
+        if cache is None or not cache.ready or slot < 0:
             return
         tokens, block, blocks = self.tokens[slot], cache.block, self._blocks[slot]
         whole = len(tokens) // block

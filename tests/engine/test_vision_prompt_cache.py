@@ -2,25 +2,29 @@
 put back from RAM, and from disk by a restarted engine, all but its last token, answering as
 it did computed; a prompt whose cached blocks end inside an image is put back only to the
 image's start (an image is prefilled whole), and answers as a fresh engine without a cache
-does. Another image in the same place shares no block past the text before it. An M-RoPE
-image (all its cells at one position) is kept out of the cache."""
+does. Another image in the same place shares no block past the text before it. On a LLaVA
+pair and on a Qwen2-VL pair, whose M-RoPE image puts all its cells at its first position, so
+that a block ending inside it holds the whole image."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from localinfer.backends.base import MEDIA_MARKER
 from localinfer.engine.engine import Engine
 from localinfer.engine.loader import LoadOptions, open_engine
 from localinfer.engine.prompt_cache import BLOCK_TOKENS, CacheOptions
-from localinfer.engine.types import CompletionOutput, SamplingParams
+from localinfer.engine.types import CompletionOutput, SamplingParams, TokenEvent
 
 from ..conftest import THREADS
 from ..vision_models import png_bytes, sample_image, write_pair
 
-GREEDY = SamplingParams(temperature=0.0, max_tokens=4)
+GREEDY = SamplingParams(temperature=0.0, max_tokens=4, logprobs=5)
+SIDES = {"llava": (84, 112), "qwen2vl": (280, 336)}  # qwen2vl: a 10 x 12 grid, 120 cells over 12 positions
 WORDS = "the old lighthouse keeper wrote down every ship that passed in the night".split()
 
 
@@ -41,9 +45,21 @@ def straddling(engine: Engine, image: bytes) -> str:
     raise AssertionError("no length put the image across the block boundary")
 
 
-def ask(engine: Engine, text: str, image: bytes) -> CompletionOutput:
+@dataclass
+class Answer:
+    out: CompletionOutput
+    tops: list  # each token's most likely alternatives and their log-probabilities
+
+    @property
+    def cached_from(self) -> dict[str, int]:
+        return self.out.cached_from
+
+
+def ask(engine: Engine, text: str, image: bytes) -> Answer:
     tokens, media = engine.tokenize_media(text, [image])
-    return engine.complete(tokens, GREEDY, media)
+    *steps, out = engine.generate(tokens, GREEDY, media)
+    assert isinstance(out, CompletionOutput)
+    return Answer(out, [step.top_logprobs for step in steps if isinstance(step, TokenEvent)])
 
 
 def evict(engine: Engine) -> None:
@@ -51,9 +67,18 @@ def evict(engine: Engine) -> None:
     engine.complete(engine.tokenize_prompt("Something else entirely."), GREEDY)
 
 
-def test_an_image_across_a_block_is_put_back_from_ram_and_disk_and_cut_at_its_edge(tmp_path: Path) -> None:
-    model, _ = write_pair(tmp_path, "llava")
-    image, other = png_bytes(sample_image(84, 112, seed=41)), png_bytes(sample_image(84, 112, seed=42))
+def same(a: Answer, b: Answer) -> bool:
+    """The same tokens from logits alike but for the rounding of a batch of another size (a
+    put-back prompt computes its last token alone, a cold one within its prefill)."""
+    ids = [[t for t, _ in top] for top in a.tops] == [[t for t, _ in top] for top in b.tops]
+    values = np.allclose([[v for _, v in top] for top in a.tops], [[v for _, v in top] for top in b.tops], rtol=1e-3, atol=1e-3)
+    return a.out.tokens == b.out.tokens and ids and bool(values)
+
+
+@pytest.mark.parametrize("pair", SIDES)
+def test_an_image_across_a_block_is_put_back_from_ram_and_disk_and_cut_at_its_edge(tmp_path: Path, pair: str) -> None:
+    model, _ = write_pair(tmp_path, pair)
+    image, other = (png_bytes(sample_image(*SIDES[pair], seed=seed)) for seed in (41, 42))
     engine = open_engine(str(model), options(tmp_path / "cache"))
     try:
         assert engine.prompt_cache is not None and engine.prompt_cache.wait_ready()
@@ -62,10 +87,10 @@ def test_an_image_across_a_block_is_put_back_from_ram_and_disk_and_cut_at_its_ed
         (start, chunk), = media.items()
         assert start < BLOCK_TOKENS < start + chunk.n_pos
         cold = ask(engine, text + " What is it?", image)
-        assert cold.cached_tokens == 0
+        assert cold.out.cached_tokens == 0
         evict(engine)  # the one slot no longer holds it
         again = ask(engine, text + " What is it?", image)
-        assert again.cached_from == {"ram": len(tokens) - 1} and again.tokens == cold.tokens
+        assert again.cached_from == {"ram": len(tokens) - 1} and same(again, cold)
         evict(engine)
         cut = ask(engine, text + " Name its colours.", image)  # the first block matches; it ends inside the image
         assert cut.cached_from == {"ram": start}
@@ -76,29 +101,13 @@ def test_an_image_across_a_block_is_put_back_from_ram_and_disk_and_cut_at_its_ed
         engine.close()
     fresh = open_engine(str(model), options(None))
     try:
-        assert ask(fresh, text + " Name its colours.", image).tokens == cut.tokens
+        assert same(ask(fresh, text + " Name its colours.", image), cut)
     finally:
         fresh.close()
     restarted = open_engine(str(model), options(tmp_path / "cache"))
     try:
         assert restarted.prompt_cache is not None and restarted.prompt_cache.wait_ready()
         from_disk = ask(restarted, text + " What is it?", image)
-        assert from_disk.cached_from == {"disk": len(tokens) - 1} and from_disk.tokens == cold.tokens
+        assert from_disk.cached_from == {"disk": len(tokens) - 1} and same(from_disk, cold)
     finally:
         restarted.close()
-
-
-def test_an_mrope_image_is_kept_out_of_the_prompt_cache(tmp_path: Path) -> None:
-    model, _ = write_pair(tmp_path, "qwen2vl")
-    image = png_bytes(sample_image(56, 84, seed=43))
-    engine = open_engine(str(model), options(tmp_path / "cache"))
-    try:
-        assert engine.prompt_cache is not None and engine.prompt_cache.wait_ready()
-        text = " ".join(WORDS * 10) + " " + MEDIA_MARKER + " What is it?"
-        first = ask(engine, text, image)
-        assert first.prompt_tokens > BLOCK_TOKENS and engine.prompt_cache.stats.stored == 0  # nothing of it, though it holds a whole block
-        evict(engine)
-        again = ask(engine, text, image)
-        assert set(again.cached_from) <= {"slot"} and again.tokens == first.tokens
-    finally:
-        engine.close()
