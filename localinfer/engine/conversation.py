@@ -7,7 +7,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from localinfer.backends.base import MediaChunk
-from localinfer.engine.media import marked
+from localinfer.engine.media import extra_cells, marked
 from localinfer.engine.templates import Message
 from localinfer.engine.types import Think
 from localinfer.errors import ContextOverflow
@@ -46,12 +46,13 @@ def fit_conversation(engine, messages: list[Message], room: int, think: Think = 
     while True:
         kept = system + turns[dropped:]
         tokens, media = conversation_prompt(engine, kept, think)
+        size = len(tokens) + extra_cells(media, len(tokens))  # the cells it fills: 2-D images fill more than their positions
         last = dropped >= len(turns) - 1
-        if len(tokens) + room <= n_ctx or (last and len(tokens) < n_ctx):
+        if size + room <= n_ctx or (last and size < n_ctx):
             return FittedPrompt(tokens, kept, dropped, media)
         if last:
             raise ContextOverflow(
-                f"this message makes a prompt of {len(tokens)} tokens but the context holds {n_ctx}; "
+                f"this message makes a prompt of {size} tokens but the context holds {n_ctx}; "
                 "send a shorter one, or restart with a larger --ctx"
             )
         dropped += 1

@@ -39,7 +39,7 @@ from localinfer.engine.draft_model import DraftModel
 from localinfer.engine.drafting import Drafting
 from localinfer.engine.embedding import embed_inputs, fit_inputs, rank_inputs, rerank_tokens
 from localinfer.engine.filewatch import ModelFileWatch
-from localinfer.engine.media import media_prompt, text_until
+from localinfer.engine.media import extra_cells, media_prompt, text_until
 from localinfer.engine.prompt_cache import PromptCache
 from localinfer.engine.reasoning import Splitter, syntax_of
 from localinfer.engine.request import Ending, Request, RequestContext
@@ -216,9 +216,9 @@ class Engine:
             raise UserError("the prompt ends with an image: the model answers from the text after it")
         if (why := self.text_refusal()) is not None:
             raise UserError(why)
-        if len(prompt_tokens) >= self.n_ctx:
+        if (cells := len(prompt_tokens) + extra_cells(media or {}, len(prompt_tokens))) >= self.n_ctx:
             raise ContextOverflow(
-                f"the prompt is {len(prompt_tokens)} tokens but the context holds {self.n_ctx}; "
+                f"the prompt is {cells} tokens but the context holds {self.n_ctx}; "
                 f"raise --ctx (this model was trained on {self.backend.facts.n_ctx_train})"
             )
         mask = self.grammar_vocab().matcher(params.constraint) if params.constraint is not None else None  # a bad one fails here, not mid-stream

@@ -30,6 +30,13 @@ def placeholders(key: str, n: int) -> list[int]:
     return (-1 - (drawn.astype(np.int64) % (2**31 - 1))).tolist()
 
 
+def extra_cells(media: dict[int, MediaChunk], n: int) -> int:
+    """The cells past one a position that the images within a prompt's first n positions
+    fill: 0 but for images laid out in 2-D (M-RoPE), which fill more cells than positions.
+    The KV cache holds cells, so that is what a context is counted in."""
+    return sum(chunk.n_tokens - chunk.n_pos for start, chunk in media.items() if start + chunk.n_pos <= n)
+
+
 def cells_end(media: dict[int, MediaChunk], end: int) -> int:
     """One past the last position a sequence's cells sit at once it holds the prompt's first
     `end` positions: `end`, but where that cuts an image laid out in 2-D (Qwen-VL's M-RoPE),

@@ -19,6 +19,7 @@ import numpy as np
 from localinfer.backends.base import MediaChunk
 from localinfer.engine.constraints import TokenMask
 from localinfer.engine.detokenize import StreamDetokenizer
+from localinfer.engine.media import extra_cells
 from localinfer.engine.reasoning import Splitter
 from localinfer.engine.sampler import Sampler
 from localinfer.engine.speculative import Proposal, RequestDrafts, speculative_choice
@@ -87,6 +88,12 @@ class Request:
     media: dict[int, MediaChunk] = field(default_factory=dict)  # its prompt's images, by where each one's placeholders start (media.py)
 
     @property
+    def n_cells(self) -> int:
+        """KV-cache cells this request's sequence fills: a cell a position, but for an image
+        laid out in 2-D (media.extra_cells)."""
+        return self.n_past + extra_cells(self.media, self.n_past)
+
+    @property
     def prefilling(self) -> bool:
         return self.n_past < len(self.prompt)
 
@@ -106,7 +113,7 @@ class Request:
         the slot's room and the request's own draft_max; 0 while the engine writes tokens itself."""
         if self.forced:
             return 0
-        room = self.context.n_ctx - 2 - self.n_past
+        room = self.context.n_ctx - 2 - self.n_cells
         if self.params.max_tokens is not None:
             room = min(room, self.params.max_tokens - len(self.generated) - 1)
         if self.params.draft_max is not None:
@@ -184,7 +191,7 @@ class Request:
             return "stop", True, None
         if self.params.max_tokens is not None and len(self.generated) >= self.params.max_tokens:
             return "length", True, None
-        if self.n_past + 1 >= self.context.n_ctx:
+        if self.n_cells + 1 >= self.context.n_ctx:
             return "length", True, None
         self.pending = token
         return None
@@ -233,7 +240,7 @@ class Request:
             request_id=self.request_id,
             text="".join(self.text),
             finish_reason=reason,
-            prompt_tokens=len(self.prompt),
+            prompt_tokens=len(self.prompt) + extra_cells(self.media, len(self.prompt)),  # an image's tokens, however it moves the position
             completion_tokens=len(self.generated),
             timings=self.timings(),
             tokens=list(self.generated),

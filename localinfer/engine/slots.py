@@ -15,8 +15,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from localinfer.backends.base import Backend
-from localinfer.engine.media import cells_end, whole
+from localinfer.backends.base import Backend, MediaChunk
+from localinfer.engine.media import cells_end, extra_cells, whole
 from localinfer.engine.prefix import common_prefix
 from localinfer.engine.prompt_cache import PromptCache
 from localinfer.engine.request import Request
@@ -38,6 +38,7 @@ class Slots:
         self.backend, self.prompt_cache = backend, prompt_cache
         self.free = list(range(n - 1, -1, -1))  # sequence ids no request holds
         self.tokens: list[list[int]] = [[] for _ in range(n)]  # what each slot's cache holds
+        self.media: list[dict[int, MediaChunk]] = [{} for _ in range(n)]  # the images among those tokens, by where each starts
         self._blocks = [_Blocks() for _ in range(n)]
 
     def __len__(self) -> int:
@@ -46,18 +47,22 @@ class Slots:
     @property
     def cells_used(self) -> int:
         """Cells holding tokens: the running requests' and the cached prefixes kept for reuse."""
-        return sum(len(tokens) for tokens in self.tokens)
+        return sum(self._cells(s) for s in range(len(self.tokens)))
 
     @property
     def cells_cached(self) -> int:
         """Cells that free slots keep for prefix reuse (a read from another thread may be a step old)."""
-        return sum(len(self.tokens[s]) for s in list(self.free))
+        return sum(self._cells(s) for s in list(self.free))
+
+    def _cells(self, slot: int) -> int:
+        """The cells a slot's sequence fills: a cell a position, but for 2-D images (media.extra_cells)."""
+        return len(self.tokens[slot]) + extra_cells(self.media[slot], len(self.tokens[slot]))
 
     def take_emptiest(self) -> int:
         """A free slot for work that keeps nothing (an embedding): the emptiest, least reuse lost. Emptied."""
         slot = min(self.free, key=lambda s: len(self.tokens[s]))
         self.free.remove(slot)
-        self.tokens[slot] = []
+        self.tokens[slot], self.media[slot] = [], {}
         self.backend.kv_clear(slot)
         return slot
 
@@ -111,6 +116,7 @@ class Slots:
             reuse = self.backend.kv_truncate(slot, reuse)
             del self.tokens[slot][reuse:]
         req.seq_id, req.cached_from = slot, {"slot": reuse} if reuse else {}
+        self.media[slot] = req.media  # the images of what it keeps, too: a kept prefix is this prompt's
         self._blocks[slot] = _Blocks()
         if self.prompt_cache is not None and self.prompt_cache.ready:
             reuse = self._restore(req, reuse, limit)

@@ -55,7 +55,7 @@ def test_an_answer_after_an_image_starts_from_llamacpps_logits(pairs: dict[str, 
         assert tokens[start : start + chunk.n_pos] == placeholders(chunk.key, chunk.n_pos) and all(t < 0 for t in tokens[start : start + chunk.n_pos])
         out = engine.complete(tokens, GREEDY, media)
     assert out.tokens[0] == int(np.argmax(want))
-    assert out.prompt_tokens == len(tokens)
+    assert out.prompt_tokens == len(tokens) - chunk.n_pos + chunk.n_tokens  # the image's tokens, though M-RoPE moves the position less
 
 
 @pytest.mark.parametrize("name", PAIRS)
@@ -154,3 +154,22 @@ def final(stream) -> CompletionOutput:  # type: ignore[no-untyped-def]
         if isinstance(event, CompletionOutput):
             return event
     raise AssertionError("the stream never ended")
+
+
+def test_a_2d_image_fills_the_context_by_its_tokens_not_its_positions(pairs: dict[str, tuple[Path, Path]]) -> None:
+    """Qwen2-VL's 14 x 20 image moves the position on by 20 but fills 280 KV cells: the context
+    check, the prompt's usage and the KV-cache count count the cells."""
+    model, mmproj = pairs["qwen2vl"]
+    backend = LlamaCppBackend.load(model, LoadParams(n_ctx=256, n_threads=THREADS, mmproj=mmproj))
+    with closing(Engine(backend)) as engine:
+        tokens, media = engine.tokenize_media(FIRST + ASKS[0], [png_bytes(sample_image(392, 560, seed=11))])
+        (start, chunk), = media.items()
+        cells = len(tokens) - chunk.n_pos + chunk.n_tokens
+        assert (chunk.n_tokens, chunk.n_pos) == (280, 20) and len(tokens) < engine.n_ctx < cells
+        with pytest.raises(UserError, match=f"the prompt is {cells} tokens but the context holds {engine.n_ctx}"):
+            engine.submit(tokens, GREEDY, media)
+        tokens, media = engine.tokenize_media(FIRST + ASKS[0], [png_bytes(sample_image(56, 84, seed=12))])
+        (start, chunk), = media.items()
+        out = engine.complete(tokens, GREEDY, media)
+        assert out.prompt_tokens == len(tokens) - chunk.n_pos + chunk.n_tokens > len(tokens)
+        assert engine.kv_cells_used == out.prompt_tokens + out.completion_tokens - 1  # the last token is sampled, never fed
