@@ -12,13 +12,18 @@
 # line with the command that installs it: nothing fails after a four-minute build, and
 # nothing is left half-made for the next run to trust.
 #
-# Usage: ./install.sh [--test] [--dry-run]
+# Usage: ./install.sh [--test] [--dry-run] [--fetch-vulkan-headers]
 #   --test      add the test extras
 #   --dry-run   check the prerequisites and print what would be done; change nothing
+#   --fetch-vulkan-headers  for a Vulkan build on Debian 12 (or an Ubuntu as old): fetch
+#               Debian 13's Vulkan headers into ~/.cache/localinfer/vulkan-headers with apt-get
+#               download and dpkg -x (nothing is installed system-wide); later runs find them
 # Environment:
 #   LOCALINFER_VENV     where the environment goes (default: .venv beside this file)
 #   LOCALINFER_PYTHON   the Python to create it with (default: the newest python3.X >= 3.11 on PATH)
 #   LOCALINFER_BACKEND  cpu | cuda | metal | vulkan (default: detected)
+#   VULKAN_SDK, Vulkan_INCLUDE_DIR  where Vulkan's SDK or its headers are (a Vulkan build;
+#                       default: the system's headers, which must be 1.3.272 or newer)
 #   CMAKE_ARGS          your own llama.cpp flags; they replace the detected ones (-DGGML_RPC=ON,
 #                       which `localinfer worker` and --rpc need, is added unless they name GGML_RPC)
 set -euo pipefail
@@ -28,12 +33,14 @@ venv="${LOCALINFER_VENV:-$here/.venv}"
 llama_version="$(sed -n 's/.*"llama-cpp-python==\([0-9.]*\)".*/\1/p' "$here/pyproject.toml")"
 extras=""
 dry_run=0
+fetch_headers=0
 for arg in "$@"; do
     case "$arg" in
         --test) extras="[test]" ;;
         --dry-run) dry_run=1 ;;
+        --fetch-vulkan-headers) fetch_headers=1 ;;
         -h|--help) sed -n '2,/^set -euo/p' "$0" | sed '$d; s/^# \{0,1\}//'; exit 0 ;;
-        *) echo "error: unknown option '$arg' (use --test, --dry-run or --help)" >&2; exit 2 ;;
+        *) echo "error: unknown option '$arg' (use --test, --dry-run, --fetch-vulkan-headers or --help)" >&2; exit 2 ;;
     esac
 done
 
@@ -110,6 +117,81 @@ detect_backend() {
 # What to install, by distribution, for the one-line hints: Debian/Ubuntu, Fedora, Arch.
 packages() { echo "Debian/Ubuntu: sudo apt install $1; Fedora: sudo dnf install $2; Arch: sudo pacman -S $3"; }
 
+# --- Vulkan's prerequisites, read before the build ---------------------------------------
+# ggml-vulkan.cpp uses vk::LayerSettingEXT (VK_EXT_layer_settings), which Vulkan's headers
+# have from 1.3.272; Debian 12 ships 1.3.239, and with it the build failed after minutes of
+# shader compiling. The headers are read first: Vulkan_INCLUDE_DIR, else $VULKAN_SDK/include
+# (LunarG's SDK), else the system's.
+VULKAN_MIN_HEADER=272
+fetched_headers="${XDG_CACHE_HOME:-$HOME/.cache}/localinfer/vulkan-headers"
+header_version() { sed -n 's/^#define VK_HEADER_VERSION \([0-9]*\).*/\1/p' "$1/vulkan/vulkan_core.h" 2>/dev/null; }
+
+# Where the headers are: the ones named (Vulkan_INCLUDE_DIR, VULKAN_SDK) however old; else the
+# system's, unless they are too old and --fetch-vulkan-headers has fetched newer ones.
+vulkan_include_dir() {
+    if [[ -n "${Vulkan_INCLUDE_DIR:-}" ]]; then echo "$Vulkan_INCLUDE_DIR"; return; fi
+    if [[ -n "${VULKAN_SDK:-}" ]]; then echo "$VULKAN_SDK/include"; return; fi
+    local d system=""
+    for d in /usr/include /usr/local/include; do
+        if [[ -f "$d/vulkan/vulkan_core.h" ]]; then system="$d"; break; fi
+    done
+    if [[ -n "$(header_version "$fetched_headers/root/usr/include")" ]] && [[ -z "$system" || "$(header_version "$system")" -lt "$VULKAN_MIN_HEADER" ]]; then
+        echo "$fetched_headers/root/usr/include"
+    else
+        echo "$system"
+    fi
+}
+
+# Debian 13's libvulkan-dev (1.4.309), by name from Debian's archive through a private apt
+# state folder, unpacked beside the wheels; nothing is installed system-wide.
+fetch_vulkan_headers() {
+    command -v apt-get >/dev/null && command -v dpkg >/dev/null \
+        || die "--fetch-vulkan-headers uses apt-get and dpkg (Debian, Ubuntu); elsewhere install a Vulkan SDK and set VULKAN_SDK"
+    local tmp="$fetched_headers.tmp" suite="${LOCALINFER_VULKAN_SUITE:-trixie}"
+    rm -rf "$tmp" && mkdir -p "$tmp/lists/partial" "$tmp/archives/partial"
+    echo "deb http://deb.debian.org/debian $suite main" > "$tmp/sources.list"
+    local o=(-q -o "Dir::State=$tmp" -o "Dir::State::Lists=$tmp/lists" -o "Dir::State::status=/dev/null" -o "Dir::Cache=$tmp"
+             -o "Dir::Etc::SourceList=$tmp/sources.list" -o "Dir::Etc::SourceParts=/dev/null" -o "Debug::NoLocking=1" -o "APT::Sandbox::User=$(id -un)")
+    say "fetching Debian $suite's Vulkan headers (libvulkan-dev) into $fetched_headers; nothing is installed system-wide"
+    apt-get "${o[@]}" update > "$tmp/apt.log" 2>&1 || die "apt-get could not read Debian $suite's package list (see $tmp/apt.log)"
+    (cd "$tmp" && apt-get "${o[@]}" download libvulkan-dev >> "$tmp/apt.log" 2>&1) || die "apt-get could not download libvulkan-dev from Debian $suite (see $tmp/apt.log)"
+    dpkg -x "$tmp"/libvulkan-dev_*.deb "$tmp/root" || die "dpkg could not unpack $(ls "$tmp"/libvulkan-dev_*.deb)"
+    [[ -n "$(header_version "$tmp/root/usr/include")" ]] || die "Debian $suite's libvulkan-dev holds no vulkan_core.h"
+    rm -rf "$tmp/lists" "$tmp/archives" "$tmp"/*.bin  # Debian's package lists: tens of MB, needed no more
+    rm -rf "$fetched_headers" && mv "$tmp" "$fetched_headers"
+}
+
+vulkan_loader_found() {
+    if [[ -n "${VULKAN_SDK:-}" ]]; then [[ -e "$VULKAN_SDK/lib/libvulkan.so" ]]; return; fi
+    ldconfig -p 2>/dev/null | grep -q 'libvulkan\.so ' && return 0
+    local d
+    for d in /usr/lib /usr/lib64 /usr/lib/x86_64-linux-gnu /usr/lib/aarch64-linux-gnu /usr/local/lib; do
+        [[ -e "$d/libvulkan.so" ]] && return 0
+    done
+    return 1
+}
+
+# The CMake flags a Vulkan build needs, after every check: a missing piece, or headers too
+# old, is one line naming what to install, before anything is built.
+vulkan_args() {
+    local missing=() inc version
+    command -v glslc >/dev/null || missing+=("the shader compiler glslc")
+    inc="$(vulkan_include_dir)"
+    [[ -n "$inc" && -f "$inc/vulkan/vulkan_core.h" ]] || missing+=("Vulkan's headers${inc:+ (none in $inc)}")
+    vulkan_loader_found || missing+=("the Vulkan loader (libvulkan.so)")
+    if [[ ${#missing[@]} -gt 0 ]]; then
+        local list; list="$(printf '%s, ' "${missing[@]}")"
+        die "a Vulkan build needs ${list%, }; $(packages 'glslc libvulkan-dev' 'glslc vulkan-headers vulkan-loader-devel' 'shaderc vulkan-headers vulkan-icd-loader'), or a Vulkan SDK (set VULKAN_SDK)"
+    fi
+    version="$(header_version "$inc")"
+    if [[ -z "$version" || "$version" -lt "$VULKAN_MIN_HEADER" ]]; then
+        local newer="install a Vulkan SDK (set VULKAN_SDK) or a newer distribution's headers (set Vulkan_INCLUDE_DIR to their include folder)"
+        if command -v apt-get >/dev/null; then newer="run ./install.sh --fetch-vulkan-headers (Debian 13's, into ~/.cache/localinfer; nothing installed system-wide), or $newer"; fi
+        die "Vulkan's headers in $inc are version ${version:-unknown}, older than the $VULKAN_MIN_HEADER llama.cpp's Vulkan backend needs; $newer"
+    fi
+    echo "-DGGML_VULKAN=on -DVulkan_INCLUDE_DIR=$inc"
+}
+
 # The CPU's feature names, lower-case: /proc/cpuinfo on Linux, sysctl on an Intel Mac.
 cpu_features() {
     if [[ "$os" == "Darwin" ]]; then
@@ -173,6 +255,9 @@ how_to_get_compilers() {
 }
 
 # --- checks: all of them before anything is made ---------------------------------------
+if [[ "$fetch_headers" == 1 ]]; then
+    if [[ "$dry_run" == 1 ]]; then say "would fetch Debian's Vulkan headers into $fetched_headers (--fetch-vulkan-headers)"; else fetch_vulkan_headers; fi
+fi
 backend="$(detect_backend)"
 if [[ -z "${CMAKE_ARGS:-}" ]]; then
     case "$backend" in
@@ -180,7 +265,8 @@ if [[ -z "${CMAKE_ARGS:-}" ]]; then
                 if [[ "$os" == "Darwin" ]]; then CMAKE_ARGS="-DGGML_METAL=OFF $CMAKE_ARGS"; fi ;;
         cuda)   CMAKE_ARGS="-DGGML_CUDA=on $(cuda_arch_args) $(cuda_nccl_args) $(cpu_args)" ;;
         metal)  CMAKE_ARGS="-DGGML_METAL=on" ;;
-        vulkan) CMAKE_ARGS="-DGGML_VULKAN=on $(cpu_args)" ;;
+        vulkan) vulkan="$(vulkan_args)" || exit 1  # its one-line error is said already
+                CMAKE_ARGS="$vulkan $(cpu_args)" ;;
         *) echo "error: LOCALINFER_BACKEND must be cpu, cuda, metal or vulkan, not '$backend'" >&2; exit 2 ;;
     esac
 fi

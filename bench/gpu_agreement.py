@@ -43,9 +43,10 @@ def held_out_chunk(engine) -> list[int]:  # type: ignore[no-untyped-def]
     return chunks_of(engine.backend.tokenize(text, add_special=False), CTX)[-1]
 
 
-def measure(gpu_layers: int | str) -> tuple[list[int], np.ndarray, str]:
-    """(greedy tokens of the F32 model, log-probs [CTX/2 - 1, vocab] of the Q4_1 model, its greedy text)."""
-    f32_path, q4_path = self_pair()  # the F32 widening (made once, in the user cache) and the embedded Q4_1
+def measure(gpu_layers: int | str, pair: tuple[Path, Path] | None = None) -> tuple[list[int], np.ndarray, str]:
+    """(greedy tokens of the F32 model, log-probs [CTX/2 - 1, vocab] of the Q4_1 model, its greedy text).
+    `pair`: (F32, Q4_1) files; default the F32 widening (made once, in the user cache) and the embedded Q4_1."""
+    f32_path, q4_path = pair or self_pair()
     options = LoadOptions(engine="llama.cpp", ctx=CTX, gpu_layers=gpu_layers, draft=None)
     f32 = open_engine(str(f32_path), options)
     try:
@@ -62,15 +63,15 @@ def measure(gpu_layers: int | str) -> tuple[list[int], np.ndarray, str]:
     return greedy, logp, text
 
 
-def dump(out: Path) -> None:
-    greedy, logp, text = measure(0)
+def dump(out: Path, pair: tuple[Path, Path] | None = None) -> None:
+    greedy, logp, text = measure(0, pair)
     np.savez(out, greedy=np.asarray(greedy, dtype=np.int32), logp=logp)
     print(f"wrote {out}: {len(greedy)} greedy tokens, log-probs {logp.shape}; greedy text: {text!r}")
 
 
-def check(ref_path: Path, gpu_layers: int | str) -> dict[str, object]:
+def check(ref_path: Path, gpu_layers: int | str, pair: tuple[Path, Path] | None = None) -> dict[str, object]:
     ref = np.load(ref_path)
-    greedy, logp, text = measure(gpu_layers)
+    greedy, logp, text = measure(gpu_layers, pair)
     ref_greedy = [int(t) for t in ref["greedy"]]
     same = next((i for i, (a, b) in enumerate(zip(greedy, ref_greedy)) if a != b), None)
     p = ref["logp"].astype(np.float64)
@@ -98,12 +99,16 @@ def main() -> None:
     c.add_argument("--ref", type=Path, required=True)
     c.add_argument("--gpu-layers", default="all", help="layers on the GPU: a number or all")
     c.add_argument("--json", type=Path, help="write the result here too")
+    for step in (d, c):
+        step.add_argument("--f32", type=Path, help="the F32 model (default: the embedded model widened, in the user cache)")
+        step.add_argument("--q4", type=Path, help="the Q4_1 model (default: the embedded one)")
     args = ap.parse_args()
+    pair = (args.f32, args.q4) if args.f32 and args.q4 else None
     if args.step == "dump":
-        dump(args.out)
+        dump(args.out, pair)
         return
     layers = args.gpu_layers if args.gpu_layers == "all" else int(args.gpu_layers)
-    result = check(args.ref, layers)
+    result = check(args.ref, layers, pair)
     print(json.dumps(result, indent=1))
     if args.json:
         args.json.write_text(json.dumps(result, indent=1) + "\n")

@@ -9,7 +9,10 @@ one), so neither imports the other's layer for it.
 from __future__ import annotations
 
 import ctypes
+import os
 import platform
+import shutil
+import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -150,3 +153,62 @@ def list_devices() -> list[Device]:
         return []
     return [describe(lib, lib.ggml_backend_dev_get(i)) for i in range(lib.ggml_backend_dev_count())]
 
+
+
+# vulkaninfo's device types, in words; ggml's Vulkan backend takes discrete GPUs by itself,
+# and an integrated or software one only where GGML_VK_VISIBLE_DEVICES names it.
+VULKAN_KINDS = {
+    "PHYSICAL_DEVICE_TYPE_DISCRETE_GPU": "discrete GPU",
+    "PHYSICAL_DEVICE_TYPE_INTEGRATED_GPU": "integrated GPU",
+    "PHYSICAL_DEVICE_TYPE_VIRTUAL_GPU": "virtual GPU",
+    "PHYSICAL_DEVICE_TYPE_CPU": "software, on the CPU",
+}
+
+
+@dataclass(frozen=True)
+class VulkanDevice:
+    index: int  # as GGML_VK_VISIBLE_DEVICES counts them
+    name: str
+    kind: str  # VULKAN_KINDS' words
+    driver: str
+    named: bool = False  # GGML_VK_VISIBLE_DEVICES names it
+
+    @property
+    def taken_by_default(self) -> bool:
+        """Does ggml's Vulkan backend use it without GGML_VK_VISIBLE_DEVICES? (Discrete GPUs.)"""
+        return self.kind == "discrete GPU"
+
+    @property
+    def used(self) -> bool:
+        """Does a Vulkan build use it here: named, or a discrete GPU where nothing is named."""
+        return self.named if os.environ.get("GGML_VK_VISIBLE_DEVICES") is not None else self.taken_by_default
+
+
+def vulkan_devices() -> list[VulkanDevice]:
+    """The Vulkan devices `vulkaninfo --summary` lists (none without it, or where it fails):
+    what a Vulkan build of llama.cpp could run on, whether or not this build is one."""
+    if not shutil.which("vulkaninfo"):
+        return []
+    try:
+        out = subprocess.run(["vulkaninfo", "--summary"], capture_output=True, text=True, timeout=20).stdout
+    except (OSError, subprocess.SubprocessError):
+        return []
+    return parse_vulkan_summary(out)
+
+
+def parse_vulkan_summary(text: str) -> list[VulkanDevice]:
+    """The devices of `vulkaninfo --summary`'s "Devices:" section: GPU0:, GPU1:, ... each
+    with `deviceType = ...`, `deviceName = ...` and `driverName = ...` lines."""
+    devices: list[dict[str, str]] = []
+    for line in text.split("Devices:", 1)[-1].splitlines():
+        stripped = line.strip()
+        if stripped.startswith("GPU") and stripped.endswith(":"):
+            devices.append({})
+        elif devices and "=" in stripped:
+            key, _, value = stripped.partition("=")
+            devices[-1][key.strip()] = value.strip()
+    named = {int(i) for i in os.environ.get("GGML_VK_VISIBLE_DEVICES", "").replace(",", " ").split() if i.isdigit()}
+    return [
+        VulkanDevice(i, d.get("deviceName", "unknown"), VULKAN_KINDS.get(d.get("deviceType", ""), d.get("deviceType", "unknown")), d.get("driverName", ""), i in named)
+        for i, d in enumerate(devices)
+    ]

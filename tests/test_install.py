@@ -144,12 +144,67 @@ def test_vulkan_for_a_discrete_gpu_only(machine: FakeMachine) -> None:
     assert plan(r)["backend"] == "cpu"  # no shader compiler: it cannot build for it
     one_note(r, "glslc", "libvulkan-dev", "vulkan-headers", "shaderc")
     machine.script("glslc", "echo 'shaderc v2023.8'")
-    p = plan(machine.install("--dry-run"))
-    assert p["backend"] == "vulkan" and p["CMAKE_ARGS"].startswith("-DGGML_VULKAN=on -DGGML_NATIVE=OFF")
+    sdk = fake_vulkan_sdk(machine.tmp / "sdk", 309)
+    p = plan(machine.install("--dry-run", env={"VULKAN_SDK": str(sdk)}))
+    assert p["backend"] == "vulkan" and p["CMAKE_ARGS"].startswith(f"-DGGML_VULKAN=on -DVulkan_INCLUDE_DIR={sdk}/include -DGGML_NATIVE=OFF")
     for kind, name in (("PHYSICAL_DEVICE_TYPE_CPU", "llvmpipe (LLVM 15.0.7, 256 bits)"), ("PHYSICAL_DEVICE_TYPE_INTEGRATED_GPU", "Intel(R) UHD Graphics 620")):
         fake_vulkaninfo(machine, kind, name)  # a software device, or an integrated GPU: the CPU engines are faster
         r = machine.install("--dry-run")
         assert plan(r)["backend"] == "cpu" and r.stderr.strip() == "", r.stderr
+
+
+def fake_vulkan_sdk(folder: Path, header_version: int, loader: bool = True) -> Path:
+    """A Vulkan SDK's layout (LunarG's: include/vulkan, lib/libvulkan.so) with headers of this version."""
+    (folder / "include" / "vulkan").mkdir(parents=True)
+    (folder / "include" / "vulkan" / "vulkan_core.h").write_text(f"#define VK_HEADER_VERSION_COMPLETE VK_MAKE_API_VERSION(0, 1, 3, VK_HEADER_VERSION)\n#define VK_HEADER_VERSION {header_version}\n")
+    (folder / "lib").mkdir()
+    if loader:
+        (folder / "lib" / "libvulkan.so").write_bytes(b"")
+    return folder
+
+
+def test_a_vulkan_build_reads_its_prerequisites_before_it_builds(machine: FakeMachine) -> None:
+    """Asked for (LOCALINFER_BACKEND=vulkan), each missing piece is one line before any build:
+    the shader compiler, the loader, and headers older than ggml-vulkan needs (1.3.272: it
+    failed after minutes of shaders on Debian 12's 1.3.239). Vulkan_INCLUDE_DIR and VULKAN_SDK
+    are honoured, the first before the second."""
+    vulkan = {"LOCALINFER_BACKEND": "vulkan"}
+    new, old = fake_vulkan_sdk(machine.tmp / "new", 309), fake_vulkan_sdk(machine.tmp / "old", 239)
+    one_error_line(machine.install("--dry-run", env={**vulkan, "VULKAN_SDK": str(new)}), "glslc", "Debian/Ubuntu: sudo apt install glslc libvulkan-dev", "Fedora", "Arch")
+    machine.script("glslc", "echo 'shaderc v2023.8'")
+    one_error_line(machine.install("--dry-run", env={**vulkan, "VULKAN_SDK": str(old)}), f"headers in {old}/include are version 239, older than the 272", "VULKAN_SDK", "Vulkan_INCLUDE_DIR", "./install.sh --fetch-vulkan-headers")
+    no_loader = fake_vulkan_sdk(machine.tmp / "no-loader", 309, loader=False)
+    one_error_line(machine.install("--dry-run", env={**vulkan, "VULKAN_SDK": str(no_loader)}), "the Vulkan loader (libvulkan.so)", "Debian/Ubuntu")
+    p = plan(machine.install("--dry-run", env={**vulkan, "VULKAN_SDK": str(old), "Vulkan_INCLUDE_DIR": str(new / "include")}))
+    assert p["backend"] == "vulkan" and p["CMAKE_ARGS"].startswith(f"-DGGML_VULKAN=on -DVulkan_INCLUDE_DIR={new}/include ")
+    assert not (machine.tmp / "venv").exists()
+
+
+def test_fetch_vulkan_headers_unpacks_debians_newer_ones_privately_and_later_runs_use_them(machine: FakeMachine) -> None:
+    """--fetch-vulkan-headers: apt-get (update, download) in a state folder of its own and dpkg -x
+    into the cache, never a system-wide install (faked: the real ones reach Debian's archive). A
+    failure is one line (after the one saying what it fetches) and leaves no headers; the fetched headers then serve a Vulkan build
+    wherever the system's are older than 1.3.272 or absent."""
+    (machine.bin / "id").symlink_to(shutil.which("id"))
+    machine.script("glslc", "echo 'shaderc v2023.8'")
+    machine.script("apt-get", 'case " $* " in *" update "*) exit 1;; esac; exit 0')
+    machine.script("dpkg", 'mkdir -p "$3/usr/include/vulkan" && echo "#define VK_HEADER_VERSION 309" > "$3/usr/include/vulkan/vulkan_core.h"')
+    fetched = machine.tmp / "cache" / "localinfer" / "vulkan-headers"
+    gone = {"LOCALINFER_PYTHON": str(machine.tmp / "no-python")}  # the install stops right after the fetch: nothing is built here
+    r = machine.install("--fetch-vulkan-headers", env=gone)
+    said = r.stderr.strip().splitlines()
+    assert r.returncode == 1 and said[-1].startswith("error: apt-get could not read Debian trixie's package list (see ") and len(said) == 2, r.stderr
+    assert not fetched.exists()  # only its .tmp, with apt's log: never taken for fetched headers
+    machine.script("apt-get", 'case " $* " in *" update "*) exit 0;; *" download libvulkan-dev "*) : > libvulkan-dev_1.4.309.0-1_amd64.deb;; esac; exit 0')
+    r = machine.install("--fetch-vulkan-headers", env=gone)
+    assert r.returncode == 1 and "Debian trixie's Vulkan headers" in r.stderr and "no-python" in r.stderr, r.stderr
+    assert (fetched / "root" / "usr" / "include" / "vulkan" / "vulkan_core.h").exists() and not (fetched / "lists").exists()
+    system = next((d for d in ("/usr/include", "/usr/local/include") if Path(d, "vulkan", "vulkan_core.h").exists()), None)
+    version = int(re.search(r"#define VK_HEADER_VERSION (\d+)", Path(system, "vulkan", "vulkan_core.h").read_text()).group(1)) if system else 0  # type: ignore[union-attr]
+    sdk = fake_vulkan_sdk(machine.tmp / "sdk", 309)  # its loader only: the headers are the ones under test
+    p = plan(machine.install("--dry-run", env={"LOCALINFER_BACKEND": "vulkan", "Vulkan_INCLUDE_DIR": "", "VULKAN_SDK": ""} | ({} if shutil.which("ldconfig") else {"VULKAN_SDK": str(sdk)})))
+    expected = system if version >= 272 else f"{fetched}/root/usr/include"
+    assert f"-DVulkan_INCLUDE_DIR={expected} " in p["CMAKE_ARGS"], p
 
 
 def test_nvidia_gpu_without_nvcc_names_the_toolkit(machine: FakeMachine) -> None:

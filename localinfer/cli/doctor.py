@@ -6,6 +6,7 @@ import json
 import platform
 import shutil
 import subprocess
+from dataclasses import asdict
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Optional
 
@@ -207,7 +208,7 @@ def print_workers(rows: list[dict[str, object]]) -> None:
 def collect() -> dict[str, object]:
     import psutil
 
-    from localinfer.devices import cpu_name
+    from localinfer.devices import cpu_name, vulkan_devices
 
     vm = psutil.virtual_memory()
     lc = llama_cpp_report()
@@ -219,6 +220,7 @@ def collect() -> dict[str, object]:
         "native_kernels": native_kernels(),
         "engines": engines_report(),
         "gpus_seen_by_os": _system_gpus(),
+        "vulkan_devices": [asdict(d) | {"taken_by_default": d.taken_by_default, "used": d.used} for d in vulkan_devices()],
         "storage": {"data_dir": str(data_dir()), "models_dir": str(models_dir()), "disk_free_bytes": _free_disk(models_dir())},
     }
 
@@ -288,8 +290,20 @@ def print_report(report: dict[str, object]) -> None:
     t.add_row("GPUs", ", ".join(gpus) if gpus else "none found")  # type: ignore[arg-type]
     if gpus and lc.get("gpu_offload") is False:
         t.add_row("", "[yellow]this llama.cpp build cannot use them; reinstall with LOCALINFER_BACKEND=cuda ./install.sh (or metal, vulkan)[/yellow]")
+    for d in report["vulkan_devices"]:  # type: ignore[attr-defined]
+        t.add_row("Vulkan device", vulkan_text(d, "Vulkan" in lc.get("backends", [])))  # type: ignore[operator]
     t.add_row("models", f"{st['models_dir']} ({st['disk_free_bytes'] / 2**30:.0f} GiB free)")
     Console().print(t)
+
+
+def vulkan_text(d: dict[str, object], built: bool) -> str:
+    """A Vulkan device in words, and whether a Vulkan build uses it by itself."""
+    text = f"{d['index']}: {d['name']} ({d['kind']}{', ' + str(d['driver']) if d['driver'] else ''})"
+    if not built:
+        return text + (" [yellow](this llama.cpp build has no Vulkan backend: LOCALINFER_BACKEND=vulkan ./install.sh)[/yellow]" if d["taken_by_default"] else "")
+    if d["used"]:
+        return text + ": used for GPU offload" + ("" if d["taken_by_default"] else f" (GGML_VK_VISIBLE_DEVICES names it){'; the CPU engines are faster' if 'software' in str(d['kind']) else ''}")
+    return text + f": not used unless named (GGML_VK_VISIBLE_DEVICES={d['index']}){'; the CPU engines are faster' if 'software' in str(d['kind']) else ''}"
 
 
 def built_with(lc: dict[str, object]) -> str:

@@ -255,10 +255,11 @@ def workers_now(endpoints: tuple[str, ...]) -> str:
 def open_prompt_cache(options: CacheOptions, model: Path, architecture: str, engine: str, params: LoadParams) -> PromptCache | None:
     """The prompt cache for a model loaded so, or None where it is off. What makes the KV
     bytes mean what they mean is in its identity: the engine, its kernels, the CPU, the KV
-    types and the layers on a GPU (their rounding differs)."""
+    types, the layers on a GPU and which GPUs, by backend and name (CUDA0 and Vulkan0 on one
+    card round differently)."""
     import logging
 
-    from localinfer.devices import cpu_name
+    from localinfer.devices import cpu_name, list_devices
     from localinfer.paths import prompt_cache_dir
 
     ram = default_ram() if options.ram_bytes is None else options.ram_bytes
@@ -267,7 +268,8 @@ def open_prompt_cache(options: CacheOptions, model: Path, architecture: str, eng
         return None
     describe = {"architecture": architecture, "engine": engine, "kernels": params.kernels or os.environ.get("LOCALINFER_KERNELS") or "auto", "cpu": cpu_name(), "kv_types": list(params.cache_types), "gpu_layers": params.n_gpu_layers,
                 **({"rpc": [list(part) for part in params.rpc_split]} if params.rpc_split else {}),
-                **({"cpu_moe": params.n_cpu_moe} if params.n_cpu_moe and params.n_gpu_layers else {})}  # fmt: skip
+                **({"cpu_moe": params.n_cpu_moe} if params.n_cpu_moe and params.n_gpu_layers else {}),
+                **({"gpus": [f"{d.name}: {d.description}" for d in list_devices() if d.kind in ("GPU", "iGPU")]} if params.n_gpu_layers else {})}  # fmt: skip
     return PromptCache(describe, model, ram, disk, options.folder or prompt_cache_dir(), logging.getLogger("localinfer.prompt_cache").warning)
 
 

@@ -163,3 +163,35 @@ def test_doctor_says_which_backends_this_llama_cpp_build_has() -> None:
     assert ("no GPU backend" in line) is not gpus and ("GPU offload" in line) is bool(gpus)
     engine = next(line for line in text if line.startswith("llama.cpp engine"))
     assert engine.rstrip().endswith(f"GPU offload: {'yes' if gpus else 'no'}")
+
+
+def test_doctor_lists_the_vulkan_devices_and_which_a_vulkan_build_takes(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """`vulkaninfo --summary` (faked, as install.sh's tests fake it) lists a discrete GPU and
+    Mesa's software device: doctor names both, and says a Vulkan build takes the GPU by itself
+    and the software device only where GGML_VK_VISIBLE_DEVICES names it (ggml's own rule)."""
+    import os
+
+    from localinfer.devices import parse_vulkan_summary
+
+    summary = "Devices:\n========\n"
+    for i, (kind, name, driver) in enumerate([("PHYSICAL_DEVICE_TYPE_DISCRETE_GPU", "AMD Radeon RX 7800 XT (RADV NAVI32)", "radv"),
+                                              ("PHYSICAL_DEVICE_TYPE_CPU", "llvmpipe (LLVM 15.0.6, 256 bits)", "llvmpipe")]):  # fmt: skip
+        summary += f"GPU{i}:\n\tapiVersion         = 1.3.230\n\tdeviceType         = {kind}\n\tdeviceName         = {name}\n\tdriverName         = {driver}\n"
+    fake = tmp_path / "vulkaninfo"
+    fake.write_text(f"#!/bin/sh\ncat <<'EOF'\n{summary}EOF\n")
+    fake.chmod(0o755)
+    env = {"PATH": f"{tmp_path}{os.pathsep}{os.environ['PATH']}", "COLUMNS": "250", "GGML_VK_VISIBLE_DEVICES": ""}
+    report = json.loads(run_cli("doctor", "--json", env=env).stdout)
+    gpu, software = report["vulkan_devices"]
+    assert (gpu["index"], gpu["name"], gpu["kind"], gpu["driver"], gpu["taken_by_default"]) == (0, "AMD Radeon RX 7800 XT (RADV NAVI32)", "discrete GPU", "radv", True)
+    assert (software["index"], software["kind"], software["taken_by_default"]) == (1, "software, on the CPU", False)
+    assert not gpu["used"] and not software["used"]  # GGML_VK_VISIBLE_DEVICES names none: ggml takes none
+    lines = [line.strip() for line in run_cli("doctor", env=env).stdout.splitlines() if line.startswith("Vulkan device")]
+    built = "Vulkan" in report["llama_cpp"]["backends"]
+    assert len(lines) == 2 and "AMD Radeon RX 7800 XT" in lines[0] and "llvmpipe" in lines[1]
+    assert "used for GPU offload" not in lines[0] and ("LOCALINFER_BACKEND=vulkan ./install.sh" in lines[0]) is not built
+    assert ("GGML_VK_VISIBLE_DEVICES=1" in lines[1]) is built and "install.sh" not in lines[1]
+    named = json.loads(run_cli("doctor", "--json", env=env | {"GGML_VK_VISIBLE_DEVICES": "1"}).stdout)["vulkan_devices"]
+    assert [d["used"] for d in named] == [False, True]
+    monkeypatch.delenv("GGML_VK_VISIBLE_DEVICES", raising=False)
+    assert [d.used for d in parse_vulkan_summary(summary)] == [True, False]  # nothing named: the discrete GPU alone, as ggml takes it
