@@ -66,7 +66,7 @@ def test_embed_list_show_ps(dialects: Server) -> None:
     listed = {m.model: m for m in client(dialects).list().models}
     assert "smollm2:135m" in listed and listed["smollm2:135m"].details.family == "llama" and listed["smollm2:135m"].size > 0
     shown = client(dialects).show("smollm2:135m")
-    assert "im_start" in shown.template and shown.details.format == "gguf" and "completion" in shown.capabilities
+    assert "im_start" in shown.template and shown.details.format == "gguf" and "completion" in shown.capabilities and "vision" not in shown.capabilities
     assert shown.modelinfo["general.architecture"] == "llama"
     running = client(dialects).ps().models
     assert dialects.model in [m.model for m in running] and all(m.context_length == 1024 for m in running)

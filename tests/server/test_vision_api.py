@@ -105,6 +105,7 @@ def test_ollamas_images_answer_from_llamacpps_logits(server: Server, llava: tupl
     assert raw.response == llamacpps_first_token(llava, MEDIA_MARKER + QUESTION, image, chat=False)
     bad = httpx.post(server.url + "/api/chat", json={"model": server.model, "messages": [{"role": "user", "content": "hi", "images": ["%%"]}]}, timeout=60)
     assert bad.status_code == 400 and "base64 bytes are damaged" in bad.json()["error"], bad.text
+    assert "vision" in client.show(server.model).capabilities  # Ollama's word for a model that reads images
 
 
 @pytest.mark.parametrize(

@@ -14,6 +14,7 @@ from typing import Annotated
 from fastapi import APIRouter, Depends, Request, Response
 from fastapi.responses import StreamingResponse
 
+from localinfer import projector
 from localinfer.engine.harmony import HarmonySyntax
 from localinfer.errors import ConstraintError, ModelNotFound, UserError
 from localinfer.modelfile import GGUFInfo, inspect
@@ -79,7 +80,8 @@ async def show(body: o.ModelRequest) -> dict:
     if info.embeds:  # Ollama's word for what its embed routes answer; a reranker's too
         capabilities = ["embedding"]
     else:
-        capabilities = ["completion", *(["tools"] if "tools" in template else []), *(["thinking"] if "</think>" in template or HarmonySyntax.detect(template) else [])]
+        capabilities = ["completion", *(["tools"] if "tools" in template else []), *(["thinking"] if "</think>" in template or HarmonySyntax.detect(template) else []),
+                        *(["vision"] if await asyncio.to_thread(projector.of_model, path, []) else [])]  # fmt: skip
     model_info = {"general.architecture": info.architecture, "general.parameter_count": info.n_params, f"{info.architecture}.context_length": info.context_length,
                   f"{info.architecture}.embedding_length": info.n_embd, f"{info.architecture}.block_count": info.n_layer,
                   **({f"{info.architecture}.pooling_type": info.pooling} if info.embeds else {})}  # fmt: skip
