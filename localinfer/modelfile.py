@@ -202,9 +202,16 @@ def inspect(path: Path) -> GGUFInfo:
 
 
 def _inspect(path: Path) -> GGUFInfo:
-    from gguf import GGML_QUANT_SIZES, GGUF_DEFAULT_ALIGNMENT, GGMLQuantizationType
+    size, fields, tensors, data_start = _read_header(Path(path))
+    infos, type_counts, tensor_bytes = _tensor_infos(Path(path), size, tensors, data_start, fields.get("general.alignment"))
+    return _info(Path(path), size, fields, infos, type_counts, tensor_bytes)
 
-    path = Path(path)
+
+def _read_header(path: Path) -> tuple[int, dict[str, Any], list[tuple[str, tuple[int, ...], int, int]], int]:
+    """(file size, metadata, tensors as (name, dims, type, offset), where the data starts):
+    the header alone, through a map of the file, every count and length checked as read."""
+    from gguf import GGUF_DEFAULT_ALIGNMENT
+
     if not path.exists():
         raise ModelNotFound(f"no such file: {path}")
     if not path.is_file():
@@ -230,7 +237,7 @@ def _inspect(path: Path) -> GGUFInfo:
         for _ in range(n_kv):
             key = scan.string()
             fields[key] = scan.value(scan.take("<I"), unique=key == "tokenizer.ggml.tokens")
-        tensors = []  # (name, dims, type, offset)
+        tensors = []
         names: set[str] = set()
         for _ in range(n_tensors):
             name = scan.string()
@@ -253,7 +260,17 @@ def _inspect(path: Path) -> GGUFInfo:
         raise InvalidModelFile(f"{path} is corrupt ({shown(str(e), 200)})") from None
     finally:
         buf.close()
+    return size, fields, tensors, data_start
 
+
+def _tensor_infos(path: Path, size: int, tensors: list[tuple[str, tuple[int, ...], int, int]], data_start: int,
+                  alignment: int | None) -> tuple[list[TensorInfo], Counter[str], int]:  # fmt: skip
+    """Each tensor's type, bytes and place, checked as llama.cpp checks them (known types, whole
+    blocks, aligned, within the file, no two in the same bytes); and the count of each type and
+    the bytes of all."""
+    from gguf import GGML_QUANT_SIZES, GGUF_DEFAULT_ALIGNMENT, GGMLQuantizationType
+
+    alignment = alignment or GGUF_DEFAULT_ALIGNMENT
     type_counts: Counter[str] = Counter()
     tensor_bytes, end = 0, 0
     infos = []
@@ -277,7 +294,11 @@ def _inspect(path: Path) -> GGUFInfo:
     for before, after in zip(by_offset, by_offset[1:]):
         if after.offset < before.offset + before.nbytes:  # two tensors in the same bytes
             raise InvalidModelFile(f"{path} is corrupt (tensors '{shown(before.name)}' and '{shown(after.name)}' overlap)")
+    return infos, type_counts, tensor_bytes
 
+
+def _info(path: Path, size: int, fields: dict[str, Any], infos: list[TensorInfo], type_counts: Counter[str], tensor_bytes: int) -> GGUFInfo:
+    """What the metadata and tensors say, in GGUFInfo's terms."""
     arch = shown(str(fields.get("general.architecture", "unknown")))  # printed by show and in errors: no escapes
 
     def arch_int(key: str, default: int = 0) -> int:
@@ -295,12 +316,13 @@ def _inspect(path: Path) -> GGUFInfo:
     tokens = fields.get("tokenizer.ggml.tokens")
     text = lambda key: fields[key] if isinstance(fields.get(key), str) else None  # noqa: E731
     label = lambda key: shown(fields[key], 200) if isinstance(fields.get(key), str) else None  # noqa: E731  (printed: escaped)
+    causal = fields.get(f"{arch}.attention.causal", True) is not False
     return GGUFInfo(
         path=path,
         file_size=size,
         architecture=arch,
         name=label("general.name"),
-        n_params=sum(math.prod(dims) for _, dims, _, _ in tensors),
+        n_params=sum(math.prod(t.shape) for t in infos),
         context_length=arch_int("context_length") or None,
         n_layer=arch_int("block_count"),
         n_embd=n_embd,
@@ -318,8 +340,8 @@ def _inspect(path: Path) -> GGUFInfo:
         n_expert_used=n_expert_used,
         n_params_active=n_params_active,
         active_tensor_bytes=active_bytes,
-        pooling=pooling_of(fields.get(f"{arch}.pooling_type"), fields.get(f"{arch}.attention.causal", True) is not False, any(t.name == "cls.output.weight" for t in infos)),
-        causal=fields.get(f"{arch}.attention.causal", True) is not False,
+        pooling=pooling_of(fields.get(f"{arch}.pooling_type"), causal, any(t.name == "cls.output.weight" for t in infos)),
+        causal=causal,
     )
 
 
