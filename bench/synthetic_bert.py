@@ -77,8 +77,11 @@ class BertShape:
 
 BERT_SHAPES = {s.name: s for s in [
     BertShape("bert-base", 12, 768, 3072, 12, 30_522, 512),
+    # a cross-encoder of the same shape: rank pooling and RoBERTa's classification head (cls.*)
+    BertShape("bert-base-reranker", 12, 768, 3072, 12, 30_522, 512, pooling="rank"),
     # for tests: the same tensors and vocabulary in seconds
     BertShape("tiny-bert", 2, 256, 512, 4, 30_522, 512),
+    BertShape("tiny-bert-reranker", 2, 256, 512, 4, 30_522, 512, pooling="rank"),
 ]}  # fmt: skip
 
 
@@ -97,6 +100,9 @@ def tensor_plan(s: BertShape) -> list[tuple[str, tuple[int, ...], str]]:
                  (p + "ffn_up.weight", (s.n_ff, s.n_embd), "matrix"), (p + "ffn_up.bias", (s.n_ff,), "bias"),
                  (p + "ffn_down.weight", (s.n_embd, s.n_ff), "matrix"), (p + "ffn_down.bias", (s.n_embd,), "bias"),
                  (p + "layer_output_norm.weight", (s.n_embd,), "norm"), (p + "layer_output_norm.bias", (s.n_embd,), "bias")]  # fmt: skip
+    if s.pooling == "rank":  # classifier.dense and classifier.out_proj, one label
+        plan += [("cls.weight", (s.n_embd, s.n_embd), "matrix"), ("cls.bias", (s.n_embd,), "bias"),
+                 ("cls.output.weight", (1, s.n_embd), "matrix"), ("cls.output.bias", (1,), "bias")]  # fmt: skip
     return plan
 
 
@@ -151,6 +157,8 @@ def add_metadata(w, s: BertShape) -> None:  # w: gguf.GGUFWriter
     w.add_layer_norm_eps(s.norm_eps)
     w.add_causal_attention(False)
     w.add_pooling_type(PoolingType[s.pooling.upper()])
+    if s.pooling == "rank":
+        w.add_classifier_output_labels(["LABEL_0"])
     from localinfer_quant.bert import add_bert_base_specials, add_pieces
 
     add_pieces(w, *wordpiece_vocabulary(s.n_vocab), n_token_types=s.n_token_types)

@@ -66,14 +66,15 @@ class Capabilities:
     # Architectures and tensor types it runs but where another engine measured faster
     # (docs/benchmarks.md): `--engine auto` passes it over for them.
     slower: frozenset[str] = frozenset()
-    ranks: bool = False  # runs a reranker's classifier head (rank pooling, Backend.rank)
+    # the architectures whose rerankers it runs (rank pooling: a classifier head, Backend.rank); None: any
+    ranks: frozenset[str] | None = frozenset()
     vision: bool = False  # reads images through a projector (LoadParams.mmproj; media_chunks, forward_media)
 
     def refusal(self, architecture: str, tensor_types: Iterable[str], auto: bool = False, pooling: str = "none") -> str | None:
         """Why this backend cannot run a model of this architecture, tensor types and
         pooling (one line), or, for `auto`, should not be chosen for it; None if it can."""
-        if pooling == "rank" and not self.ranks:
-            return "rerankers (rank pooling)"
+        if pooling == "rank" and self.ranks is not None and architecture not in self.ranks:
+            return f"'{architecture}' rerankers (rank pooling)" if self.ranks else "rerankers (rank pooling)"
         types = set(tensor_types)
         if self.architectures is not None and architecture not in self.architectures:
             return f"the '{architecture}' architecture (it runs {', '.join(sorted(self.architectures))})"

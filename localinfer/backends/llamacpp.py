@@ -292,7 +292,7 @@ class LlamaCppBackend(LlamaTokenized, Backend):
     @classmethod
     def capabilities(cls) -> Capabilities:
         return Capabilities(architectures=None, weight_types=None, kv_types=tuple(KV_TYPES), gpu_offload=supports_gpu_offload(), kv_layout="shared",
-                            rpc=supports_rpc(), ranks=True, vision=True)  # fmt: skip
+                            rpc=supports_rpc(), ranks=None, vision=True)  # fmt: skip
 
     @classmethod
     def load(cls, path: Path, params: LoadParams) -> LlamaCppBackend:

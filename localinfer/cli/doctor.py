@@ -103,6 +103,7 @@ def engines_report() -> dict[str, object]:
             "gpu_offload": caps.gpu_offload,
             "kv_layout": caps.kv_layout,
             "rpc": caps.rpc,
+            "ranks": sorted(caps.ranks) if caps.ranks is not None else "any",  # the architectures whose rerankers it runs
             "auto_passes_over": sorted(caps.slower),  # what it runs, but --engine auto leaves to another engine
         }
     return out

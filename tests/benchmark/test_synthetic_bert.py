@@ -19,7 +19,7 @@ from gguf import GGMLQuantizationType as T
 from localinfer.engine.embedding import finish
 from localinfer.engine.loader import LoadOptions, open_engine
 from localinfer.modelfile import inspect
-from tests.embedding_models import SPECIALS, llamacpp_embeddings, write_bert
+from tests.embedding_models import SPECIALS, llamacpp_embeddings, llamacpp_rerank_scores, write_bert, write_bert_reranker
 
 from ..cli.test_errors import assert_one_line_error
 from ..conftest import THREADS, read_gguf
@@ -90,3 +90,24 @@ def test_a_vocabulary_below_the_base_is_one_line(synthetic, tmp_path: Path) -> N
     assert_one_line_error(make(tmp_path, "tiny-bert", "--vocab", "500"), "base WordPiece tokens")
     assert not list(tmp_path.iterdir())
     assert synthetic.synthetic_bert.MIN_VOCAB > 500
+
+
+def test_the_reranker_shape_has_the_fixtures_head_and_ranks_as_llama_cpp(synthetic, tmp_path: Path) -> None:
+    """bert-base-reranker's code path (tiny): the fixture reranker's tensors (cls.weight,
+    cls.output.weight: RoBERTa's classification head) and rank pooling; the native engine's
+    scores of English pairs are llama.cpp's own within tests/engine/test_embeddings.py's 3e-3."""
+    r = make(tmp_path, "tiny-bert-reranker", "--types", "F16")
+    assert r.returncode == 0, r.stderr
+    path = Path(r.stdout.split()[0])
+    fixture = write_bert_reranker(tmp_path / "fixture.gguf")
+    assert sorted(t.name for t in read_gguf(path).tensors) == sorted(t.name for t in read_gguf(fixture).tensors)
+    assert inspect(path).pooling == "rank"
+    query = "where is the capital"
+    want = llamacpp_rerank_scores(path, query, TEXTS)
+    engine = open_engine(str(path), LoadOptions(threads=THREADS))
+    try:
+        assert engine.backend.name == "native" and engine.kind == "rerank"
+        got = engine.rank([engine.tokenize_pair(query, t) for t in TEXTS])
+    finally:
+        engine.close()
+    assert np.allclose(got, want, atol=3e-3), (got, want)

@@ -55,8 +55,8 @@ class NativeBackend(LlamaTokenized, Backend):
     def __init__(self, path: Path, params: LoadParams) -> None:
         rss_before = anon_rss_bytes()
         info = inspect(path)
-        if (params.pooling or info.pooling) == "rank":
-            raise UserError("the native engine does not run rerankers (rank pooling); use --engine llama.cpp")
+        if (params.pooling or info.pooling) == "rank" and info.architecture not in (self.capabilities().ranks or ()):
+            raise UserError(f"the native engine does not run '{info.architecture}' rerankers (rank pooling); use --engine llama.cpp")
         self.config = config = ModelConfig.from_gguf(info)
         cache_types = native_cache_types(params.cache_types, config.head_dim)
         threads = params.n_threads or default_threads()
@@ -100,7 +100,7 @@ class NativeBackend(LlamaTokenized, Backend):
     def capabilities(cls) -> Capabilities:
         return Capabilities(
             architectures=frozenset(ARCHITECTURES), weight_types=frozenset(t.name for t in kernel_types()), kv_types=tuple(KV_TYPES), gpu_offload=False, kv_layout="per-sequence",
-            kernel_sets=KERNEL_SETS, slower=SLOWER,
+            kernel_sets=KERNEL_SETS, slower=SLOWER, ranks=frozenset({"bert"}),
         )  # fmt: skip
 
     @classmethod
@@ -143,6 +143,16 @@ class NativeBackend(LlamaTokenized, Backend):
             raise BackendError(f"a batch of {len(batch)} tokens is more than the {self._n_batch} an encoder's forward takes")
         self._check_tokens(batch)
         return self.model.forward(batch.tokens, batch.positions, batch.seq_ids, batch.want_logits)
+
+    def rank(self, batch: Batch) -> np.ndarray:
+        """A BERT cross-encoder's score of each sequence: its classifier head on the first
+        token's state (encoder.ClassifierHead), as llama.cpp's rank pooling computes it."""
+        if self.cache is not None or self._facts.pooling != "rank" or self.weights.head is None:
+            return super().rank(batch)
+        states = self._encode(Batch(batch.tokens, batch.positions, batch.seq_ids, batch.positions == 0))
+        firsts = batch.seq_ids[batch.positions == 0]
+        order = [int(np.flatnonzero(firsts == seq)[0]) for seq in dict.fromkeys(batch.seq_ids.tolist())]
+        return self.weights.head.scores(states[order])
 
     def _check_tokens(self, batch: Batch) -> None:
         if batch.tokens.min() < 0 or batch.tokens.max() >= self.weights.token_embd.rows:

@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
+from gguf import GGMLQuantizationType
 from gguf.quants import dequantize
 
 from localinfer.backends.native.config import ModelConfig
@@ -53,6 +54,54 @@ class EncoderLayer:
     out_norm_bias: np.ndarray
 
 
+@dataclass(frozen=True)
+class ClassifierHead:
+    """A cross-encoder's head over its first token's state h (RoBERTa's classifier, as
+    llama.cpp's rank pooling applies it): out(tanh(dense(h))), either part absent where the
+    file has none. Small (n_embd squared at most): widened to float32 once, done in numpy."""
+
+    dense: np.ndarray | None  # cls.weight [n_hidden, n_embd]
+    dense_bias: np.ndarray | None
+    out: np.ndarray | None  # cls.output.weight [n_labels, n_hidden]
+    out_bias: np.ndarray | None
+
+    def scores(self, first: np.ndarray) -> np.ndarray:
+        """The first label's logit for each row of `first` [n, n_embd]: [n] float32. A row at a
+        time, and without BLAS: a score then does not depend on what else shares its batch
+        (BLAS sums a matrix's rows in another order than a vector's), and no BLAS thread pool
+        wakes to spin beside the kernels' threads (a 768-wide head cost 50 ms a forward so)."""
+        return np.array([self._score(row) for row in first], dtype=np.float32)
+
+    def _score(self, h: np.ndarray) -> float:
+        if self.dense is not None:
+            h = np.tanh((self.dense * h).sum(axis=1) + (0 if self.dense_bias is None else self.dense_bias))
+        if self.out is not None:
+            h = (self.out * h).sum(axis=1) + (0 if self.out_bias is None else self.out_bias)
+        return float(h[0])
+
+
+def classifier_head(read: TensorReader) -> ClassifierHead | None:
+    """The file's classifier head (cls.*), each matrix's shape checked; None where it has none."""
+    width = read.config.n_embd
+    dense = widened(read, "cls.weight", width)
+    hidden = width if dense is None else dense.shape[0]
+    out = widened(read, "cls.output.weight", hidden)
+    if dense is None and out is None:
+        return None
+    labels = 0 if out is None else out.shape[0]
+    return ClassifierHead(dense, read.vector("cls.bias", hidden, required=False), out, read.vector("cls.output.bias", labels, required=False) if labels else None)
+
+
+def widened(read: TensorReader, name: str, cols: int) -> np.ndarray | None:
+    """A matrix of `cols`-long rows as float32 [rows, cols], whatever type the file keeps it in; None if absent."""
+    t = read.tensors.get(name)
+    if t is None:
+        return None
+    rows = t.shape[1] if len(t.shape) > 1 else 1  # llama.cpp's quantizer writes a one-row matrix 1-D
+    data = read.raw(t, (cols, rows) if len(t.shape) > 1 else (cols,))
+    return np.asarray(dequantize(data, GGMLQuantizationType(t.type)), np.float32).reshape(rows, cols)
+
+
 @dataclass
 class EncoderWeights:
     token_embd: QMatrix  # [n_vocab, n_embd]
@@ -61,6 +110,7 @@ class EncoderWeights:
     norm: np.ndarray  # token_embd_norm: float32 [n_embd], weight and bias
     norm_bias: np.ndarray
     layers: list[EncoderLayer]
+    head: ClassifierHead | None  # a cross-encoder's (rank pooling); None: an embedder
     mapped_bytes: int
     _map: mmap.mmap
 
@@ -85,6 +135,7 @@ class EncoderWeights:
             norm=read.vector("token_embd_norm.weight", c.n_embd),
             norm_bias=read.vector("token_embd_norm.bias", c.n_embd),
             layers=layers,
+            head=classifier_head(read),
             mapped_bytes=len(mm),
             _map=mm,
         )
