@@ -27,7 +27,8 @@ straight from pools of real blocks with no F16 source (bench/synthetic_moe.py sa
 Encoders: bert-base (BERT-base's shape: 12 layers, 768 wide, 3,072 FFN, 12 heads, 30,522
 tokens, 512 positions, mean pooling; 109 M parameters, 0.22 GB at F16) for the embedding
 benchmark, bench/embeddings.py, and bert-base-reranker (the same with rank pooling and
-RoBERTa's classifier head, cls.*) for bench/rerank.py. bench/synthetic_bert.py gives its tensors and keys (llama.cpp's
+RoBERTa's classifier head, cls.*) for bench/rerank.py, and nomic-embed-text (nomic-bert:
+RoPE, fused q/k/v, SwiGLU). bench/synthetic_bert.py gives its tensors and keys (llama.cpp's
 converter's for a BERT) and its own WordPiece vocabulary, on which English text tokenizes;
 --tokenizer does not apply to it. Its F16 source is quantized as every other shape's.
 

@@ -79,6 +79,8 @@ BERT_SHAPES = {s.name: s for s in [
     BertShape("bert-base", 12, 768, 3072, 12, 30_522, 512),
     # a cross-encoder of the same shape: rank pooling and RoBERTa's classification head (cls.*)
     BertShape("bert-base-reranker", 12, 768, 3072, 12, 30_522, 512, pooling="rank"),
+    # nomic-embed-text-v1.5's shape (nomic-bert: RoPE, fused q/k/v, SwiGLU, no biases but the norms')
+    BertShape("nomic-embed-text", 12, 768, 3072, 12, 30_522, 2048, norm_eps=1e-12, arch="nomic-bert"),
     # for tests: the same tensors and vocabulary in seconds
     BertShape("tiny-bert", 2, 256, 512, 4, 30_522, 512),
     BertShape("tiny-bert-reranker", 2, 256, 512, 4, 30_522, 512, pooling="rank"),
@@ -88,6 +90,8 @@ BERT_SHAPES = {s.name: s for s in [
 def tensor_plan(s: BertShape) -> list[tuple[str, tuple[int, ...], str]]:
     """(name, shape in numpy order [rows, cols], kind) of every tensor, in the converter's
     order; kinds as bench/synthetic.py's TensorSpec: matrix (F16), table (F32 rows), norm, bias."""
+    if s.arch == "nomic-bert":
+        return nomic_plan(s)
     plan = [("token_embd.weight", (s.n_vocab, s.n_embd), "matrix"),
             ("token_types.weight", (s.n_token_types, s.n_embd), "table"),  # llama.cpp adds row 0 to every token
             ("position_embd.weight", (s.n_ctx, s.n_embd), "table"),
@@ -103,6 +107,21 @@ def tensor_plan(s: BertShape) -> list[tuple[str, tuple[int, ...], str]]:
     if s.pooling == "rank":  # classifier.dense and classifier.out_proj, one label
         plan += [("cls.weight", (s.n_embd, s.n_embd), "matrix"), ("cls.bias", (s.n_embd,), "bias"),
                  ("cls.output.weight", (1, s.n_embd), "matrix"), ("cls.output.bias", (1,), "bias")]  # fmt: skip
+    return plan
+
+
+def nomic_plan(s: BertShape) -> list[tuple[str, tuple[int, ...], str]]:
+    """nomic-bert's tensors (tests/embedding_models.write_nomic_bert's): no position table,
+    one attn_qkv, a gated FFN, biases only on the LayerNorms."""
+    plan = [("token_embd.weight", (s.n_vocab, s.n_embd), "matrix"), ("token_types.weight", (s.n_token_types, s.n_embd), "table"),
+            ("token_embd_norm.weight", (s.n_embd,), "norm"), ("token_embd_norm.bias", (s.n_embd,), "bias")]  # fmt: skip
+    for i in range(s.n_layer):
+        p = f"blk.{i}."
+        plan += [(p + "attn_qkv.weight", (3 * s.n_embd, s.n_embd), "matrix"), (p + "attn_output.weight", (s.n_embd, s.n_embd), "matrix"),
+                 (p + "attn_output_norm.weight", (s.n_embd,), "norm"), (p + "attn_output_norm.bias", (s.n_embd,), "bias"),
+                 (p + "ffn_gate.weight", (s.n_ff, s.n_embd), "matrix"), (p + "ffn_up.weight", (s.n_ff, s.n_embd), "matrix"),
+                 (p + "ffn_down.weight", (s.n_embd, s.n_ff), "matrix"),
+                 (p + "layer_output_norm.weight", (s.n_embd,), "norm"), (p + "layer_output_norm.bias", (s.n_embd,), "bias")]  # fmt: skip
     return plan
 
 
@@ -156,6 +175,8 @@ def add_metadata(w, s: BertShape) -> None:  # w: gguf.GGUFWriter
     w.add_head_count(s.n_head)
     w.add_layer_norm_eps(s.norm_eps)
     w.add_causal_attention(False)
+    if s.arch == "nomic-bert":
+        w.add_rope_freq_base(1000.0)  # nomic's rotary_emb_base
     w.add_pooling_type(PoolingType[s.pooling.upper()])
     if s.pooling == "rank":
         w.add_classifier_output_labels(["LABEL_0"])

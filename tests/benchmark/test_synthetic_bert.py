@@ -19,7 +19,7 @@ from gguf import GGMLQuantizationType as T
 from localinfer.engine.embedding import finish
 from localinfer.engine.loader import LoadOptions, open_engine
 from localinfer.modelfile import inspect
-from tests.embedding_models import SPECIALS, llamacpp_embeddings, llamacpp_rerank_scores, write_bert, write_bert_reranker
+from tests.embedding_models import SPECIALS, llamacpp_embeddings, llamacpp_rerank_scores, write_bert, write_bert_reranker, write_nomic_bert
 
 from ..cli.test_errors import assert_one_line_error
 from ..conftest import THREADS, read_gguf
@@ -111,3 +111,14 @@ def test_the_reranker_shape_has_the_fixtures_head_and_ranks_as_llama_cpp(synthet
     finally:
         engine.close()
     assert np.allclose(got, want, atol=3e-3), (got, want)
+
+
+def test_the_nomic_shape_has_the_fixtures_tensors(synthetic, tmp_path: Path) -> None:
+    """nomic-embed-text's plan (bench/embeddings.py's nomic-bert) names the tensors of the
+    fixture that llama.cpp loads (tests/embedding_models.write_nomic_bert), every layer alike."""
+    s = synthetic.BERT_SHAPES["nomic-embed-text"]
+    fixture = read_gguf(write_nomic_bert(tmp_path / "nomic.gguf"))
+    plan = {spec.name: spec for spec in synthetic.plan_of(s)}
+    kinds = lambda names: {n.split(".", 2)[2] if n.startswith("blk.") else n for n in names}  # noqa: E731  (a layer's tensors, whatever its number)
+    assert s.arch == "nomic-bert" and kinds(plan) == kinds(t.name for t in fixture.tensors)
+    assert plan["blk.0.attn_qkv.weight"].shape == (3 * s.n_embd, s.n_embd) and "position_embd.weight" not in plan

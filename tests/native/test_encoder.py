@@ -39,7 +39,7 @@ from localinfer.engine.embedding import finish
 from localinfer.engine.loader import LoadOptions, open_engine
 from localinfer.errors import BackendError
 from localinfer.modelfile import inspect
-from tests.embedding_models import llamacpp_embeddings, llamacpp_token_embeddings, write_bert, write_nomic_bert, write_xlm_roberta
+from tests.embedding_models import llamacpp_embeddings, llamacpp_token_embeddings, write_bert, write_jina_bert_v2, write_nomic_bert, write_xlm_roberta
 
 from .conftest import llama_quantize
 
@@ -137,9 +137,9 @@ def test_an_encoder_refuses_what_it_cannot_do(berts, tmp_path: Path) -> None:
         assert backend.kv_truncate(0, 3) == 0 and backend.kv_read(0, 0, 2) == b"" and backend.kv_write(0, 0, b"x") == 0
     finally:
         backend.close()
-    nomic = write_nomic_bert(tmp_path / "nomic.gguf")
-    with pytest.raises(UnsupportedModel, match="'nomic-bert' architecture"):
-        NativeBackend.load(nomic, LoadParams(n_threads=2))
+    jina = write_jina_bert_v2(tmp_path / "jina.gguf")
+    with pytest.raises(UnsupportedModel, match="'jina-bert-v2' architecture"):
+        NativeBackend.load(jina, LoadParams(n_threads=2))
 
 
 class FusedQKVWriter(GGUFWriter):
@@ -196,4 +196,30 @@ def test_an_xlm_roberta_equals_llama_cpps(tmp_path: Path) -> None:
         backend.close()
     want_rows = llamacpp_token_embeddings(path, XLMR_TEXTS[-1])
     assert rows.shape == want_rows.shape
+    assert (np.abs(rows - want_rows) / np.linalg.norm(want_rows, axis=1, keepdims=True)).max() < TOL["f32"]
+
+
+@pytest.mark.parametrize("kernels", ["c", "numba"])
+def test_a_nomic_bert_equals_llama_cpps(kernels: str, tmp_path: Path) -> None:
+    """nomic-embed-text's kind (RoPE on q and k, a fused q/k/v, a SwiGLU FFN, no biases but
+    the LayerNorms'), on the engine auto picks (ours): mean vectors and every token's row,
+    llama.cpp's within TOL (F32); several sequences a forward as each alone, bit for bit."""
+    path = write_nomic_bert(tmp_path / "nomic.gguf")
+    engine = open_engine(str(path), LoadOptions(engine="auto", threads=2, kernels=kernels))
+    try:
+        assert engine.backend.name == "native" and engine.pooling == "mean"
+        inputs = [engine.tokenize_input(t) for t in TEXTS]
+        got = engine.embed(inputs)
+        alone = np.concatenate([engine.embed([i]) for i in inputs])
+    finally:
+        engine.close()
+    np.testing.assert_array_equal(got, alone)
+    want = llamacpp_embeddings(path, TEXTS)
+    assert np.abs(finish(got) - want).max() < TOL["f32"], np.abs(finish(got) - want).max()
+    backend = NativeBackend.load(path, LoadParams(n_threads=2, pooling="none", kernels=kernels))
+    try:
+        rows = backend.embed(Batch.for_sequence(backend.tokenize(TEXTS[-1]), 0, all_logits=True))
+    finally:
+        backend.close()
+    want_rows = llamacpp_token_embeddings(path, TEXTS[-1])
     assert (np.abs(rows - want_rows) / np.linalg.norm(want_rows, axis=1, keepdims=True)).max() < TOL["f32"]

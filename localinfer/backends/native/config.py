@@ -39,13 +39,15 @@ class Architecture:
     ffn_norm: str = "ffn_norm"  # the FFN's input norm's tensor (gpt-oss calls it post_attention_norm)
     # An encoder (BERT) in place of the decoder layer (native/encoder.py): token, position and
     # token-type embeddings and their LayerNorm; per layer q/k/v and the output with biases,
-    # attention over the whole sequence (non-causal, no RoPE), a LayerNorm with a bias after
-    # each residual add (post-norm), a plain GELU FFN with biases; no final norm, no logits.
+    # attention over the whole sequence (non-causal), a LayerNorm with a bias after each
+    # residual add (post-norm), a plain GELU FFN with biases; no final norm, no logits. With a
+    # rope_layout other than "none" (nomic-bert), RoPE on q and k instead of a position
+    # table, and with activation "silu" a SwiGLU FFN (ffn_gate).
     encoder: bool = False
 
 
 # What the native engine runs. SmolLM, SmolLM2 and Mistral GGUFs are all written as "llama".
-# BERT's relatives (nomic-bert: RoPE and SwiGLU; jina-bert-v2: ALiBi) stay on llama.cpp.
+# Of BERT's relatives, jina-bert-v2 (ALiBi) stays on llama.cpp.
 ARCHITECTURES = {
     "llama": Architecture("normal"),
     "qwen2": Architecture("neox"),
@@ -56,6 +58,7 @@ ARCHITECTURES = {
     "gpt-oss": Architecture("neox", activation="swiglu_oai", sliding_window=True, swa_period=2, swa_same_rope=True,
                             router="topk_softmax", attn_sinks=True, ffn_norm="post_attention_norm"),
     "bert": Architecture("none", activation="gelu", encoder=True),
+    "nomic-bert": Architecture("neox", activation="silu", encoder=True),  # nomic-embed-text
 }
 
 

@@ -7,6 +7,8 @@
         x = LayerNorm(x + (a W_o + b_o))                           (post-norm, with a bias)
         x = LayerNorm(x + (gelu(x W_up + b_up) W_down + b_down))
     no final norm: the last layer's rows are the hidden states the runtime pools.
+nomic-bert (nomic-embed-text) is the same pass with RoPE on q and k in place of the position
+table, one fused q/k/v, a SwiGLU FFN (silu(gate) * up) and no biases but the LayerNorms'.
 
 An encoder keeps nothing between forwards: a batch holds every sequence whole (positions
 0..n-1), so attention's keys and values live in one scratch cache as long as the model's
@@ -27,6 +29,7 @@ from gguf import GGMLQuantizationType
 from gguf.quants import dequantize
 
 from localinfer.backends.native.config import ModelConfig
+from localinfer.backends.native.forward import RopeTables
 from localinfer.backends.native.weights import TensorReader
 from localinfer.errors import BackendError, InvalidModelFile
 from localinfer.modelfile import GGUFInfo
@@ -46,6 +49,7 @@ class EncoderLayer:
     o_bias: np.ndarray  # float32 [n_embd]
     attn_norm: np.ndarray  # attn_output_norm: float32 [n_embd], weight and bias
     attn_norm_bias: np.ndarray
+    w_gate: QMatrix | None  # [n_ff, n_embd]: a SwiGLU FFN's gate (nomic-bert); None: GELU of up alone
     w_up: QMatrix  # [n_ff, n_embd]
     up_bias: np.ndarray  # float32 [n_ff]
     w_down: QMatrix  # [n_embd, n_ff]
@@ -106,7 +110,7 @@ def widened(read: TensorReader, name: str, cols: int) -> np.ndarray | None:
 class EncoderWeights:
     token_embd: QMatrix  # [n_vocab, n_embd]
     type_row: np.ndarray | None  # float32 [n_embd]: token_types' row 0 (every token is "sentence A")
-    positions: np.ndarray  # float32 [n_ctx_train, n_embd]: position_embd, widened once
+    positions: np.ndarray | None  # float32 [n_ctx_train, n_embd]: position_embd, widened once; None with RoPE
     norm: np.ndarray  # token_embd_norm: float32 [n_embd], weight and bias
     norm_bias: np.ndarray
     layers: list[EncoderLayer]
@@ -131,7 +135,7 @@ class EncoderWeights:
         return cls(
             token_embd=read.matrix("token_embd.weight", c.n_embd, c.n_vocab),
             type_row=None if types is None else table(read.matrix("token_types.weight", c.n_embd, max(1, types.shape[-1])))[0].copy(),
-            positions=table(read.matrix("position_embd.weight", c.n_embd, c.n_ctx_train)),
+            positions=table(read.matrix("position_embd.weight", c.n_embd, c.n_ctx_train)) if c.kind.rope_layout == "none" else None,
             norm=read.vector("token_embd_norm.weight", c.n_embd),
             norm_bias=read.vector("token_embd_norm.bias", c.n_embd),
             layers=layers,
@@ -173,6 +177,7 @@ def encoder_layer(read: TensorReader, i: int) -> EncoderLayer:
         wq=wq, wk=wk, wv=wv, q_bias=bq, k_bias=bk, v_bias=bv,
         wo=matrix(p + "attn_output.weight", q_dim, c.n_embd), o_bias=bias(read, p + "attn_output.bias", c.n_embd),
         attn_norm=vector(p + "attn_output_norm.weight", c.n_embd), attn_norm_bias=vector(p + "attn_output_norm.bias", c.n_embd),
+        w_gate=matrix(p + "ffn_gate.weight", c.n_embd, c.n_ff) if c.kind.activation == "silu" else None,
         w_up=matrix(p + "ffn_up.weight", c.n_embd, c.n_ff), up_bias=bias(read, p + "ffn_up.bias", c.n_ff),
         w_down=matrix(p + "ffn_down.weight", c.n_ff, c.n_embd), down_bias=bias(read, p + "ffn_down.bias", c.n_embd),
         out_norm=vector(p + "layer_output_norm.weight", c.n_embd), out_norm_bias=vector(p + "layer_output_norm.bias", c.n_embd),
@@ -207,7 +212,9 @@ class EncoderWorkspace:
         self.attn = np.empty((n, c.n_head * c.head_dim), f32)
         self.o = np.empty((n, c.n_embd), f32)
         self.up = np.empty((n, c.n_ff), f32)
-        self.qkv_out, self.o_out, self.up_out = (self.q, self.k, self.v), (self.o,), (self.up,)
+        self.gate = np.empty((n, c.n_ff), f32) if c.kind.activation == "silu" else None
+        self.qkv_out, self.o_out = (self.q, self.k, self.v), (self.o,)
+        self.up_out = (self.up,) if self.gate is None else (self.gate, self.up)
 
 
 class Encoder:
@@ -217,7 +224,8 @@ class Encoder:
         self.config, self.weights, self.kernels = config, weights, kernels
         self.qkv = [kernels.matmul_op([lw.wq, lw.wk, lw.wv]) for lw in weights.layers]
         self.attn_out = [kernels.matmul_op([lw.wo]) for lw in weights.layers]
-        self.up = [kernels.matmul_op([lw.w_up]) for lw in weights.layers]
+        self.up = [kernels.matmul_op([lw.w_up] if lw.w_gate is None else [lw.w_gate, lw.w_up]) for lw in weights.layers]
+        self.rope = None if config.kind.rope_layout == "none" else RopeTables(config.rope, config.kind.rope_layout == "neox", config.n_ctx_train, None)
         self.down = [kernels.matmul_op([lw.w_down]) for lw in weights.layers]
         n_pos = -(-config.n_ctx_train // KEY_TILE) * KEY_TILE  # the longest sequence, in whole tiles
         shape = (config.n_head_kv, n_pos, kv_row_bytes("f16", config.head_dim))
@@ -246,13 +254,14 @@ class Encoder:
     def embed(self, tokens: np.ndarray, positions: np.ndarray) -> np.ndarray:
         """token + token type 0 + position, in llama.cpp's order of adds: [n, n_embd]."""
         w = self.weights
-        if int(positions.max()) >= len(w.positions):
-            raise BackendError(f"position {int(positions.max())} is past this encoder's {len(w.positions)} positions")
+        if int(positions.max()) >= self.config.n_ctx_train:
+            raise BackendError(f"position {int(positions.max())} is past this encoder's {self.config.n_ctx_train} positions")
         emb = w.token_embd
         x = np.require(dequantize(emb.data[tokens], emb.type).reshape(len(tokens), emb.cols), np.float32, ["C", "W"])
         if w.type_row is not None:
             x += w.type_row
-        x += w.positions[positions]
+        if w.positions is not None:
+            x += w.positions[positions]
         return x
 
     def forward(self, tokens: np.ndarray, positions: np.ndarray, seq_ids: np.ndarray, want: np.ndarray) -> np.ndarray:
@@ -277,13 +286,19 @@ class Encoder:
             ws.q += lw.q_bias
             ws.k += lw.k_bias
             ws.v += lw.v_bias
+            if self.rope is not None:
+                k_ops.rope(ws.q3, positions, self.rope.cos, self.rope.sin, self.rope.neox)
+                k_ops.rope(ws.k3, positions, self.rope.cos, self.rope.sin, self.rope.neox)
             for a, b in runs:  # each sequence sees itself whole and nothing else
                 k_ops.attention(ws.q3[a:b], ws.k3[a:b], ws.v3[a:b], self.keys, self.values, positions[a:b], ws.attn[a:b],
                                 self.config.attn_scale, causal=False)  # fmt: skip
             self.attn_out[layer](ws.attn, ws.o_out, n)
             k_ops.add_layer_norm(x, ws.o, lw.o_bias, lw.attn_norm, lw.attn_norm_bias, eps)
             self.up[layer](x, ws.up_out, n)
-            k_ops.gelu(ws.up, lw.up_bias)
-            self.down[layer](ws.up, ws.o_out, n)
+            if ws.gate is None:
+                k_ops.gelu(ws.up, lw.up_bias)
+            else:  # silu(gate) * up, into gate (nomic-bert's FFN has no biases)
+                k_ops.swiglu(ws.gate, ws.up)
+            self.down[layer](ws.up if ws.gate is None else ws.gate, ws.o_out, n)
             k_ops.add_layer_norm(x, ws.o, lw.down_bias, lw.out_norm, lw.out_norm_bias, eps)
         return x
