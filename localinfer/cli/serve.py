@@ -40,6 +40,7 @@ def serve(
     cpu_moe: opt.CpuMoe = False,
     n_cpu_moe: opt.NCpuMoe = None,
     rpc: opt.Rpc = None,
+    mmproj: opt.Mmproj = None,
     api_key: Annotated[Optional[str], typer.Option("--api-key", envvar="LOCALINFER_API_KEY", help="Require 'Authorization: Bearer KEY' on every route but /health.", show_default=False)] = None,
     keep_alive: Annotated[str, typer.Option(help="Unload a model idle this long (300, 30s, 5m, 1h; -1: never).", callback=duration)] = "5m",
     max_loaded: Annotated[int, typer.Option(help="Models kept loaded at once; the least recently used is swapped out.", callback=opt.between(1, 1024))] = 1,
@@ -72,7 +73,7 @@ def serve(
         err.print(f"[yellow]warning:[/yellow] listening on {host} without --api-key: anyone who can reach this port can use your models")
     options = opt.load_options(engine_name, ctx, threads, kernels, (cache_type, cache_type_k, cache_type_v), (draft, draft_max, draft_ngram_min, draft_ngram_max), gpu_layers, cpu_moe=opt.cpu_moe_choice(cpu_moe, n_cpu_moe),
                                n_seq_max=parallel, prefill_chunk=prefill_chunk, decode_slowdown=decode_slowdown, draft_engine=draft_engine, prompt_cache=opt.prompt_cache(no_prompt_cache, cache_ram, cache_disk, cache_dir), rpc=rpc,
-                               pooling=pooling)  # fmt: skip
+                               pooling=pooling, mmproj=mmproj)  # fmt: skip
     # keep_alive is in seconds already: duration() is its callback
     models = ModelHost(model, options, max_loaded=max_loaded, keep_alive=keep_alive, allow_paths=allow_paths)  # type: ignore[arg-type]
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s", datefmt="%H:%M:%S")

@@ -53,8 +53,8 @@ class ModelHost:
         self.options = options
         # A model loaded on demand takes serve's --draft MODEL where it can (the same
         # tokenizer); where not, it decodes with prompt lookup and the log says why. Its
-        # pooling is its file's: serve's --pooling is the one model's it names.
-        self._on_demand = replace(options, draft_optional=True, pooling=None)
+        # pooling and projector are its file's: serve's --pooling and --mmproj are the one model's it names.
+        self._on_demand = replace(options, draft_optional=True, pooling=None, mmproj=None)
         self.max_loaded = max(1, max_loaded)
         self.keep_alive = keep_alive  # seconds; < 0: forever
         self.models: dict[str, Loaded] = {}

@@ -131,3 +131,27 @@ def test_an_image_to_a_text_only_model_is_a_400(server: Server, llava: tuple[Pat
     shutil.copy(llava[0], alone)  # the same text model, no projector beside it
     answer = ask(server, data_url(png_bytes(sample_image(20, 20, seed=2))), model=str(alone))
     assert answer.status_code == 400 and "reads no images" in answer.json()["error"]["message"], answer.text
+
+
+def test_serve_mmproj_pairs_the_start_model_with_a_projector_elsewhere(llava: tuple[Path, Path], tmp_path: Path) -> None:
+    """`serve MODEL --mmproj FILE`, as llama-server's --mmproj: the text model alone in its
+    folder reads images with the projector named; a model loaded on demand keeps its own
+    (none here: a text model alone is refused an image)."""
+    alone = tmp_path / "text" / "tiny-llava.gguf"
+    alone.parent.mkdir()
+    shutil.copy(llava[0], alone)
+    other = tmp_path / "other" / "text-only.gguf"
+    other.parent.mkdir()
+    shutil.copy(llava[0], other)
+    image = sample_image(60, 80, seed=24)
+    server = Server(str(alone), "--mmproj", str(llava[1]), "--allow-paths", "--max-loaded", "2")
+    server.model = str(alone)
+    try:
+        content = [{"type": "text", "text": QUESTION}, {"type": "image_url", "image_url": {"url": data_url(png_bytes(image))}}]
+        got = server.client().chat.completions.create(model=server.model, messages=[{"role": "user", "content": content}], max_tokens=1, temperature=0)  # type: ignore[list-item]
+        assert got.choices[0].message.content == llamacpps_first_token(llava, QUESTION + MEDIA_MARKER, image)
+        refused = ask(server, data_url(png_bytes(image)), model=str(other))
+        assert refused.status_code == 400 and "reads no images" in refused.json()["error"]["message"], refused.text
+    finally:
+        code, log = server.stop()
+        assert code == 0, log
