@@ -25,7 +25,7 @@ from textual.widgets import Footer, Input, Label, ListView
 from localinfer.engine.templates import Message
 from localinfer.engine.types import SamplingParams
 from localinfer.errors import UserError
-from localinfer.tui.attachments import Attachment
+from localinfer.tui.attachments import Attachment, typed_path
 from localinfer.tui.export import export_chat
 from localinfer.tui.replies import Reply, ReplyFigures
 from localinfer.tui.screens import SETTINGS, AskScreen, ConfirmScreen, SettingsScreen
@@ -489,7 +489,7 @@ class ChatApp(App):
             self.notify(f"{self.model.name} reads no images: chat with a vision model (its mmproj-*.gguf projector beside it, or --mmproj FILE).", title="Not attached", severity="error")
             return
         try:
-            attachment = Attachment.from_file(Path(path).expanduser())
+            attachment = Attachment.from_file(typed_path(path))
             if self.model is not None:
                 self.model.check_image(attachment.data, attachment.name)
         except UserError as e:

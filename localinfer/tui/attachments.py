@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import base64
 import hashlib
+import os
+import shlex
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -36,6 +38,19 @@ class Attachment:
         size = len(self.data)
         shown = f"{size / 1e6:.1f} MB" if size >= 1e6 else f"{max(1, round(size / 1e3))} kB"
         return f"{self.name} · {self.width}×{self.height} {self.format} · {shown}"
+
+
+def typed_path(text: str) -> Path:
+    """A path as a person types or drops it into a terminal: quoted ('/a b.png', as GNOME's
+    terminal pastes a dropped file), with escaped spaces (/a\\ b.png, as macOS's do), or bare
+    (/a b.png), ~ expanded."""
+    if os.name == "nt":  # a backslash there is the path's own
+        return Path(text.strip().strip('"')).expanduser()
+    try:
+        words = shlex.split(text)
+    except ValueError:  # an unbalanced quote: the text as typed
+        words = []
+    return Path(words[0] if len(words) == 1 else text).expanduser()
 
 
 def data_url(image: bytes) -> str:

@@ -194,3 +194,23 @@ def test_an_export_names_each_image_in_markdown_and_carries_its_bytes_in_json(tm
     assert (saved["name"], saved["format"], saved["width"], saved["height"], saved["bytes"]) == ("whiteboard.png", "PNG", 80, 60, path.stat().st_size)
     store.delete(chat.id)  # the images go with their chat
     assert store.db.execute("SELECT COUNT(*) FROM images WHERE message_id = ?", (message.id,)).fetchone()[0] == 0
+
+
+def test_a_path_typed_or_dropped_into_the_terminal_is_attached(tmp_path: Path, llava: tuple[Path, Path]) -> None:
+    """A dropped file arrives quoted (GNOME's terminal) or with its spaces escaped (macOS's);
+    a typed one may be bare, spaces and all: each attaches the same file."""
+    folder = tmp_path / "my pictures"
+    folder.mkdir()
+    _, path = picture(folder, seed=36, name="photo 1.png")
+    store = ChatStore.open(tmp_path / "chats.db")
+
+    async def test() -> None:
+        app = vision_app(store, llava[0])
+        async with app.run_test(size=SIZE) as pilot:
+            await until(pilot, ready(app))
+            for typed in (f"'{path}'", str(path).replace(" ", "\\ "), str(path)):
+                await command(pilot, app, f"/image {typed}")
+            assert [a.name for a in app.attached] == ["photo 1.png"] * 3 and not app._notifications
+            assert all(a.data == path.read_bytes() for a in app.attached)
+
+    run(test)
