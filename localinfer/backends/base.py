@@ -73,8 +73,8 @@ class Capabilities:
     def refusal(self, architecture: str, tensor_types: Iterable[str], auto: bool = False, pooling: str = "none") -> str | None:
         """Why this backend cannot run a model of this architecture, tensor types and
         pooling (one line), or, for `auto`, should not be chosen for it; None if it can."""
-        if pooling == "rank" and self.ranks is not None and architecture not in self.ranks:
-            return f"'{architecture}' rerankers (rank pooling)" if self.ranks else "rerankers (rank pooling)"
+        if (rank := self.rank_refusal(architecture, pooling)) is not None:
+            return rank
         types = set(tensor_types)
         if self.architectures is not None and architecture not in self.architectures:
             return f"the '{architecture}' architecture (it runs {', '.join(sorted(self.architectures))})"
@@ -84,6 +84,12 @@ class Capabilities:
         slow = sorted(({architecture} | types) & self.slower) if auto else []
         if slow:
             return f"{', '.join(slow)} as fast as another engine does (docs/benchmarks.md)"
+        return None
+
+    def rank_refusal(self, architecture: str, pooling: str) -> str | None:
+        """Why this backend cannot rank with a model of this architecture (one line), or None."""
+        if pooling == "rank" and self.ranks is not None and architecture not in self.ranks:
+            return f"'{architecture}' rerankers (rank pooling)" if self.ranks else "rerankers (rank pooling)"
         return None
 
 

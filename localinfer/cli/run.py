@@ -407,11 +407,13 @@ def run(
 def prompt_tokens(engine: Engine, prompt: str, system: str | None, raw: bool, thinks: Think, images: list[bytes]) -> tuple[list[int], dict]:
     """The prompt's tokens (in the chat template unless raw) and its images, each standing
     before the text as llama-mtmd-cli places them."""
+    from localinfer.engine.conversation import conversation_prompt
     from localinfer.engine.media import marked
 
-    text = marked(prompt, len(images))
-    messages = ([{"role": "system", "content": system}] if system else []) + [{"role": "user", "content": text}]
-    return engine.tokenize_media(text if raw else engine.render_chat(messages, think=thinks), images)
+    if raw:
+        return engine.tokenize_media(marked(prompt, len(images)), images)
+    messages = ([{"role": "system", "content": system}] if system else []) + [{"role": "user", "content": prompt, "images": images}]
+    return conversation_prompt(engine, messages, thinks)
 
 
 def register(app: typer.Typer) -> None:

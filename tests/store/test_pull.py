@@ -25,6 +25,17 @@ def hub_root(tmp_path: Path, model_path: Path) -> Path:
 def hub_env(hub: FakeHub, home: Path) -> dict[str, str]:
     return {"HF_ENDPOINT": hub.url, "HF_HUB_OFFLINE": "0", "HF_HUB_DISABLE_XET": "1", "LOCALINFER_HOME": str(home)}
 
+def point_this_process_at(hub: FakeHub, monkeypatch: pytest.MonkeyPatch) -> None:
+    """huggingface_hub in this process (not a CLI's) asks `hub`: its endpoint, and the
+    constants it fixed when first imported, which an earlier test may have done."""
+    monkeypatch.setenv("HF_ENDPOINT", hub.url)
+    monkeypatch.setattr("huggingface_hub.constants.ENDPOINT", hub.url)
+    monkeypatch.setattr("huggingface_hub.constants.HUGGINGFACE_CO_URL_TEMPLATE", hub.url + "/{repo_id}/resolve/{revision}/{filename}")
+    monkeypatch.setattr("huggingface_hub.hf_api.api.endpoint", hub.url)
+    monkeypatch.setattr("huggingface_hub.constants.HF_HUB_OFFLINE", False)
+    monkeypatch.setenv("HF_HUB_DISABLE_XET", "1")
+
+
 
 def ggufs_under(home: Path) -> list[Path]:
     return [p for p in (home / "models").rglob("*.gguf") if p.is_file()] if (home / "models").exists() else []
@@ -96,13 +107,7 @@ def test_checksum_mismatch_deletes_the_file(hub_root: Path, isolated_home: Path,
     from localinfer.store.refs import ModelSource
 
     with FakeHub(hub_root) as hub:
-        monkeypatch.setenv("HF_ENDPOINT", hub.url)
-        monkeypatch.setattr("huggingface_hub.constants.ENDPOINT", hub.url)
-        # both are fixed when huggingface_hub is first imported, which an earlier test may have done
-        monkeypatch.setattr("huggingface_hub.constants.HUGGINGFACE_CO_URL_TEMPLATE", hub.url + "/{repo_id}/resolve/{revision}/{filename}")
-        monkeypatch.setattr("huggingface_hub.hf_api.api.endpoint", hub.url)
-        monkeypatch.setattr("huggingface_hub.constants.HF_HUB_OFFLINE", False)
-        monkeypatch.setenv("HF_HUB_DISABLE_XET", "1")
+        point_this_process_at(hub, monkeypatch)
         src = ModelSource(name="bad", kind="hub", repo="acme/tiny-GGUF", file="tiny-Q4_1.gguf", sha256="0" * 64)
         with pytest.raises(DownloadError, match="sha256"):
             pull(src)

@@ -17,7 +17,7 @@ from tests.vision_models import write_llava_text, write_mlp_projector, write_qwe
 
 from ..conftest import run_cli
 from ..fakehub import FakeHub
-from .test_pull import ggufs_under, hub_env
+from .test_pull import ggufs_under, hub_env, point_this_process_at
 
 REPO = "acme/tiny-llava-GGUF"
 MODEL, MODEL_2, PROJECTOR, OTHER = "tiny-llava-F16.gguf", "tiny-llava-F32.gguf", "mmproj-tiny-llava-f16.gguf", "mmproj-tiny-llava-Q8_0.gguf"
@@ -47,13 +47,7 @@ def hub_root(tmp_path: Path) -> Path:
 def in_process_hub(hub_root: Path, monkeypatch: pytest.MonkeyPatch):
     """The fake hub for pulls in this process (catalog entries are built here, not resolved)."""
     with FakeHub(hub_root) as hub:
-        monkeypatch.setenv("HF_ENDPOINT", hub.url)
-        monkeypatch.setattr("huggingface_hub.constants.ENDPOINT", hub.url)
-        # both are fixed when huggingface_hub is first imported, which an earlier test may have done
-        monkeypatch.setattr("huggingface_hub.constants.HUGGINGFACE_CO_URL_TEMPLATE", hub.url + "/{repo_id}/resolve/{revision}/{filename}")
-        monkeypatch.setattr("huggingface_hub.hf_api.api.endpoint", hub.url)
-        monkeypatch.setattr("huggingface_hub.constants.HF_HUB_OFFLINE", False)
-        monkeypatch.setenv("HF_HUB_DISABLE_XET", "1")
+        point_this_process_at(hub, monkeypatch)
         yield hub
 
 

@@ -55,8 +55,8 @@ class NativeBackend(LlamaTokenized, Backend):
     def __init__(self, path: Path, params: LoadParams) -> None:
         rss_before = anon_rss_bytes()
         info = inspect(path)
-        if (params.pooling or info.pooling) == "rank" and info.architecture not in (self.capabilities().ranks or ()):
-            raise UserError(f"the native engine does not run '{info.architecture}' rerankers (rank pooling); use --engine llama.cpp")
+        if (why := self.capabilities().rank_refusal(info.architecture, params.pooling or info.pooling)) is not None:
+            raise UserError(f"the native engine does not run {why}; use --engine llama.cpp")
         self.config = config = ModelConfig.from_gguf(info)
         cache_types = native_cache_types(params.cache_types, config.head_dim)
         threads = params.n_threads or default_threads()
