@@ -171,7 +171,7 @@ class VulkanDevice:
     name: str
     kind: str  # VULKAN_KINDS' words
     driver: str
-    named: bool = False  # GGML_VK_VISIBLE_DEVICES names it
+    named: bool | None = None  # GGML_VK_VISIBLE_DEVICES names it; None: that variable is not set
 
     @property
     def taken_by_default(self) -> bool:
@@ -181,7 +181,7 @@ class VulkanDevice:
     @property
     def used(self) -> bool:
         """Does a Vulkan build use it here: named, or a discrete GPU where nothing is named."""
-        return self.named if os.environ.get("GGML_VK_VISIBLE_DEVICES") is not None else self.taken_by_default
+        return self.taken_by_default if self.named is None else self.named
 
 
 def vulkan_devices() -> list[VulkanDevice]:
@@ -207,8 +207,10 @@ def parse_vulkan_summary(text: str) -> list[VulkanDevice]:
         elif devices and "=" in stripped:
             key, _, value = stripped.partition("=")
             devices[-1][key.strip()] = value.strip()
-    named = {int(i) for i in os.environ.get("GGML_VK_VISIBLE_DEVICES", "").replace(",", " ").split() if i.isdigit()}
+    visible = os.environ.get("GGML_VK_VISIBLE_DEVICES")
+    named = None if visible is None else {int(i) for i in visible.replace(",", " ").split() if i.isdigit()}
     return [
-        VulkanDevice(i, d.get("deviceName", "unknown"), VULKAN_KINDS.get(d.get("deviceType", ""), d.get("deviceType", "unknown")), d.get("driverName", ""), i in named)
+        VulkanDevice(i, d.get("deviceName", "unknown"), VULKAN_KINDS.get(d.get("deviceType", ""), d.get("deviceType", "unknown")), d.get("driverName", ""),
+                     None if named is None else i in named)  # fmt: skip
         for i, d in enumerate(devices)
     ]

@@ -302,9 +302,10 @@ def vulkan_text(d: dict[str, object], built: bool) -> str:
     text = f"{d['index']}: {d['name']} ({d['kind']}{', ' + str(d['driver']) if d['driver'] else ''})"
     if not built:
         return text + (" [yellow](this llama.cpp build has no Vulkan backend: LOCALINFER_BACKEND=vulkan ./install.sh)[/yellow]" if d["taken_by_default"] else "")
+    slower = "; the CPU engines are faster" if "software" in str(d["kind"]) else ""
     if d["used"]:
-        return text + ": used for GPU offload" + ("" if d["taken_by_default"] else f" (GGML_VK_VISIBLE_DEVICES names it){'; the CPU engines are faster' if 'software' in str(d['kind']) else ''}")
-    return text + f": not used unless named (GGML_VK_VISIBLE_DEVICES={d['index']}){'; the CPU engines are faster' if 'software' in str(d['kind']) else ''}"
+        return text + ": used for GPU offload" + ("" if d["taken_by_default"] else f" (GGML_VK_VISIBLE_DEVICES names it){slower}")
+    return text + f": not used unless named (GGML_VK_VISIBLE_DEVICES={d['index']}){slower}"
 
 
 def built_with(lc: dict[str, object]) -> str:
